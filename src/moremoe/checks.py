@@ -1,0 +1,53 @@
+"""Argument checks shared by modules, ops and kernel launchers.
+
+Every error names the argument, the value it got and what was expected.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_int(name: str, value, *, low: int = 1, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        expected = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def check_top_k(k, experts: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"top_k must be an int, got {type(k).__name__} {k!r}")
+    if not 1 <= k <= experts:
+        raise ValueError(f"top_k must be in [1, experts={experts}], got {k}")
+    return k
+
+
+def check_tensor(name: str, t, *, ndim: int | None = None, floating: bool = False,
+                 integer: bool = False, last: int | None = None, last_name: str = "",
+                 shape: tuple | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if floating and not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+    if last is not None and (t.dim() == 0 or t.shape[-1] != last):
+        got = t.shape[-1] if t.dim() else "a scalar"
+        raise ValueError(f"{name} has last dimension {got}, expected {last_name or last} = {last}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    return t
+
+
+def check_same_device(**tensors: torch.Tensor) -> torch.device:
+    devices = {name: t.device for name, t in tensors.items()}
+    first_name, first = next(iter(devices.items()))
+    for name, dev in devices.items():
+        if dev != first:
+            raise ValueError(f"{name} is on {dev} but {first_name} is on {first}; "
+                             f"move them to one device")
+    return first

@@ -1,0 +1,109 @@
+"""MoE / MoRE layer: a router (standard or low-rank) composed with SwiGLU experts.
+
+MoEConfig names the paper's MoE(M, k, h, s) (rank None) and MoRE(M, k, h, s, r).
+The Switch balancing loss is M · Σ_i f_i p_i with f = counts / (N k) (no gradient) and
+p = psum / N; the layer returns it both raw and scaled by ``balance_coef``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from .. import accounting
+from ..checks import check_int, check_tensor, check_top_k
+from ..ops import reference as ref
+from .experts import SwiGLUExperts
+from .router import ROUTER_INITS, LinearRouter, LowRankRouter, RouterOutput
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    experts: int                      # M
+    top_k: int                        # k
+    hidden: int                       # h
+    width: int                        # s
+    rank: int | None = None           # r; None = standard router (MoE), else MoRE
+    router_init: str = "variance_matched"
+    init_std: float = 0.02
+    balance_coef: float = 0.001
+
+    def __post_init__(self):
+        check_int("experts", self.experts)
+        check_top_k(self.top_k, self.experts)
+        check_int("hidden", self.hidden)
+        check_int("width", self.width)
+        if self.rank is not None:
+            check_int("rank", self.rank)
+        if self.router_init not in ROUTER_INITS:
+            raise ValueError(f"router_init must be one of {ROUTER_INITS}, "
+                             f"got {self.router_init!r}")
+        if not self.balance_coef >= 0:
+            raise ValueError(f"balance_coef must be >= 0, got {self.balance_coef}")
+
+    @classmethod
+    def moe(cls, M: int, k: int, h: int, s: int, **kw) -> "MoEConfig":
+        """The paper's MoE(M, k, h, s): standard router."""
+        return cls(experts=M, top_k=k, hidden=h, width=s, rank=None, **kw)
+
+    @classmethod
+    def more(cls, M: int, k: int, h: int, s: int, r: int, **kw) -> "MoEConfig":
+        """The paper's MoRE(M, k, h, s, r): low-rank router of rank r."""
+        return cls(experts=M, top_k=k, hidden=h, width=s, rank=r, **kw)
+
+    @property
+    def is_lowrank(self) -> bool:
+        return self.rank is not None
+
+    @property
+    def name(self) -> str:
+        args = f"M={self.experts}, k={self.top_k}, h={self.hidden}, s={self.width}"
+        return f"MoRE({args}, r={self.rank})" if self.is_lowrank else f"MoE({args})"
+
+    def active_flops(self, *, training: bool = False) -> int:
+        return accounting.active_flops(self.experts, self.top_k, self.hidden, self.width,
+                                       self.rank, training=training)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class MoEOutput:
+    y: torch.Tensor                    # (..., h), x's dtype
+    aux_loss: torch.Tensor | None      # balance_coef · switch_loss (training)
+    switch_loss: torch.Tensor | None   # unscaled Switch loss (training)
+    counts: torch.Tensor | None        # (M,) int64 (training, or when asked)
+    router: RouterOutput
+
+
+class MoELayer(nn.Module):
+    def __init__(self, config: MoEConfig):
+        super().__init__()
+        self.config = c = config
+        if c.is_lowrank:
+            self.router = LowRankRouter(c.hidden, c.experts, c.top_k, c.rank,
+                                        init=c.router_init, init_std=c.init_std)
+        else:
+            self.router = LinearRouter(c.hidden, c.experts, c.top_k, init_std=c.init_std)
+        self.experts = SwiGLUExperts(c.hidden, c.width, c.experts, init_std=c.init_std)
+
+    def forward(self, x: torch.Tensor, *, return_counts: bool = False) -> MoEOutput:
+        """x (..., h) -> MoEOutput; y has x's shape and dtype."""
+        c = self.config
+        check_tensor("x", x, floating=True, last=c.hidden, last_name="hidden")
+        x_NH = x.reshape(-1, c.hidden)
+        routed = self.router(x_NH)
+        y_NH = self.experts(x_NH, routed.gates, routed.topk_idx)
+        counts = routed.counts
+        if counts is None and return_counts:
+            counts = ref.expert_counts(routed.topk_idx, c.experts)
+        switch = aux = None
+        if routed.psum is not None:
+            switch = ref.switch_loss(routed.psum, routed.counts, x_NH.shape[0], c.top_k)
+            aux = c.balance_coef * switch
+        return MoEOutput(y_NH.reshape(x.shape), aux, switch, counts, routed)
+
+    def extra_repr(self) -> str:
+        return self.config.name

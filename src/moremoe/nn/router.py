@@ -1,0 +1,109 @@
+"""Routers: the standard linear router (W, M×h) and the MoRE low-rank router (R1 M×r, R2 r×h).
+
+Both map x (N, h) to the k largest logits per token (fp32, largest first), their expert
+indices (int32) and the gates = softmax over those k logits. In training mode they also
+return what the Switch balancing loss needs: psum (M,), the column sums over tokens of the
+softmax over all M experts, and counts (M,), the number of (token, slot) pairs per expert.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..checks import check_int, check_same_device, check_tensor, check_top_k
+from ..ops import reference as ref
+
+ROUTER_INITS = ("variance_matched", "default")
+
+
+@dataclass
+class RouterOutput:
+    topk_val: torch.Tensor          # (N, k) float32, sorted descending
+    topk_idx: torch.Tensor          # (N, k) int32
+    gates: torch.Tensor             # (N, k) float32, softmax over the k logits
+    psum: torch.Tensor | None       # (M,) float32, training only
+    counts: torch.Tensor | None     # (M,) int64, training only
+
+
+def _finish(topk_val_NK, topk_idx_NK, psum_M, experts: int, training: bool) -> RouterOutput:
+    gates_NK = torch.softmax(topk_val_NK, dim=-1)
+    counts_M = ref.expert_counts(topk_idx_NK, experts) if training else None
+    return RouterOutput(topk_val_NK, topk_idx_NK, gates_NK, psum_M if training else None,
+                        counts_M)
+
+
+class _Router(nn.Module):
+    def __init__(self, hidden: int, experts: int, top_k: int):
+        super().__init__()
+        self.hidden = check_int("hidden", hidden)
+        self.experts = check_int("experts", experts)
+        self.top_k = check_top_k(top_k, experts)
+
+    def _check_input(self, x_NH: torch.Tensor) -> None:
+        check_tensor("x", x_NH, ndim=2, floating=True, last=self.hidden, last_name="hidden")
+        check_same_device(x=x_NH, **{name: p for name, p in self.named_parameters()})
+
+
+class LinearRouter(_Router):
+    """Standard router: logits = x Wᵀ with W (M, h), entries N(0, init_std²) (Switch: 0.02)."""
+
+    def __init__(self, hidden: int, experts: int, top_k: int, *, init_std: float = 0.02):
+        super().__init__(hidden, experts, top_k)
+        self.init_std = init_std
+        self.weight = nn.Parameter(torch.empty(experts, hidden))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
+
+    def forward(self, x_NH: torch.Tensor) -> RouterOutput:
+        self._check_input(x_NH)
+        val, idx, psum = ref.router_linear_ref(x_NH, self.weight, self.top_k,
+                                               with_psum=self.training)
+        return _finish(val, idx, psum, self.experts, self.training)
+
+    def extra_repr(self) -> str:
+        return f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}"
+
+
+class LowRankRouter(_Router):
+    """MoRE router: logits = (x R2ᵀ) R1ᵀ with R1 (M, r) and R2 (r, h).
+
+    init="variance_matched" (default, Appendix D): σ1 = σ2 = sqrt(σ) / r^(1/4), so the logits
+    have the variance σ²‖x‖² of a standard router with N(0, σ²) entries.
+    init="default": every entry N(0, σ²), as a standard router's.
+    """
+
+    def __init__(self, hidden: int, experts: int, top_k: int, rank: int, *,
+                 init: str = "variance_matched", init_std: float = 0.02):
+        super().__init__(hidden, experts, top_k)
+        self.rank = check_int("rank", rank)
+        if init not in ROUTER_INITS:
+            raise ValueError(f"init must be one of {ROUTER_INITS}, got {init!r}")
+        self.init, self.init_std = init, init_std
+        self.R1 = nn.Parameter(torch.empty(experts, rank))
+        self.R2 = nn.Parameter(torch.empty(rank, hidden))
+        self.reset_parameters()
+
+    @property
+    def factor_std(self) -> float:
+        if self.init == "default":
+            return self.init_std
+        return math.sqrt(self.init_std) / self.rank ** 0.25
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.R1, mean=0.0, std=self.factor_std)
+        nn.init.normal_(self.R2, mean=0.0, std=self.factor_std)
+
+    def forward(self, x_NH: torch.Tensor) -> RouterOutput:
+        self._check_input(x_NH)
+        val, idx, psum = ref.router_lowrank_ref(x_NH, self.R1, self.R2, self.top_k,
+                                                with_psum=self.training)
+        return _finish(val, idx, psum, self.experts, self.training)
+
+    def extra_repr(self) -> str:
+        return (f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}, "
+                f"rank={self.rank}, init={self.init}")

@@ -1,0 +1,1 @@
+"""Ops: plain-torch references (``reference``) and, where built, fused kernels behind autograd."""

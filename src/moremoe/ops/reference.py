@@ -1,0 +1,112 @@
+"""Plain-PyTorch references for every op: the routers, the balancing statistics and the experts.
+
+These are the ground truth the fused kernels are tested against, and the path the modules
+take on CPU or without Triton. Each takes ``upcast``: compute in float32 (float64 stays
+float64) instead of the input dtype, and return the result in that dtype. They favour
+being obviously right over being fast.
+
+Legend: N tokens, h hidden, M experts, k active, r rank, s expert width.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def compute_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
+    if not upcast:
+        return dtype
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def router_logits_linear(x_NH: torch.Tensor, W_MH: torch.Tensor, *, upcast: bool = False):
+    """Standard-router logits x Wᵀ as an (N, M) float32 (float64 when upcast from float64)."""
+    dt = compute_dtype(x_NH.dtype, upcast)
+    logits_NM = F.linear(x_NH.to(dt), W_MH.to(dt))
+    return logits_NM if logits_NM.dtype == torch.float64 else logits_NM.float()
+
+
+def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor, R2_RH: torch.Tensor, *,
+                          upcast: bool = False):
+    """Low-rank logits (x R2ᵀ) R1ᵀ; z = x R2ᵀ is rounded to the compute dtype, as in a kernel."""
+    dt = compute_dtype(x_NH.dtype, upcast)
+    z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt))
+    logits_NM = F.linear(z_NR, R1_MR.to(dt))
+    return logits_NM if logits_NM.dtype == torch.float64 else logits_NM.float()
+
+
+def select_topk(logits_NM: torch.Tensor, k: int):
+    """The k largest logits per row, largest first: values (N, k) and int32 indices (N, k)."""
+    topk_val_NK, topk_idx_NK = torch.topk(logits_NM, k, dim=-1, sorted=True)
+    return topk_val_NK, topk_idx_NK.to(torch.int32)
+
+
+def softmax_colsum(logits_NM: torch.Tensor) -> torch.Tensor:
+    """psum (M,): column sums over tokens of the softmax over all M experts."""
+    return torch.softmax(logits_NM, dim=-1).sum(dim=0)
+
+
+def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False, upcast: bool = False):
+    """Standard router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
+    logits_NM = router_logits_linear(x_NH, W_MH, upcast=upcast)
+    topk_val_NK, topk_idx_NK = select_topk(logits_NM, k)
+    psum_M = softmax_colsum(logits_NM) if with_psum else None
+    return topk_val_NK, topk_idx_NK, psum_M
+
+
+def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False,
+                       upcast: bool = False):
+    """Low-rank router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
+    logits_NM = router_logits_lowrank(x_NH, R1_MR, R2_RH, upcast=upcast)
+    topk_val_NK, topk_idx_NK = select_topk(logits_NM, k)
+    psum_M = softmax_colsum(logits_NM) if with_psum else None
+    return topk_val_NK, topk_idx_NK, psum_M
+
+
+def expert_counts(topk_idx_NK: torch.Tensor, experts: int) -> torch.Tensor:
+    """Per-expert number of (token, slot) assignments, int64 (M,). No host synchronisation."""
+    flat = topk_idx_NK.reshape(-1).long()
+    counts_M = torch.zeros(experts, dtype=torch.int64, device=flat.device)
+    return counts_M.index_add_(0, flat, torch.ones_like(flat))
+
+
+def switch_loss(psum_M: torch.Tensor, counts_M: torch.Tensor, n_tokens: int, k: int):
+    """Switch balancing loss M · Σ_i f_i p_i, f = counts / (N k) (no gradient), p = psum / N."""
+    M = psum_M.shape[0]
+    if n_tokens == 0:
+        return psum_M.sum() * 0.0
+    f_M = counts_M.detach().to(psum_M.dtype) / (n_tokens * k)
+    p_M = psum_M / n_tokens
+    return M * torch.dot(f_M, p_M)
+
+
+def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down_MHS, *,
+                       upcast: bool = False):
+    """y (N, h) = Σ_j gates[:, j] · f_{idx[:, j]}(x), f_e(x) = W_down,e (silu(W_gate,e x) ⊙ W_up,e x).
+
+    Sorts the (token, slot) pairs by expert and runs each expert present on its rows; the
+    gated outputs are summed in float32 (float64 when upcast from float64) and returned in
+    the compute dtype.
+    """
+    N, k = topk_idx_NK.shape
+    dt = compute_dtype(x_NH.dtype, upcast)
+    acc_dt = torch.float64 if dt == torch.float64 else torch.float32
+    flat_idx = topk_idx_NK.reshape(-1).long()
+    order = torch.argsort(flat_idx, stable=True)
+    token = order // k
+    counts = torch.bincount(flat_idx, minlength=w_gate_MSH.shape[0]).tolist()
+    x_sorted = x_NH.to(dt).index_select(0, token)   # backward: index_add, not index_put
+    gate_sorted = gates_NK.reshape(-1).index_select(0, order).to(acc_dt)
+    # split / unbind once: slicing x or indexing w[e] per expert would make the backward
+    # add one full-size zero-filled gradient per expert, O(M N k h) work.
+    w_gates, w_ups, w_downs = (w.to(dt).unbind(0) for w in (w_gate_MSH, w_up_MSH, w_down_MHS))
+    outs = []
+    for e, xe in enumerate(x_sorted.split(counts)):
+        if xe.shape[0] == 0:
+            continue
+        act = F.silu(F.linear(xe, w_gates[e])) * F.linear(xe, w_ups[e])
+        outs.append(F.linear(act, w_downs[e]))
+    y_NH = torch.zeros(N, x_NH.shape[1], dtype=acc_dt, device=x_NH.device)
+    if outs:
+        y_NH = y_NH.index_add(0, token, torch.cat(outs).to(acc_dt) * gate_sorted[:, None])
+    return y_NH.to(dt)

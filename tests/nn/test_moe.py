@@ -1,0 +1,77 @@
+"""MoE / MoRE layer: composition, the Switch loss, configs and errors."""
+import pytest
+import torch
+
+from moremoe.nn import MoEConfig, MoELayer
+from moremoe.ops.reference import swiglu_experts_ref
+
+
+@pytest.mark.parametrize("cfg", [MoEConfig.moe(8, 2, 16, 8), MoEConfig.more(12, 3, 16, 8, 4)])
+def test_layer_composes_router_and_experts(cfg):
+    layer = MoELayer(cfg).train()
+    x = torch.randn(2, 5, 16)
+    out = layer(x)
+    assert out.y.shape == x.shape
+    r = out.router
+    expected = swiglu_experts_ref(x.reshape(-1, 16), r.gates, r.topk_idx, layer.experts.w_gate,
+                                  layer.experts.w_up, layer.experts.w_down)
+    torch.testing.assert_close(out.y.reshape(-1, 16), expected)
+
+
+def test_switch_loss_formula_and_coefficient():
+    cfg = MoEConfig.more(10, 2, 16, 4, 4, balance_coef=0.05)
+    layer = MoELayer(cfg).train()
+    x = torch.randn(30, 16)
+    out = layer(x)
+    logits = (x @ layer.router.R2.T) @ layer.router.R1.T
+    P = torch.softmax(logits, -1)
+    f = torch.bincount(out.router.topk_idx.reshape(-1).long(), minlength=10).float() / (30 * 2)
+    expected = 10 * (f * P.mean(0)).sum()
+    torch.testing.assert_close(out.switch_loss, expected)
+    torch.testing.assert_close(out.aux_loss, 0.05 * expected)
+    # gradient flows only through p (f is detached): d loss / d psum_i = M f_i / N
+    out.router.psum.retain_grad()
+    out.switch_loss.backward()
+    torch.testing.assert_close(out.router.psum.grad, 10 * f / 30)
+
+
+def test_switch_loss_is_one_when_balanced():
+    from moremoe.ops.reference import switch_loss
+    M, N, k = 8, 64, 2
+    counts = torch.full((M,), N * k // M)
+    psum = torch.full((M,), N / M)
+    assert switch_loss(psum, counts, N, k).item() == pytest.approx(1.0)
+
+
+def test_eval_mode_has_no_aux_loss_but_counts_on_request():
+    layer = MoELayer(MoEConfig.moe(8, 2, 16, 8)).eval()
+    out = layer(torch.randn(7, 16), return_counts=True)
+    assert out.aux_loss is None and out.switch_loss is None
+    assert int(out.counts.sum()) == 14
+
+
+def test_config_names_and_flops():
+    moe, more = MoEConfig.moe(32, 4, 64, 8), MoEConfig.more(96, 4, 64, 8, 16)
+    assert moe.name == "MoE(M=32, k=4, h=64, s=8)"
+    assert more.name == "MoRE(M=96, k=4, h=64, s=8, r=16)"
+    assert moe.active_flops() == 6 * 4 * 64 * 8 + 6 * 32 * 64
+    assert more.active_flops(training=True) == 18 * 4 * 64 * 8 + 14 * (96 + 64) * 16
+    assert not moe.is_lowrank and more.is_lowrank
+
+
+def test_config_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, experts=4\], got 5"):
+        MoEConfig.moe(4, 5, 16, 8)
+    with pytest.raises(ValueError, match="top_k must be in"):
+        MoEConfig.moe(4, 0, 16, 8)
+    with pytest.raises(ValueError, match="rank must be >= 1, got 0"):
+        MoEConfig.more(4, 2, 16, 8, 0)
+    with pytest.raises(ValueError, match="balance_coef must be >= 0"):
+        MoEConfig.moe(4, 2, 16, 8, balance_coef=-1.0)
+    with pytest.raises(TypeError, match="experts must be an int"):
+        MoEConfig.moe(4.5, 2, 16, 8)
+    layer = MoELayer(MoEConfig.moe(4, 2, 16, 8))
+    with pytest.raises(ValueError, match="hidden = 16"):
+        layer(torch.randn(3, 15))
+    with pytest.raises(TypeError, match="floating-point"):
+        layer(torch.ones(3, 16, dtype=torch.int32))
