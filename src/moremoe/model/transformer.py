@@ -1,0 +1,209 @@
+"""Decoder-only transformer with an MoE or MoRE feed-forward layer in every block.
+
+RMSNorm (no bias), causal self-attention with n_heads query heads and n_kv_heads key/value
+heads (GQA) through scaled_dot_product_attention, rotary positions, untied input/output
+embeddings. Single-device code: parallelism is applied from outside.
+
+Legend: B batch, T sequence, h hidden, V vocabulary, H heads, G kv heads, D head dim.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import accounting
+from ..checks import check_int, check_tensor
+from ..nn.moe import MoEConfig, MoELayer
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    vocab: int
+    layers: int
+    heads: int
+    moe: MoEConfig
+    kv_heads: int | None = None       # None: = heads (no GQA)
+    head_dim: int | None = None       # None: = hidden // heads
+    max_seq_len: int = 1024
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        check_int("vocab", self.vocab)
+        check_int("layers", self.layers)
+        check_int("heads", self.heads)
+        check_int("max_seq_len", self.max_seq_len)
+        if self.kv_heads is not None:
+            check_int("kv_heads", self.kv_heads, high=self.heads)
+            if self.heads % self.kv_heads:
+                raise ValueError(f"kv_heads must divide heads={self.heads}, got {self.kv_heads}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"heads must divide hidden={self.hidden} (or give head_dim), "
+                             f"got {self.heads}")
+        if self.dim_per_head % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.dim_per_head}")
+
+    @property
+    def hidden(self) -> int:
+        return self.moe.hidden
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.hidden // self.heads if self.head_dim is None else self.head_dim
+
+    def total_params(self) -> int:
+        m = self.moe
+        return accounting.total_params(vocab=self.vocab, hidden=m.hidden, layers=self.layers,
+                                       experts=m.experts, width=m.width, heads=self.heads,
+                                       kv_heads=self.n_kv_heads, rank=m.rank,
+                                       head_dim=self.dim_per_head)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TransformerConfig":
+        d = dict(d)
+        d["moe"] = MoEConfig(**d["moe"])
+        return cls(**d)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+def rotary_tables(seq_len: int, head_dim: int, theta: float):
+    """cos, sin (T, D/2) for rotary positions."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles_TD = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles_TD.cos(), angles_TD.sin()
+
+
+def apply_rotary(x_BHTD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor):
+    x1, x2 = x_BHTD.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos_TD - x2 * sin_TD, x1 * sin_TD + x2 * cos_TD), dim=-1)
+    return out.to(x_BHTD.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        h, D = cfg.hidden, cfg.dim_per_head
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.n_kv_heads, D
+        self.q_proj = nn.Linear(h, cfg.heads * D, bias=False)
+        self.k_proj = nn.Linear(h, cfg.n_kv_heads * D, bias=False)
+        self.v_proj = nn.Linear(h, cfg.n_kv_heads * D, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * D, h, bias=False)
+
+    def forward(self, x_BTh, cos_TD, sin_TD):
+        B, T, _ = x_BTh.shape
+        q = self.q_proj(x_BTh).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x_BTh).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x_BTh).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos_TD, sin_TD), apply_rotary(k, cos_TD, sin_TD)
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.moe = MoELayer(cfg.moe)
+
+    def forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool):
+        x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD)
+        out = self.moe(self.moe_norm(x_BTh), return_counts=return_counts)
+        return x_BTh + out.y, out
+
+
+@dataclass
+class TransformerOutput:
+    logits: torch.Tensor                       # (B, T, V)
+    loss: torch.Tensor | None = None           # lm_loss + aux_loss
+    lm_loss: torch.Tensor | None = None        # mean cross-entropy over target positions
+    aux_loss: torch.Tensor | None = None       # Σ_layers balance_coef · Switch loss
+    switch_losses: list = field(default_factory=list)   # unscaled, per layer (training)
+    expert_counts: list = field(default_factory=list)   # (M,) int64 per layer, when asked
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        cos, sin = rotary_tables(cfg.max_seq_len, cfg.dim_per_head, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, σ²) everywhere; residual output projections σ / sqrt(2 L) (GPT-2)."""
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.layers)
+        nn.init.normal_(self.embed.weight, std=std)
+        nn.init.normal_(self.lm_head.weight, std=std)
+        for block in self.blocks:
+            for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj):
+                nn.init.normal_(proj.weight, std=std)
+            nn.init.normal_(block.attn.o_proj.weight, std=out_std)
+            block.moe.router.reset_parameters()
+            block.moe.experts.out_init_std = out_std
+            block.moe.experts.reset_parameters()
+
+    def forward(self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
+                return_counts: bool = False) -> TransformerOutput:
+        """tokens (B, T) -> logits; with targets (B, T) (IGNORE_INDEX = -100 where no loss),
+        also the mean LM loss, the summed balancing loss and their sum."""
+        cfg = self.config
+        check_tensor("tokens", tokens_BT, ndim=2, integer=True)
+        T = tokens_BT.shape[1]
+        if T > cfg.max_seq_len:
+            raise ValueError(f"tokens has sequence length {T}, expected <= max_seq_len="
+                             f"{cfg.max_seq_len}")
+        x = self.embed(tokens_BT)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        outs = []
+        for block in self.blocks:
+            x, out = block(x, cos, sin, return_counts)
+            outs.append(out)
+        logits = self.lm_head(self.norm(x))
+        result = TransformerOutput(logits=logits)
+        result.expert_counts = [o.counts for o in outs if o.counts is not None]
+        if self.training:
+            result.switch_losses = [o.switch_loss for o in outs]
+            result.aux_loss = torch.stack([o.aux_loss for o in outs]).sum()
+        if targets_BT is not None:
+            check_tensor("targets", targets_BT, integer=True, shape=tokens_BT.shape)
+            result.lm_loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab),
+                                             targets_BT.reshape(-1), ignore_index=IGNORE_INDEX)
+            result.loss = result.lm_loss + (result.aux_loss if result.aux_loss is not None
+                                            else 0.0)
+        return result

@@ -1,0 +1,86 @@
+"""The transformer: parameter count equals the accounting, causality, GQA, losses."""
+import pytest
+import torch
+
+from moremoe.model import IGNORE_INDEX, Transformer, TransformerConfig
+from moremoe.model.transformer import apply_rotary, rotary_tables
+from moremoe.nn import MoEConfig
+
+
+def tiny(moe=None, **kw):
+    moe = moe or MoEConfig.more(12, 2, 32, 8, 4)
+    return TransformerConfig(vocab=50, layers=2, heads=4, moe=moe, max_seq_len=20, **kw)
+
+
+@pytest.mark.parametrize("moe,kv", [(MoEConfig.moe(8, 2, 32, 8), None),
+                                    (MoEConfig.more(12, 2, 32, 8, 4), 2),
+                                    (MoEConfig.more(12, 2, 32, 8, 4), 1)])
+def test_parameter_count_equals_accounting(moe, kv):
+    cfg = tiny(moe, kv_heads=kv)
+    model = Transformer(cfg)
+    assert sum(p.numel() for p in model.parameters()) == cfg.total_params()
+
+
+def test_causal_future_tokens_do_not_change_past_logits():
+    model = Transformer(tiny(kv_heads=2)).eval()
+    tokens = torch.randint(0, 50, (2, 12))
+    changed = tokens.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % 50
+    a, b = model(tokens).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :8], b[:, :8])
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_losses_and_their_sum():
+    model = Transformer(tiny()).train()
+    tokens = torch.randint(0, 50, (3, 10))
+    targets = tokens.roll(-1, 1)
+    targets[:, -1] = IGNORE_INDEX
+    out = model(tokens, targets)
+    ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 50), targets.reshape(-1),
+                                           ignore_index=IGNORE_INDEX)
+    torch.testing.assert_close(out.lm_loss, ce)
+    assert len(out.switch_losses) == 2
+    torch.testing.assert_close(out.aux_loss, 0.001 * sum(out.switch_losses))
+    torch.testing.assert_close(out.loss, out.lm_loss + out.aux_loss)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+
+
+def test_eval_mode_has_no_aux_and_counts_on_request():
+    model = Transformer(tiny()).eval()
+    out = model(torch.randint(0, 50, (2, 6)), return_counts=True)
+    assert out.aux_loss is None and out.loss is None
+    assert [int(c.sum()) for c in out.expert_counts] == [2 * 6 * 2] * 2
+
+
+def test_rotary_preserves_norm_and_encodes_relative_position():
+    cos, sin = rotary_tables(16, 8, 10000.0)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    dots = []
+    for shift in (0, 5):
+        qm = apply_rotary(q.expand(1, 1, 16, 8).contiguous(), cos, sin)
+        km = apply_rotary(k.expand(1, 1, 16, 8).contiguous(), cos, sin)
+        dots.append((qm[0, 0, 3 + shift] * km[0, 0, 1 + shift]).sum())
+        torch.testing.assert_close(qm.norm(dim=-1), q.norm(dim=-1).expand(1, 1, 16))
+    torch.testing.assert_close(dots[0], dots[1])
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="kv_heads must divide heads=4, got 3"):
+        tiny(kv_heads=3)
+    with pytest.raises(ValueError, match=r"kv_heads must be in \[1, 4\], got 8"):
+        tiny(kv_heads=8)
+    with pytest.raises(ValueError, match="heads must divide hidden=32"):
+        TransformerConfig(vocab=50, layers=1, heads=5, moe=MoEConfig.moe(4, 2, 32, 8))
+    model = Transformer(tiny())
+    with pytest.raises(ValueError, match="sequence length 21, expected <= max_seq_len=20"):
+        model(torch.zeros(1, 21, dtype=torch.long))
+    with pytest.raises(TypeError, match="tokens must be an integer tensor"):
+        model(torch.zeros(1, 4))
+
+
+def test_config_round_trips_through_dict():
+    cfg = tiny(kv_heads=2)
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
