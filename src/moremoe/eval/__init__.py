@@ -1,0 +1,1 @@
+"""Evaluation: routing statistics (H_norm) and phonebook exact match."""

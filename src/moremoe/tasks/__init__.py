@@ -1,0 +1,1 @@
+"""Tasks: the phonebook memorisation task."""

@@ -1,0 +1,1 @@
+"""Training loops: the phonebook trainer (LR calibration, early stopping, capacity search)."""
