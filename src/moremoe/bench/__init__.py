@@ -1,0 +1,1 @@
+"""Benchmarks: one timing harness (``timing``) and one small module per benchmark."""

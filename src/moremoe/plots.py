@@ -1,0 +1,77 @@
+"""PNG plots rendered from run records (matplotlib, headless)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_phonebook_runs(runs: list[dict], path: str | Path, *, title: str = "") -> Path:
+    """Loss, exact match and H_norm per layer against training step, one colour per run."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, run in enumerate(runs):
+        hist, color = run["history"], colors[i % len(colors)]
+        steps = [h["step"] for h in hist]
+        axes[0].plot(steps, [h["loss"] for h in hist], color=color, label=run["name"])
+        axes[1].plot(steps, [h["exact_match"] for h in hist], color=color, label=run["name"])
+        layers = len(hist[0]["hnorm"]) if hist else 0
+        for layer in range(layers):
+            axes[2].plot(steps, [h["hnorm"][layer] for h in hist], color=color,
+                         alpha=0.35 + 0.65 * (layer + 1) / layers,
+                         label=f"{run['name']} L{layer}" if layer in (0, layers - 1) else None)
+    threshold = runs[0]["train"]["threshold"] if runs else None
+    if threshold is not None and threshold <= 1:
+        axes[1].axhline(threshold, color="gray", linestyle=":", label="threshold")
+    for ax, ylabel in zip(axes, ("training loss (number tokens)", "exact match",
+                                 "H_norm per layer")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_yscale("log")
+    axes[1].set_ylim(-0.02, 1.02)
+    axes[2].set_ylim(0, 1.02)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_capacity(results: list[dict], path: str | Path, *, title: str = "") -> Path:
+    """Final exact match against phonebook size for each model; the capacity starred."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for res in results:
+        trials = sorted(res["trials"], key=lambda t: t["train"]["size"])
+        sizes = [t["train"]["size"] for t in trials]
+        line, = ax.plot(sizes, [t["exact_match"] for t in trials], marker="o", label=res["name"])
+        if res["capacity"] is not None:
+            best = next(t for t in trials if t["train"]["size"] == res["capacity"])
+            ax.plot([res["capacity"]], [best["exact_match"]], marker="*", markersize=16,
+                    color=line.get_color())
+    if results and results[0]["trials"]:
+        ax.axhline(results[0]["trials"][0]["train"]["threshold"], color="gray", linestyle=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("phonebook size (entries)")
+    ax.set_ylabel("exact match")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title or "phonebook capacity (star: largest size reaching the threshold)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

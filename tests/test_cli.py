@@ -1,0 +1,102 @@
+"""The moremoe command line: tables, JSON, reports and plots, and its errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from moremoe.cli import main
+
+
+def run_json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_flops_json_keys_and_values(capsys):
+    out = run_json(capsys, ["flops", "--experts", "1792", "--top-k", "4", "--hidden", "512",
+                            "--width", "56", "--rank", "64", "--layers", "12", "--vocab",
+                            "50257", "--heads", "8"])
+    assert out["params_router"] == (1792 + 512) * 64
+    assert out["params_experts"] == 3 * 1792 * 512 * 56
+    assert out["flops_inference"] == 1572864 and round(out["flops_training"] / 1e6, 2) == 4.13
+    assert abs(out["params_total"] - 1.91e9) / 1.91e9 < 0.02
+    std = run_json(capsys, ["flops", "--experts", "256", "--top-k", "4", "--hidden", "512",
+                            "--width", "64"])
+    assert "params_total" not in std and std["params_router"] == 256 * 512
+
+
+def test_flops_table_and_errors(capsys):
+    assert main(["flops", "--experts", "32", "--top-k", "4", "--hidden", "64", "--width", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "MoE-32" in text and "24,576" in text        # 6 k h s + 6 M h
+    with pytest.raises(SystemExit, match=r"--top-k must be in \[1, --experts=4\], got 5"):
+        main(["flops", "--experts", "4", "--top-k", "5", "--hidden", "64", "--width", "8"])
+    with pytest.raises(SystemExit, match="missing --vocab, --heads"):
+        main(["flops", "--experts", "4", "--top-k", "2", "--hidden", "64", "--width", "8",
+              "--layers", "2"])
+    with pytest.raises(SystemExit):
+        main(["flops", "--experts", "0", "--top-k", "2", "--hidden", "64", "--width", "8"])
+    assert "expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_plan(capsys):
+    out = run_json(capsys, ["plan", "--hidden", "512", "--width", "64", "--top-k", "4",
+                            "--rank", "64"])
+    assert out["moe"]["experts"] == 256 and out["more"]["experts"] == 1792
+    assert out["more"]["width"] == 56 and out["more"]["flops"] == out["moe"]["flops"]
+    assert main(["plan", "--hidden", "64", "--width", "8", "--top-k", "4", "--rank", "16",
+                 "--round-width", "8", "--no-refit"]) == 0
+    text = capsys.readouterr().out
+    assert "MoE-32" in text and "MoRE-96" in text and "3.00x the experts" in text
+    with pytest.raises(SystemExit, match="does not cover the low-rank projection"):
+        main(["plan", "--hidden", "512", "--width", "1", "--top-k", "1", "--rank", "64",
+              "--budget", "100"])
+
+
+TINY = ["--size", "48", "--hidden", "32", "--width", "8", "--rank", "4", "--layers", "1",
+        "--batch-size", "16", "--lr", "3e-3", "--max-steps", "12", "--eval-every", "6",
+        "--eval-entries", "20", "--device", "cpu", "--no-progress"]
+
+
+def test_phonebook_train_writes_report_and_plot(capsys, tmp_path):
+    out = run_json(capsys, ["phonebook", "train", *TINY, "--out", str(tmp_path)])
+    assert [r["model"]["moe"]["rank"] for r in out["runs"]] == [None, 4]
+    assert out["runs"][0]["model"]["moe"]["experts"] == 32       # k s
+    # the paper's convention: M' of the optimum, s' rounded to a multiple of 8
+    assert out["runs"][1]["model"]["moe"]["experts"] == 240      # (tau - 6 h r) / (12 r)
+    assert out["runs"][1]["model"]["moe"]["width"] == 8
+    for run in out["runs"]:
+        assert [h["step"] for h in run["history"]] == [6, 12]
+        assert len(run["hnorm"]) == 1
+    saved = json.loads((tmp_path / "phonebook_train.json").read_text())
+    assert saved["runs"] == out["runs"]
+    assert (tmp_path / "phonebook_train.png").stat().st_size > 10_000
+
+
+def test_phonebook_capacity(capsys, tmp_path):
+    out = run_json(capsys, ["phonebook", "capacity", "--sizes", "8,16", "--arch", "more",
+                            *TINY[2:], "--threshold", "0.5", "--out", str(tmp_path)])
+    (res,) = out["results"]
+    assert res["sizes"] == [8, 16] and 1 <= len(res["trials"]) <= 2
+    assert (tmp_path / "capacity.png").exists() and (tmp_path / "capacity.json").exists()
+
+
+def test_demo_small(capsys, tmp_path):
+    assert main(["demo", "--size", "32", "--steps", "4", "--device", "cpu", "--no-progress",
+                 "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    for needle in ("MoE-32", "MoRE-96", "exact match", "H_norm per layer",
+                   "router time per token", "total parameters"):
+        assert needle in text
+    data = json.loads((tmp_path / "demo.json").read_text())
+    assert len(data["runs"]) == 2 and data["runs"][1]["router_seconds_per_token"] > 0
+
+
+def test_help_for_every_command():
+    for argv in (["--help"], ["flops", "--help"], ["plan", "--help"], ["phonebook", "--help"],
+                 ["phonebook", "train", "--help"], ["phonebook", "capacity", "--help"],
+                 ["demo", "--help"]):
+        r = subprocess.run([sys.executable, "-m", "moremoe.cli", *argv], capture_output=True,
+                           text=True)
+        assert r.returncode == 0 and "usage: moremoe" in r.stdout, argv
