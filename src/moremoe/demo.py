@@ -94,8 +94,8 @@ def format_demo(result: dict) -> str:
               "exact match (1,000 entries)", "digit accuracy", "H_norm per layer",
               "router time per token", "training time"]
     rows = [[label, a, b] for label, a, b in zip(labels, col(moe), col(more))]
-    head = (f"moremoe demo: matched active FLOPs on the phonebook ({result['device']}, "
-            f"torch {result['torch']})\n"
+    head = (f"moremoe demo: the paper's first phonebook pair, planned at matched active FLOPs "
+            f"({result['device']}, torch {result['torch']})\n"
             f"phonebook {cfg['size']:,} entries, {cfg['layers']} layers, h={cfg['hidden']}, "
             f"k={cfg['top_k']}, batch {cfg['batch_size']}, lr {cfg['lr']:g}, "
             f"{cfg['steps']} steps each, same data and seed\n")

@@ -43,8 +43,8 @@ class _NoBar:
 
 
 def progress_bar(total: int, *, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr, or a silent stand-in."""
-    if not enabled:
+    """A tqdm bar on stderr when it is a terminal (none in logs and CI), or a silent stand-in."""
+    if not enabled or not sys.stderr.isatty():
         return _NoBar()
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
