@@ -14,6 +14,7 @@ from torch import nn
 from .. import accounting
 from ..checks import check_int, check_tensor, check_top_k
 from ..ops import reference as ref
+from ..ops.dispatch import IMPLS
 from .experts import SwiGLUExperts
 from .router import ROUTER_INITS, LinearRouter, LowRankRouter, RouterOutput
 
@@ -28,6 +29,7 @@ class MoEConfig:
     router_init: str = "variance_matched"
     init_std: float = 0.02
     balance_coef: float = 0.001
+    router_impl: str = "auto"         # "auto" | "triton" | "reference"
 
     def __post_init__(self):
         check_int("experts", self.experts)
@@ -39,6 +41,8 @@ class MoEConfig:
         if self.router_init not in ROUTER_INITS:
             raise ValueError(f"router_init must be one of {ROUTER_INITS}, "
                              f"got {self.router_init!r}")
+        if self.router_impl not in IMPLS:
+            raise ValueError(f"router_impl must be one of {IMPLS}, got {self.router_impl!r}")
         if not self.balance_coef >= 0:
             raise ValueError(f"balance_coef must be >= 0, got {self.balance_coef}")
 
@@ -84,9 +88,11 @@ class MoELayer(nn.Module):
         self.config = c = config
         if c.is_lowrank:
             self.router = LowRankRouter(c.hidden, c.experts, c.top_k, c.rank,
-                                        init=c.router_init, init_std=c.init_std)
+                                        init=c.router_init, init_std=c.init_std,
+                                        impl=c.router_impl)
         else:
-            self.router = LinearRouter(c.hidden, c.experts, c.top_k, init_std=c.init_std)
+            self.router = LinearRouter(c.hidden, c.experts, c.top_k, init_std=c.init_std,
+                                       impl=c.router_impl)
         self.experts = SwiGLUExperts(c.hidden, c.width, c.experts, init_std=c.init_std)
 
     def forward(self, x: torch.Tensor, *, return_counts: bool = False) -> MoEOutput:

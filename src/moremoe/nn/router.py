@@ -15,6 +15,9 @@ from torch import nn
 
 from ..checks import check_int, check_same_device, check_tensor, check_top_k
 from ..ops import reference as ref
+from ..ops.dispatch import IMPLS
+from ..ops.router_linear import router_linear
+from ..ops.router_lowrank import router_lowrank
 
 ROUTER_INITS = ("variance_matched", "default")
 
@@ -28,19 +31,24 @@ class RouterOutput:
     counts: torch.Tensor | None     # (M,) int64, training only
 
 
-def _finish(topk_val_NK, topk_idx_NK, psum_M, experts: int, training: bool) -> RouterOutput:
-    gates_NK = torch.softmax(topk_val_NK, dim=-1)
+def _finish(routed, experts: int, training: bool) -> RouterOutput:
+    topk_val_NK, topk_idx_NK, gates_NK, psum_M = routed
     counts_M = ref.expert_counts(topk_idx_NK, experts) if training else None
-    return RouterOutput(topk_val_NK, topk_idx_NK, gates_NK, psum_M if training else None,
-                        counts_M)
+    return RouterOutput(topk_val_NK, topk_idx_NK, gates_NK, psum_M, counts_M)
 
 
 class _Router(nn.Module):
-    def __init__(self, hidden: int, experts: int, top_k: int):
+    """impl: "auto" (fused Triton kernels on CUDA, the plain-torch reference elsewhere),
+    "triton" or "reference" to force either."""
+
+    def __init__(self, hidden: int, experts: int, top_k: int, impl: str = "auto"):
         super().__init__()
         self.hidden = check_int("hidden", hidden)
         self.experts = check_int("experts", experts)
         self.top_k = check_top_k(top_k, experts)
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        self.impl = impl
 
     def _check_input(self, x_NH: torch.Tensor) -> None:
         check_tensor("x", x_NH, ndim=2, floating=True, last=self.hidden, last_name="hidden")
@@ -50,8 +58,9 @@ class _Router(nn.Module):
 class LinearRouter(_Router):
     """Standard router: logits = x Wᵀ with W (M, h), entries N(0, init_std²) (Switch: 0.02)."""
 
-    def __init__(self, hidden: int, experts: int, top_k: int, *, init_std: float = 0.02):
-        super().__init__(hidden, experts, top_k)
+    def __init__(self, hidden: int, experts: int, top_k: int, *, init_std: float = 0.02,
+                 impl: str = "auto"):
+        super().__init__(hidden, experts, top_k, impl)
         self.init_std = init_std
         self.weight = nn.Parameter(torch.empty(experts, hidden))
         self.reset_parameters()
@@ -61,12 +70,12 @@ class LinearRouter(_Router):
 
     def forward(self, x_NH: torch.Tensor) -> RouterOutput:
         self._check_input(x_NH)
-        val, idx, psum = ref.router_linear_ref(x_NH, self.weight, self.top_k,
-                                               with_psum=self.training)
-        return _finish(val, idx, psum, self.experts, self.training)
+        routed = router_linear(x_NH, self.weight, self.top_k, with_psum=self.training,
+                               impl=self.impl)
+        return _finish(routed, self.experts, self.training)
 
     def extra_repr(self) -> str:
-        return f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}"
+        return f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}, impl={self.impl}"
 
 
 class LowRankRouter(_Router):
@@ -78,8 +87,8 @@ class LowRankRouter(_Router):
     """
 
     def __init__(self, hidden: int, experts: int, top_k: int, rank: int, *,
-                 init: str = "variance_matched", init_std: float = 0.02):
-        super().__init__(hidden, experts, top_k)
+                 init: str = "variance_matched", init_std: float = 0.02, impl: str = "auto"):
+        super().__init__(hidden, experts, top_k, impl)
         self.rank = check_int("rank", rank)
         if init not in ROUTER_INITS:
             raise ValueError(f"init must be one of {ROUTER_INITS}, got {init!r}")
@@ -100,10 +109,10 @@ class LowRankRouter(_Router):
 
     def forward(self, x_NH: torch.Tensor) -> RouterOutput:
         self._check_input(x_NH)
-        val, idx, psum = ref.router_lowrank_ref(x_NH, self.R1, self.R2, self.top_k,
-                                                with_psum=self.training)
-        return _finish(val, idx, psum, self.experts, self.training)
+        routed = router_lowrank(x_NH, self.R1, self.R2, self.top_k, with_psum=self.training,
+                                impl=self.impl)
+        return _finish(routed, self.experts, self.training)
 
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}, "
-                f"rank={self.rank}, init={self.init}")
+                f"rank={self.rank}, init={self.init}, impl={self.impl}")

@@ -1,0 +1,128 @@
+"""One benchmark harness: the device's measured ceilings, median device-event timing after
+warm-up with inputs rotated past L2, peak memory, and rows tagged with device, versions,
+commit and date.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import statistics
+import subprocess
+from pathlib import Path
+
+import torch
+
+
+def device_slug(device: torch.device) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the results folder name)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def commit_id() -> str:
+    if os.environ.get("MOREMOE_COMMIT"):
+        return os.environ["MOREMOE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment(device: torch.device) -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton_version, "commit": commit_id(),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def time_ms(fn, *, device: torch.device, warmup_ms: float = 50, rep_ms: float = 200,
+            rotate: list | None = None) -> float:
+    """Median milliseconds of fn(inputs) over device events, after warm-up. With ``rotate``
+    (a list of input tuples), successive calls cycle through them so that inputs do not sit
+    in L2 between calls."""
+    inputs = rotate or [()]
+    state = {"i": 0}
+
+    def call():
+        args = inputs[state["i"] % len(inputs)]
+        state["i"] += 1
+        return fn(*args)
+
+    if device.type == "cuda":
+        from triton.testing import do_bench
+        return float(do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    import time
+    times = []
+    for _ in range(3):
+        call()
+    for _ in range(10):
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def peak_bytes(fn, *, device: torch.device) -> int | None:
+    """Peak device memory fn() allocates above what was allocated before it."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - base)
+
+
+def rotation(make, nbytes: int, device: torch.device, cap: int = 8) -> list:
+    """Enough independent input sets (from make()) to exceed twice the L2 cache."""
+    if device.type != "cuda":
+        return [make()]
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    n = max(1, min(cap, -(-2 * l2 // max(nbytes, 1))))
+    return [make() for _ in range(n)]
+
+
+def ceilings(device: torch.device) -> dict:
+    """Measured copy bandwidth (bytes read + written per second) and bf16 matmul rate."""
+    if device.type != "cuda":
+        return {"copy_bytes_per_s": None, "bf16_flops_per_s": None}
+    src = torch.randn(1 << 28, device=device)              # 1 GiB
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device=device)
+    copy = 2 * src.numel() * 4 / (ms / 1e3)
+    del src, dst
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b, device=device)
+    return {"copy_bytes_per_s": copy, "bf16_flops_per_s": 2 * n ** 3 / (ms / 1e3)}
+
+
+def floor_ms(flops: float, nbytes: float, ceil: dict) -> float | None:
+    """The larger of FLOPs / matmul rate and bytes / copy bandwidth."""
+    if not ceil.get("bf16_flops_per_s"):
+        return None
+    return 1e3 * max(flops / ceil["bf16_flops_per_s"], nbytes / ceil["copy_bytes_per_s"])
+
+
+def append_jsonl(path: str | Path, rows: list[dict]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,96 @@
+"""Figures of ``moremoe bench router``, rendered from its JSON lines: time against k, r, the
+batch size and M (the paper's Figure 4 left and middle and its batch-size figure), with the
+fused-over-unfused speedup, and training time and peak memory against M."""
+from __future__ import annotations
+
+from pathlib import Path
+
+LABELS = {("lowrank", "triton"): "MoRE fused", ("lowrank", "reference"): "MoRE unfused",
+          ("linear", "triton"): "MoE fused", ("linear", "reference"): "MoE unfused"}
+STYLE = {("lowrank", "triton"): ("C0", "-"), ("lowrank", "reference"): ("C0", "--"),
+         ("linear", "triton"): ("C3", "-"), ("linear", "reference"): ("C3", "--")}
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _series(rows, sweep, phase, x_key, **fixed):
+    out = {}
+    for r in rows:
+        if r.get("sweep") != sweep or r["phase"] != phase or r.get("ms") is None:
+            continue
+        if any(r[k] != v for k, v in fixed.items()):
+            continue
+        out.setdefault((r["router"], r["impl"]), []).append((r[x_key], r["ms"], r))
+    return {key: sorted(v, key=lambda t: t[0]) for key, v in out.items()}
+
+
+def _panel(ax, series, x_label, title, *, speedup=("lowrank",), logx=True):
+    for key, pts in series.items():
+        color, ls = STYLE[key]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linestyle=ls,
+                marker="o", label=LABELS[key])
+    for router in speedup:
+        fused = dict((p[0], p[1]) for p in series.get((router, "triton"), []))
+        for x, ms, _ in series.get((router, "reference"), []):
+            if x in fused:
+                ax.annotate(f"{ms / fused[x]:.1f}x", (x, fused[x]), textcoords="offset points",
+                            xytext=(0, -12), ha="center", fontsize=7, color=STYLE[(router, "triton")][0])
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("ms (median)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+
+
+def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = rows[0]["device"] if rows else ""
+    paths = []
+    figs = [("router_k.png", "k", "k", "inference vs k (h=512, M=8192, r=64, N=262,144)"),
+            ("router_r.png", "r", "r", "inference vs rank r (h=512, M=8192, k=4, N=262,144)"),
+            ("router_batch.png", "B", "B", "inference vs batch B (T=1024; h=512, M=8192, r=64)")]
+    for name, sweep, key, title in figs:
+        series = _series(rows, sweep, "inference", key)
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        _panel(ax, series, key, f"{title}\n{device}")
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        paths.append(out_dir / name)
+    if any(r.get("sweep") == "M" for r in rows):
+        fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+        for i, h in enumerate((512, 2048)):
+            for phase, ax in zip(("inference", "training"), axes[i][:2]):
+                _panel(ax, _series(rows, "M", phase, "M", h=h), "M",
+                       f"{phase} vs M (h={h}, r=64, k=4)", speedup=("lowrank", "linear"))
+            mem = _series(rows, "M", "training", "M", h=h)
+            ax = axes[i][2]
+            for key, pts in mem.items():
+                color, ls = STYLE[key]
+                ax.plot([p[0] for p in pts], [p[2].get("peak_bytes", 0) / 2 ** 30 for p in pts],
+                        color=color, linestyle=ls, marker="o", label=LABELS[key])
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("M")
+            ax.set_ylabel("peak memory, forward + backward (GiB)")
+            ax.set_title(f"training peak memory (h={h})", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+        fig.suptitle(device)
+        fig.tight_layout()
+        fig.savefig(out_dir / "router_M.png", dpi=110)
+        plt.close(fig)
+        paths.append(out_dir / "router_M.png")
+    return paths

@@ -1,0 +1,15 @@
+"""Triton kernels. Importing this package never requires Triton: ``HAS_TRITON`` says whether
+the kernels can be used, ``INTERPRET`` whether they run in Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, how CI tests them)."""
+import importlib.util
+import os
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def usable_on(device) -> bool:
+    """Whether the Triton kernels can run on tensors of this device."""
+    if not HAS_TRITON:
+        return False
+    return device.type == "cuda" or (INTERPRET and device.type == "cpu")

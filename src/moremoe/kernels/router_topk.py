@@ -1,0 +1,377 @@
+"""Fused top-k router kernels shared by the low-rank and the standard router.
+
+Logits ℓ = z R1ᵀ with z = x R2ᵀ (low-rank) or ℓ = x Wᵀ (standard) are computed one
+(BN, BM) tile at a time with a running top-k per row; the (N, M) logits never reach HBM,
+nor does z in the fused inference kernel. HBM traffic O(N h + M r + N k).
+
+Kernels (grid, reads -> writes):
+  _sweep_kernel      (N/BN, S)      x [, R2], R1|W -> top-k val fp32, idx int32, gates fp32
+                                    [+ online-softmax row max m and sum Z, training]
+  _merge_kernel      (N/BN,)        S per-split top-k lists -> final top-k and gates
+S splits the experts when there are too few token blocks to fill the GPU (small batches);
+each split writes its own exact top-k and the merge keeps the best k.
+
+Selection (documented in docs/design.md, "Selection semantics"):
+  * keys: the low log2(BM) bits of each fp32 logit are replaced by a code of its column
+    (sign-aware), so one float max yields value and position and, among equal keys, the
+    lower column; the running buffer keeps keys with those bits cleared and only a strictly
+    larger candidate enters, so ties across tiles keep the lower expert index. Logits that
+    differ by less than 2^(log2(BM) - 23) relative may therefore be ordered by index rather
+    than by value; returned values are recomputed exactly for the winners.
+  * NaN and ±inf logits are never selected (their keys are NaN, and a NaN never compares
+    larger). A row with fewer than k selectable logits fills the remaining slots with the
+    lowest expert indices not yet chosen; values are always the logits of the returned
+    indices, sorted descending (NaN last), ties by lower index.
+Index arithmetic on rows and experts is done in int64 (N·h and M·h pass 2^31).
+"""
+import torch
+import triton
+import triton.language as tl
+
+LOWRANK, ZGIVEN, LINEAR = 0, 1, 2   # launch modes (Python side)
+MODE_LOWRANK = tl.constexpr(LOWRANK)  # x, R2, R1: z = x R2ᵀ computed on chip, never stored
+MODE_Z = tl.constexpr(ZGIVEN)         # z given (training: x R2ᵀ from cuBLAS, kept for backward)
+MODE_LINEAR = tl.constexpr(LINEAR)    # x, W: the standard router; "z" = x, R1 = W, R = h
+
+NEG_INF = tl.constexpr(float("-inf"))
+BIG_IDX = tl.constexpr(2 ** 30)
+
+
+@triton.jit
+def _pack(logits, ncol, LOW: tl.constexpr):
+    """(BN, BM) fp32 -> keys whose low bits hold LOW - column: one float max yields value
+    and column, the lower column among equal non-negative keys (one LOP3 per logit)."""
+    bits = logits.to(tl.int32, bitcast=True)
+    return ((bits & ~LOW) | ncol[None, :]).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _trunc(keys, LOW: tl.constexpr):
+    return (keys.to(tl.int32, bitcast=True) & ~LOW).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _column(keys, LOW: tl.constexpr):
+    return LOW - (keys.to(tl.int32, bitcast=True) & LOW)
+
+
+@triton.jit
+def _lowest_tied(keys, top, neg, LOW: tl.constexpr, BM: tl.constexpr):
+    """For negative maxima the code order is reversed (a larger code is more negative):
+    among keys tied with top after truncation, return the key of the lowest column."""
+    tt = _trunc(top, LOW)
+    cols = tl.arange(0, BM)
+    same = _trunc(keys, LOW) == tt[:, None]
+    cmin = tl.min(tl.where(same, cols[None, :], BM), axis=1)
+    fixed = (tt.to(tl.int32, bitcast=True) | (LOW - cmin)).to(tl.float32, bitcast=True)
+    return tl.where(neg, fixed, top)
+
+
+@triton.jit
+def _flags(ok, top):
+    """Block-wide: 0 nothing to insert, 1 something, 2 something negative (one reduction)."""
+    return tl.max(ok.to(tl.int32) + (ok & (top < 0)).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _insert(bk, bi, thr, cand, cidx, ok):
+    """Put cand (truncated key) with expert cidx into each row's running buffer where ok:
+    it replaces the smallest key (among equal smallest, the highest expert index)."""
+    evict = tl.max(tl.where(bk == thr[:, None], bi, -BIG_IDX), axis=1)
+    hit = (bi == evict[:, None]) & ok[:, None]
+    bk = tl.where(hit, cand[:, None], bk)
+    bi = tl.where(hit, cidx[:, None], bi)
+    return bk, bi, tl.min(bk, axis=1)
+
+
+@triton.jit
+def _load_rows(PTR, rows64, row_ok, stride_n, cols, col_ok, stride_c):
+    return tl.load(PTR + rows64[:, None] * stride_n + cols[None, :] * stride_c,
+                   mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h,
+             BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr):
+    """z (BN, BR) = x[rows] R2ᵀ, fp32 accumulate, returned in x's dtype (bf16 stays bf16)."""
+    rr = tl.arange(0, BR)
+    acc = tl.zeros((BN, BR), dtype=tl.float32)
+    for h0 in range(0, H, BH):
+        hh = h0 + tl.arange(0, BH)
+        x = _load_rows(X, rows64, row_ok, sx_n, hh, hh < H, sx_h)
+        w = _load_rows(R2, rr.to(tl.int64), rr < R, s2_r, hh, hh < H, s2_h)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+    # padded rank columns are 0 · x, NaN where x is infinite: zero them
+    return tl.where((rr < R)[None, :], acc, 0.0).to(X.dtype.element_ty)
+
+
+@triton.jit
+def _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+            MODE: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+            BH: tl.constexpr, PREC: tl.constexpr, FULL_R: tl.constexpr = False):
+    """fp32 logits (BN, BM) of the rows against experts cols."""
+    cols64 = cols.to(tl.int64)
+    if MODE == MODE_LINEAR:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            x = _load_rows(X, rows64, row_ok, sx_n, hh, hh < H, sx_h)
+            w = _load_rows(W, cols64, col_ok, sw_m, hh, hh < H, sw_k)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+        return acc
+    else:
+        rr = tl.arange(0, BR)
+        w = _load_rows(W, cols64, col_ok, sw_m, rr, (rr < R) | FULL_R, sw_k)
+        return tl.dot(z, tl.trans(w), input_precision=PREC)
+
+
+@triton.jit
+def _exact_logit(z, X, W, rows64, ok, idx, H, R, sx_n, sx_h, sw_m, sw_k,
+                 MODE: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+    """fp32 logit of each row against one expert per row (idx (BN,)); NaN where not ok."""
+    idx64 = tl.where(ok, idx, 0).to(tl.int64)
+    if MODE == MODE_LINEAR:
+        acc = tl.zeros(idx.shape, dtype=tl.float32)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            x = _load_rows(X, rows64, ok, sx_n, hh, hh < H, sx_h).to(tl.float32)
+            w = _load_rows(W, idx64, ok, sw_m, hh, hh < H, sw_k).to(tl.float32)
+            acc += tl.sum(x * w, axis=1)
+    else:
+        rr = tl.arange(0, BR)
+        w = _load_rows(W, idx64, ok, sw_m, rr, rr < R, sw_k).to(tl.float32)
+        acc = tl.sum(z.to(tl.float32) * w, axis=1)
+    return tl.where(ok, acc, float("nan"))
+
+
+@triton.jit
+def _fill_unselected(bi, base, limit, K: tl.constexpr, KP: tl.constexpr):
+    """Replace placeholder slots (negative idx) by the lowest experts in [base, limit) not
+    chosen; BIG_IDX (no expert) once that range is exhausted (a split smaller than k)."""
+    slots = tl.arange(0, KP)
+    for j in tl.static_range(K):
+        col_j = tl.sum(tl.where(slots[None, :] == j, bi, 0), axis=1)
+        cand = tl.zeros_like(col_j) + base
+        for _ in tl.static_range(K):  # at most K-1 chosen indices can be in the way
+            taken = tl.max((bi == cand[:, None]).to(tl.int32), axis=1)
+            cand = cand + taken
+        cand = tl.where(cand < limit, cand, BIG_IDX)
+        bi = tl.where((slots[None, :] == j) & (col_j[:, None] < 0), cand[:, None], bi)
+    return bi
+
+
+@triton.jit
+def _write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
+                  K: tl.constexpr, KP: tl.constexpr, GATES: tl.constexpr):
+    """Sort (value desc, NaN last, ties by lower index), store values, indices and gates."""
+    slots = tl.arange(0, KP)
+    live = slots[None, :] < K
+    sk = tl.where(live & (vals == vals), vals, NEG_INF)
+    work = tl.where(live, bi, BIG_IDX)
+    out_v = tl.zeros(vals.shape, dtype=tl.float32)
+    out_i = tl.zeros(bi.shape, dtype=tl.int32)
+    for j in tl.static_range(K):
+        mv = tl.max(sk, axis=1)
+        pick = tl.min(tl.where(sk == mv[:, None], work, BIG_IDX), axis=1)
+        sel = work == pick[:, None]
+        out_v = tl.where(slots[None, :] == j, tl.sum(tl.where(sel, vals, 0.0), axis=1)[:, None],
+                         out_v)
+        out_i = tl.where(slots[None, :] == j, pick[:, None], out_i)
+        sk = tl.where(sel, NEG_INF, sk)
+        work = tl.where(sel, BIG_IDX, work)
+    mask = row_ok[:, None] & live
+    offs = rows64[:, None] * so_n + slots[None, :]
+    tl.store(OUT_VAL + offs, out_v, mask=mask)
+    tl.store(OUT_IDX + offs, out_i, mask=mask)
+    if GATES:
+        top = tl.max(tl.where(live, out_v, NEG_INF), axis=1)
+        e = tl.where(live, tl.exp(out_v - top[:, None]), 0.0)
+        tl.store(OUT_GATE + offs, e / tl.sum(e, axis=1)[:, None], mask=mask)
+
+
+@triton.jit
+def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z,
+                  N, H, M, R, m_per_split,
+                  sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s,
+                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
+                  STATS: tl.constexpr, GATES: tl.constexpr,
+                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                  PREC: tl.constexpr, EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False,
+                  PROBE: tl.constexpr = False):
+    """One sweep over the experts of split program_id(1) with a running top-k per row.
+    EVEN: every tile is full (no expert masks); FULL_R: r == BR (no rank masks).
+    PROBE (benchmarks only) keeps the loads, the MMA and one row max per tile and drops the
+    selection, to measure what the selection costs."""
+    LOW: tl.constexpr = BM - 1
+    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    rows = pid_n * BN + tl.arange(0, BN)
+    row_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    if MODE == MODE_LOWRANK:
+        z = _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
+    elif MODE == MODE_Z:
+        rr = tl.arange(0, BR)
+        z = _load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
+    else:
+        z = tl.zeros((BN, BR), dtype=X.dtype.element_ty)
+    slots = tl.arange(0, KP)
+    bk = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP), tl.float32)
+    bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
+    thr = tl.full((BN,), NEG_INF, tl.float32)
+    run_m = tl.full((BN,), NEG_INF, tl.float32)
+    run_z = tl.zeros((BN,), tl.float32)
+    ncol = LOW - tl.arange(0, BM)
+    m_begin = pid_s * m_per_split
+    m_end = tl.minimum(M, m_begin + m_per_split)
+    for m0 in range(m_begin, m_end, BM):
+        cols = m0 + tl.arange(0, BM)
+        col_ok = (cols < m_end) | EVEN
+        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+                         MODE, BN, BM, BR, BH, PREC, FULL_R)
+        if PROBE:
+            run_m = tl.maximum(run_m, tl.max(tl.where(col_ok[None, :], logits, NEG_INF), 1))
+        else:
+            keys = _pack(logits, ncol, LOW)
+            if not EVEN:
+                keys = tl.where(col_ok[None, :], keys, NEG_INF)
+            top = tl.max(keys, axis=1)
+            if STATS:
+                new_m = tl.maximum(run_m, top)
+                safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
+                p = tl.where(col_ok[None, :], tl.exp(logits - safe_m[:, None]), 0.0)
+                run_z = run_z * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
+                run_m = new_m
+            cand = _trunc(top, LOW)
+            ok = cand > thr
+            flag = _flags(ok, top)
+            while flag > 0:
+                if flag > 1:
+                    top = _lowest_tied(keys, top, ok & (top < 0), LOW, BM)
+                bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, LOW), ok)
+                keys = tl.where(keys == top[:, None], NEG_INF, keys)
+                top = tl.max(keys, axis=1)
+                cand = _trunc(top, LOW)
+                ok = cand > thr
+                flag = _flags(ok, top)
+    if tl.min(tl.min(bi, axis=1), axis=0) < 0:
+        bi = _fill_unselected(bi, m_begin, m_end, K, KP)
+    vals = tl.zeros((BN, KP), tl.float32)
+    for j in tl.static_range(K):
+        idx_j = tl.sum(tl.where(slots[None, :] == j, bi, 0), axis=1)
+        v = _exact_logit(z, X, W, rows64, row_ok & (idx_j < m_end), idx_j, H, R, sx_n, sx_h,
+                         sw_m, sw_k, MODE, BR, BH)
+        vals = tl.where(slots[None, :] == j, v[:, None], vals)
+    if PROBE:  # keep the probe's work alive (x * 0 is not folded for floats)
+        vals = vals + 0.0 * run_m[:, None]
+    _write_sorted(vals, bi, rows64, row_ok, OUT_VAL + pid_s * so_s, OUT_IDX + pid_s * so_s,
+                  OUT_GATE + pid_s * so_s, so_n, K, KP, GATES)
+    if STATS:
+        tl.store(OUT_M + rows64, run_m, mask=row_ok)
+        tl.store(OUT_Z + rows64, run_z, mask=row_ok)
+
+
+@triton.jit
+def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, N, M, si_n, so_n,
+                  S: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
+                  BN: tl.constexpr):
+    """Top-k of the S·K candidates (exact values) each split wrote for a row."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    row_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    c = tl.arange(0, CP)
+    c_ok = (c < S * KP) & ((c % KP) < K)
+    offs = rows64[:, None] * si_n + c[None, :]
+    v = tl.load(IN_VAL + offs, mask=row_ok[:, None] & c_ok[None, :], other=NEG_INF)
+    i = tl.load(IN_IDX + offs, mask=row_ok[:, None] & c_ok[None, :], other=BIG_IDX)
+    valid = c_ok[None, :] & (i < M)          # a split smaller than k leaves empty slots
+    sk = tl.where(valid & (v == v), v, NEG_INF)
+    work = tl.where(valid, i, BIG_IDX)
+    slots = tl.arange(0, KP)
+    out_v = tl.zeros((BN, KP), tl.float32)
+    out_i = tl.zeros((BN, KP), tl.int32)
+    for j in tl.static_range(K):
+        mv = tl.max(sk, axis=1)
+        pick = tl.min(tl.where(sk == mv[:, None], work, BIG_IDX), axis=1)
+        sel = work == pick[:, None]
+        out_v = tl.where(slots[None, :] == j, tl.sum(tl.where(sel, v, 0.0), axis=1)[:, None],
+                         out_v)
+        out_i = tl.where(slots[None, :] == j, pick[:, None], out_i)
+        sk = tl.where(sel, NEG_INF, sk)
+        work = tl.where(sel, BIG_IDX, work)
+    _write_sorted(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP, True)
+
+
+# ---------------------------------------------------------------- launcher
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = None) -> dict:
+    """Block sizes: BN rows (64: one warpgroup MMA), BM experts per tile (128: 7 code bits,
+    keys exact to 2^-16), BR the rank padded to a power of two >= 16 (the MMA's K), BH the
+    h chunk of the x R2ᵀ / x Wᵀ loops."""
+    BR = 16 if mode == LINEAR else max(16, next_pow2(R))
+    cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
+           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2}
+    cfg.update(overrides or {})
+    return cfg
+
+
+def auto_splits(device, n_blocks: int, M: int, BM: int) -> int:
+    """Split the experts when the token blocks alone leave the GPU half idle."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if n_blocks >= 2 * sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, n_blocks), triton.cdiv(M, 4 * BM)))
+
+
+def dot_precision(dtype) -> str:
+    """fp32 inputs get exact fp32 products (the reference's selection); others the MMA's own."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: int | None = None,
+                 config: dict | None = None, probe: bool = False):
+    """Run the top-k sweep. Returns (val (N,k) fp32, idx (N,k) int32, gates (N,k) fp32,
+    m (N,) fp32 | None, Z (N,) fp32 | None)."""
+    N, M = x.shape[0], w.shape[0]
+    H = x.shape[1]
+    R = r2.shape[0] if mode == LOWRANK else H
+    KP = next_pow2(k)
+    dev = x.device
+    val = torch.empty(N, k, device=dev, dtype=torch.float32)
+    idx = torch.empty(N, k, device=dev, dtype=torch.int32)
+    gates = torch.empty(N, k, device=dev, dtype=torch.float32)
+    m_row = torch.empty(N if stats else 1, device=dev, dtype=torch.float32)
+    z_row = torch.empty(N if stats else 1, device=dev, dtype=torch.float32)
+    if N == 0:
+        return val, idx, gates, (m_row if stats else None), (z_row if stats else None)
+    cfg = sweep_config(mode, R, H, k, config)
+    n_blocks = triton.cdiv(N, cfg["BN"])
+    S = 1 if stats else (splits or auto_splits(dev, n_blocks, M, cfg["BM"]))
+    m_per_split = triton.cdiv(triton.cdiv(M, S), cfg["BM"]) * cfg["BM"]
+    S = triton.cdiv(M, m_per_split)
+    if S == 1:
+        out_v, out_i, out_g, so_n, so_s = val, idx, gates, k, 0
+    else:
+        out_v = torch.empty(N, S, KP, device=dev, dtype=torch.float32)
+        out_i = torch.empty(N, S, KP, device=dev, dtype=torch.int32)
+        out_g, so_n, so_s = out_v, S * KP, KP
+    r2_ = r2 if r2 is not None else x
+    _sweep_kernel[(n_blocks, S)](
+        x, r2_, w, out_v, out_i, out_g, m_row, z_row, N, H, M, R, m_per_split,
+        x.stride(0), x.stride(1), r2_.stride(0), r2_.stride(1), w.stride(0), w.stride(1),
+        so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=S == 1,
+        EVEN=M % cfg["BM"] == 0 and m_per_split % cfg["BM"] == 0,
+        FULL_R=mode != LINEAR and R == cfg["BR"],
+        BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"], PREC=dot_precision(x.dtype),
+        PROBE=probe, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if S > 1:
+        BNm = 32
+        _merge_kernel[(triton.cdiv(N, BNm),)](
+            out_v, out_i, val, idx, gates, N, M, S * KP, k, S=S, K=k, KP=KP,
+            CP=next_pow2(S * KP), BN=BNm, num_warps=4)
+    return val, idx, gates, (m_row if stats else None), (z_row if stats else None)

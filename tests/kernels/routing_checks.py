@@ -1,0 +1,31 @@
+"""Checks shared by the router kernel tests: routing invariants and selection against exact
+logits, separately from numerics."""
+import torch
+
+SKIP_NO_TRITON = "Triton is not installed"
+
+
+def assert_valid_topk(val, idx, logits64, k, *, tol):
+    """Indices in range and distinct, values sorted and equal to the logits they name, and
+    every selected logit within tol of the true k-th largest (a valid top-k up to tol)."""
+    N, M = logits64.shape
+    assert val.shape == idx.shape == (N, k)
+    assert val.dtype == torch.float32 and idx.dtype == torch.int32
+    if N == 0:
+        return
+    assert int(idx.min()) >= 0 and int(idx.max()) < M
+    assert all(len(set(row)) == k for row in idx.tolist())
+    v = val.double()
+    assert torch.all(v[:, :-1] >= v[:, 1:])
+    gathered = logits64.gather(1, idx.long())
+    torch.testing.assert_close(v, gathered, rtol=0, atol=tol)
+    kth = logits64.topk(k, dim=1).values[:, -1:]
+    assert torch.all(gathered >= kth - tol)
+
+
+def logits_lowrank(x, R1, R2, *, z_dtype=None):
+    """float64 logits from z rounded to the dtype the kernel keeps it in."""
+    z = x.double() @ R2.double().T
+    if z_dtype is not None and z_dtype != torch.float32:
+        z = z.to(z_dtype).double()
+    return z @ R1.double().T

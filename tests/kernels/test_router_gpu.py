@@ -1,0 +1,134 @@
+"""GPU tests of the fused routers (run on the device machine with `pytest -m gpu`): full
+sizes in bf16, int64-safe indexing (N·h > 2^31), the small-batch expert split, and
+torch.compile of a layer that uses the custom ops."""
+import pytest
+import torch
+
+from routing_checks import assert_valid_topk
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _lowrank(N, h, M, r, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(N, h, device="cuda", generator=g).bfloat16()
+    R1 = (torch.randn(M, r, device="cuda", generator=g) * 0.1).bfloat16()
+    R2 = (torch.randn(r, h, device="cuda", generator=g) * 0.1).bfloat16()
+    return x, R1, R2
+
+
+def _ref_logits(x, R1, R2, rows):
+    """fp32 logits of some rows from z rounded to bf16, as the kernel keeps it."""
+    z = (x[rows].float() @ R2.float().T).bfloat16().float()
+    return (z @ R1.float().T).double()
+
+
+def _check_rows(val, idx, logits, k, rows):
+    # bf16 z may differ from cuBLAS's by one ulp: allow that much of a logit
+    tol = 2 ** -7 * logits.abs().max().item()
+    assert_valid_topk(val[rows], idx[rows], logits, k, tol=tol)
+    exact = (idx[rows].long().sort(1).values == logits.topk(k, 1).indices.sort(1).values)
+    assert exact.all(1).float().mean() > 0.98
+
+
+@pytest.mark.parametrize("h", [512, 2048])
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_full_size_lowrank_inference(h, k):
+    from moremoe.kernels import router_lowrank as kr
+    x, R1, R2 = _lowrank(262144, h, 8192, 64)
+    val, idx, gates = kr.infer(x, R1, R2, k)
+    for start in (0, 131072, 262144 - 8192):
+        rows = torch.arange(start, start + 8192, device="cuda")
+        _check_rows(val, idx, _ref_logits(x, R1, R2, rows), k, rows)
+    torch.testing.assert_close(gates, torch.softmax(val, 1))
+
+
+def test_full_size_linear_inference():
+    from moremoe.kernels import router_linear as kl
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(262144, 512, device="cuda", generator=g).bfloat16()
+    W = (torch.randn(8192, 512, device="cuda", generator=g) * 0.05).bfloat16()
+    val, idx, _ = kl.infer(x, W, 4)
+    rows = torch.arange(262144 - 8192, 262144, device="cuda")
+    logits = (x[rows].float() @ W.float().T).double()
+    assert_valid_topk(val[rows], idx[rows], logits, 4, tol=1e-2 * logits.abs().max().item())
+
+
+def test_small_batch_split_matches_one_sweep():
+    from moremoe.kernels import router_lowrank as kr
+    x, R1, R2 = _lowrank(2048, 512, 8192, 64)
+    a = kr.infer(x, R1, R2, 4)                 # auto: splits the experts
+    b = kr.infer(x, R1, R2, 4, splits=1)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0])
+
+
+@pytest.mark.parametrize("router", ["lowrank", "linear"])
+def test_int64_indexing_beyond_2_pow_31(router):
+    """N·h = (2^22 + 37) · 512 > 2^31 elements of x: the last rows must still be right."""
+    from moremoe.kernels import router_linear as kl
+    from moremoe.kernels import router_lowrank as kr
+    N, h, M = 2 ** 22 + 37, 512, 512
+    x, R1, R2 = _lowrank(N, h, M, 64, seed=3)
+    assert N * h > 2 ** 31
+    rows = torch.arange(N - 4096, N, device="cuda")
+    if router == "lowrank":
+        val, idx, _ = kr.infer(x, R1, R2, 4)
+        _check_rows(val, idx, _ref_logits(x, R1, R2, rows), 4, rows)
+        z = x @ R2.T
+        val, idx, _, m, Z, psum = kr.train_forward(z, R1, 4)
+        logits = (z[rows].float() @ R1.float().T).double()
+    else:
+        W = (R1.float() @ R2.float()).bfloat16()
+        val, idx, _, m, Z, psum = kl.train_forward(x, W, 4)
+        logits = (x[rows].float() @ W.float().T).double()
+    assert_valid_topk(val[rows], idx[rows], logits, 4, tol=1e-2 * logits.abs().max().item())
+    lse = torch.logsumexp(logits, 1)
+    torch.testing.assert_close(m[rows].double() + Z[rows].double().log(), lse, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("router", ["lowrank", "linear"])
+def test_training_backward_bf16_full_size(router):
+    """dz/dx and dR1/dW at N = 65,536, M = 8,192 against an fp32 autograd reference."""
+    from moremoe.ops.router_linear import router_linear
+    from moremoe.ops.router_lowrank import router_lowrank
+    N, h, M, r, k = 65536, 512, 8192, 64, 4
+    x, R1, R2 = _lowrank(N, h, M, r, seed=5)
+    W = (torch.randn(M, h, device="cuda") * 0.05).bfloat16()
+    params = [x, R1, R2] if router == "lowrank" else [x, W]
+    params = [p.detach().requires_grad_() for p in params]
+    gw = torch.randn(N, k, device="cuda")
+    pw = torch.randn(M, device="cuda")
+    grads = {}
+    for impl in ("triton", "reference"):
+        ps = [p.float().detach().requires_grad_() if impl == "reference" else p
+              for p in params]
+        if router == "lowrank":
+            val, idx, gates, psum = router_lowrank(*ps, k, with_psum=True, impl=impl)
+        else:
+            val, idx, gates, psum = router_linear(*ps, k, with_psum=True, impl=impl)
+        loss = (gates * gw).sum() + (psum * pw).sum() / N
+        grads[impl] = [g.float() for g in torch.autograd.grad(loss, ps)]
+    for a, b in zip(grads["triton"], grads["reference"]):
+        rel = (a - b).norm() / b.norm()
+        assert rel < 3e-2, rel.item()
+
+
+def test_torch_compile_layer_with_custom_ops():
+    from moremoe.nn import MoEConfig, MoELayer
+    layer = MoELayer(MoEConfig.more(4096, 4, 512, 64, 64, router_impl="triton")).cuda()
+    x = torch.randn(8, 1024, 512, device="cuda")
+
+    def step(x_):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = layer(x_)
+        return out.y.float().square().mean() + out.aux_loss
+
+    eager = step(x)
+    eager_grads = torch.autograd.grad(eager, [layer.router.R1, layer.router.R2])
+    compiled = torch.compile(step)
+    got = compiled(x)
+    got_grads = torch.autograd.grad(got, [layer.router.R1, layer.router.R2])
+    torch.testing.assert_close(got, eager, rtol=2e-2, atol=1e-3)
+    for a, b in zip(got_grads, eager_grads):
+        assert ((a - b).norm() / b.norm()) < 5e-2

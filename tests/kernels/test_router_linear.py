@@ -1,0 +1,62 @@
+"""Fused standard-router kernels against float64 references (CPU: Triton interpreter)."""
+import pytest
+import torch
+
+from routing_checks import assert_valid_topk
+
+pytest.importorskip("triton")
+kl = pytest.importorskip("moremoe.kernels.router_linear")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make(N, h, M, scale=0.1):
+    return torch.randn(N, h, device=DEV), torch.randn(M, h, device=DEV) * scale
+
+
+@pytest.mark.parametrize("N,h,M,k", [(1, 16, 5, 1), (37, 100, 300, 4), (9, 16, 7, 7),
+                                     (20, 200, 129, 16)])
+def test_inference_matches_reference(N, h, M, k):
+    x, W = make(N, h, M)
+    val, idx, gates = kl.infer(x, W, k)
+    logits = x.double() @ W.double().T
+    assert_valid_topk(val, idx, logits, k, tol=1e-5)
+    assert torch.equal(idx.long().sort(1).values, logits.topk(k, 1).indices.sort(1).values)
+    assert torch.equal(kl.infer(x, W, k, splits=2)[1], idx)
+
+
+def test_ties_across_tiles_break_to_the_lower_index():
+    x = torch.rand(6, 16, device=DEV) + 0.5
+    W = torch.rand(300, 16, device=DEV) * 0.05
+    W[[10, 200]] = 1.0
+    assert kl.infer(x, W, 1)[1].flatten().tolist() == [10] * 6
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_training_forward_and_backward(dense):
+    N, h, M, k = 37, 200, 150, 3          # h = 200: two gradient chunks of 128
+    x, W = make(N, h, M)
+    val, idx, _, m, Z, psum = kl.train_forward(x, W, k, psum_splits=2)
+    logits = x.double() @ W.double().T
+    assert_valid_topk(val, idx, logits, k, tol=1e-5)
+    torch.testing.assert_close(psum.double(), torch.softmax(logits, 1).sum(0), rtol=1e-5,
+                               atol=1e-5)
+    pbar = torch.randn(M, device=DEV) if dense else None
+    dval = torch.randn(N, k, device=DEV)
+    dx, dW = kl.train_backward(x, W, m, Z, pbar, idx, dval, splits=2)
+    x64, W64 = x.double().requires_grad_(), W.double().requires_grad_()
+    L = x64 @ W64.T
+    loss = (L.gather(1, idx.long()) * dval.double()).sum()
+    if dense:
+        loss = loss + (torch.softmax(L, 1).sum(0) * pbar.double()).sum()
+    loss.backward()
+    torch.testing.assert_close(dx.double(), x64.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dW.double(), W64.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_arguments():
+    x, W = make(4, 16, 10)
+    with pytest.raises(ValueError, match=r"W must have shape \(M, h\) = \(10, 16\)"):
+        kl.infer(x, W[:, :8], 2)
+    with pytest.raises(ValueError, match=r"k must be in \[1, min\(M=10, 64\)\]"):
+        kl.infer(x, W, 0)

@@ -1,0 +1,192 @@
+"""Fused low-rank router kernels against float64 references (CPU: Triton interpreter).
+
+Inference, training forward (m, Z, psum) and backward (dz, dR1), odd sizes, k = 1 and
+k = M, ties, NaN / -inf rows, N = 0, expert splits, strides.
+"""
+import pytest
+import torch
+
+from routing_checks import assert_valid_topk, logits_lowrank
+
+triton = pytest.importorskip("triton")
+kr = pytest.importorskip("moremoe.kernels.router_lowrank")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make(N, h, M, r, dtype=torch.float32, scale=0.3):
+    x = torch.randn(N, h, device=DEV)
+    R1 = torch.randn(M, r, device=DEV) * scale
+    R2 = torch.randn(r, h, device=DEV) * scale
+    return x.to(dtype), R1.to(dtype), R2.to(dtype)
+
+
+@pytest.mark.parametrize("N,h,M,r,k", [(1, 16, 5, 8, 1), (5, 48, 37, 12, 3),
+                                       (123, 32, 300, 16, 4), (17, 24, 130, 8, 16),
+                                       (9, 16, 6, 8, 6), (40, 20, 129, 9, 5)])
+def test_inference_matches_reference(N, h, M, r, k):
+    x, R1, R2 = make(N, h, M, r)
+    val, idx, gates = kr.infer(x, R1, R2, k)
+    logits = logits_lowrank(x, R1, R2)
+    assert_valid_topk(val, idx, logits, k, tol=1e-5)
+    # random logits have no near-ties: the selection is torch.topk's exactly
+    ref_idx = logits.topk(k, dim=1).indices
+    assert torch.equal(idx.long().sort(1).values, ref_idx.sort(1).values)
+    torch.testing.assert_close(gates, torch.softmax(val, dim=1))
+
+
+def test_fp16_inputs_within_fp16_error():
+    x, R1, R2 = make(64, 32, 200, 16, torch.float16)
+    val, idx, _ = kr.infer(x, R1, R2, 4)
+    logits = logits_lowrank(x, R1, R2, z_dtype=torch.float16)
+    assert_valid_topk(val, idx, logits, 4, tol=2e-2)
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_expert_splits_agree_with_one_sweep(splits):
+    x, R1, R2 = make(70, 32, 700, 16)
+    one = kr.infer(x, R1, R2, 5, splits=1)
+    many = kr.infer(x, R1, R2, 5, splits=splits)
+    for a, b in zip(one, many):
+        assert torch.equal(a, b)
+
+
+def test_strided_inputs():
+    x, R1, R2 = make(33, 40, 150, 16)
+    expect = kr.infer(x, R1, R2, 3)
+    x_t = x.T.contiguous().T                      # column-major x
+    R1_wide = torch.zeros(150, 32, device=DEV)
+    R1_wide[:, ::2] = R1                          # every other column
+    R1_s = R1_wide[:, ::2]
+    got = kr.infer(x_t, R1_s, R2, 3)
+    assert not x_t.is_contiguous() and not R1_s.is_contiguous()
+    for a, b in zip(expect, got):
+        torch.testing.assert_close(a, b)
+
+
+def test_empty_batch():
+    x, R1, R2 = make(0, 16, 10, 8)
+    val, idx, gates = kr.infer(x, R1, R2, 2)
+    assert val.shape == idx.shape == gates.shape == (0, 2)
+
+
+def _tie_setup(sign: float):
+    """Exact ties: z = x[:, :8] > 0 and experts 3, 140 and 141 share one row of R1 that gives
+    the largest logits, all positive (sign > 0) or all logits negative (sign < 0)."""
+    x = torch.rand(8, 16, device=DEV) + 0.5
+    R2 = torch.zeros(8, 16, device=DEV)
+    R2[:, :8] = torch.eye(8, device=DEV)
+    R1 = torch.rand(200, 8, device=DEV) * 0.05
+    tied = torch.ones(8, device=DEV)
+    if sign < 0:
+        R1 = -(R1 + 0.5)
+        tied = -0.01 * tied
+    R1[[3, 140, 141]] = tied
+    return x, R1, R2
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("k", [1, 2])
+def test_ties_break_to_the_lower_index(sign, k):
+    x, R1, R2 = _tie_setup(sign)
+    val, idx, _ = kr.infer(x, R1, R2, k)
+    logits = logits_lowrank(x, R1, R2)
+    assert torch.all(logits[:, 3] == logits[:, 140])
+    assert idx[:, 0].tolist() == [3] * 8                   # across tiles: 3 beats 140, 141
+    if k == 2:
+        assert idx[:, 1].tolist() == [140] * 8             # within a tile: 140 beats 141
+    for S in (2, 4):
+        assert torch.equal(kr.infer(x, R1, R2, k, splits=S)[1], idx)
+
+
+def test_nan_and_inf_logits_are_never_selected():
+    x, R1, R2 = make(20, 16, 150, 8)
+    R1[5] = float("nan")
+    R1[77] = float("inf")           # ±inf or NaN logits for every token
+    val, idx, _ = kr.infer(x, R1, R2, 4)
+    assert not (idx == 5).any() and not (idx == 77).any()
+    logits = logits_lowrank(x, R1, R2)
+    logits[:, [5, 77]] = float("-inf")
+    assert_valid_topk(val, idx, logits, 4, tol=1e-5)
+
+
+def test_all_nan_row_returns_lowest_indices_with_their_logits():
+    x, R1, R2 = make(6, 16, 150, 8)
+    x[2] = float("nan")
+    val, idx, gates = kr.infer(x, R1, R2, 3)
+    assert idx[2].tolist() == [0, 1, 2] and torch.isnan(val[2]).all()
+    assert torch.isnan(gates[2]).all()
+    rest = [0, 1, 3, 4, 5]
+    assert_valid_topk(val[rest], idx[rest], logits_lowrank(x, R1, R2)[rest], 3, tol=1e-5)
+
+
+def test_all_minus_inf_row():
+    x, R1, R2 = make(4, 16, 150, 8)
+    x[1] = float("-inf")
+    R2.copy_(R2.abs())
+    R1.copy_(R1.abs() + 0.01)       # z = -inf everywhere, logits -inf
+    val, idx, _ = kr.infer(x, R1, R2, 2)
+    assert idx[1].tolist() == [0, 1] and torch.isneginf(val[1]).all()
+
+
+def test_partly_selectable_row_fills_after_the_finite_ones():
+    x, R1, R2 = make(3, 16, 6, 8)
+    R1[[0, 2, 3, 5]] = float("nan")  # only experts 1 and 4 are selectable
+    val, idx, _ = kr.infer(x, R1, R2, 4)
+    for row in idx.tolist():
+        assert sorted(row[:2]) == [1, 4] and row[2:] == [0, 2]
+
+
+def test_k_equals_m_returns_every_expert_sorted():
+    x, R1, R2 = make(11, 16, 7, 8)
+    val, idx, _ = kr.infer(x, R1, R2, 7)
+    assert all(sorted(row) == list(range(7)) for row in idx.tolist())
+    assert_valid_topk(val, idx, logits_lowrank(x, R1, R2), 7, tol=1e-5)
+
+
+@pytest.mark.parametrize("N,M,k", [(37, 300, 4), (5, 9, 9), (64, 130, 1)])
+def test_training_forward_statistics(N, M, k):
+    x, R1, R2 = make(N, 32, M, 12)
+    z = x @ R2.T
+    val, idx, gates, m, Z, psum = kr.train_forward(z, R1, k, psum_splits=2)
+    logits = z.double() @ R1.double().T
+    assert_valid_topk(val, idx, logits, k, tol=1e-5)
+    torch.testing.assert_close(m.double() + Z.double().log(), torch.logsumexp(logits, 1),
+                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(psum.double(), torch.softmax(logits, 1).sum(0), rtol=1e-5,
+                               atol=1e-5)
+    again = kr.train_forward(z, R1, k, psum_splits=2)[5]
+    assert torch.equal(psum, again)                          # deterministic run to run
+
+
+@pytest.mark.parametrize("N,M,k,dense", [(37, 300, 4, True), (20, 50, 1, True),
+                                         (9, 9, 9, True), (37, 300, 4, False)])
+def test_backward_matches_float64_autograd(N, M, k, dense):
+    x, R1, R2 = make(N, 32, M, 12)
+    z = x @ R2.T
+    val, idx, _, m, Z, _ = kr.train_forward(z, R1, k)
+    pbar = torch.randn(M, device=DEV) if dense else None
+    dval = torch.randn(N, k, device=DEV)
+    dz, dR1 = kr.train_backward(z, R1, m, Z, pbar, idx, dval, splits=3)
+    z64 = z.double().requires_grad_()
+    R164 = R1.double().requires_grad_()
+    L = z64 @ R164.T
+    loss = (L.gather(1, idx.long()) * dval.double()).sum()
+    if dense:
+        loss = loss + (torch.softmax(L, 1).sum(0) * pbar.double()).sum()
+    loss.backward()
+    torch.testing.assert_close(dz.double(), z64.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dR1.double(), R164.grad, rtol=1e-4, atol=1e-5)
+    if dense:
+        again = kr.train_backward(z, R1, m, Z, pbar, idx, dval, splits=3)[1]
+        assert torch.equal(dR1, again)
+
+
+def test_bad_arguments():
+    x, R1, R2 = make(4, 16, 10, 8)
+    with pytest.raises(ValueError, match=r"k must be in \[1, min\(M=10, 64\)\]"):
+        kr.infer(x, R1, R2, 11)
+    with pytest.raises(ValueError, match=r"R2 must have shape \(r, h\) = \(8, 16\)"):
+        kr.infer(x, R1, R2[:, :15], 2)
+    with pytest.raises(TypeError, match="share one dtype"):
+        kr.infer(x, R1.double(), R2, 2)
