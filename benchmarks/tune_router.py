@@ -16,13 +16,17 @@ from moremoe.kernels import router_lowrank as kr
 from moremoe.kernels.router_topk import LOWRANK, launch_sweep
 from moremoe.ops import reference as ref
 
-CONFIGS = [dict(BN=64, BM=128, num_warps=4, num_stages=2),
-           dict(BN=64, BM=128, num_warps=4, num_stages=3),
-           dict(BN=64, BM=128, num_warps=8, num_stages=2),
-           dict(BN=128, BM=128, num_warps=8, num_stages=2),
-           dict(BN=128, BM=64, num_warps=8, num_stages=2),
-           dict(BN=64, BM=256, num_warps=8, num_stages=2),
-           dict(BN=64, BM=64, num_warps=4, num_stages=2)]
+EXACT = {"rounds": lambda k: 0}
+CONFIGS = [dict(BN=64, BM=128, num_warps=4, num_stages=2, **EXACT),
+           dict(BN=64, BM=128, num_warps=4, num_stages=2, prefetch=True, **EXACT),
+           dict(BN=64, BM=64, num_warps=4, num_stages=2, prefetch=True, **EXACT),
+           dict(BN=64, BM=128, num_warps=4, num_stages=2, rounds=lambda k: 3),
+           dict(BN=64, BM=128, num_warps=4, num_stages=3, rounds=lambda k: 3),
+           dict(BN=64, BM=128, num_warps=4, num_stages=2, rounds=lambda k: 2),
+           dict(BN=64, BM=64, num_warps=4, num_stages=2, rounds=lambda k: 3),
+           dict(BN=64, BM=64, num_warps=4, num_stages=2, rounds=lambda k: 2),
+           dict(BN=128, BM=128, num_warps=8, num_stages=2, rounds=lambda k: 3),
+           dict(BN=64, BM=256, num_warps=4, num_stages=2, rounds=lambda k: 3)]
 
 
 def main():
@@ -57,12 +61,14 @@ def main():
     rec("unfused lowrank (2 matmuls + topk + softmax)",
         lambda: torch.softmax(ref.router_lowrank_ref(x, R1, R2, p.k)[0], -1))
     rec("matmul x R2^T then z R1^T only (cuBLAS)", lambda: (x @ R2.T) @ R1.T)
-    for cfg in CONFIGS:
-        tag = ",".join(f"{k}={v}" for k, v in cfg.items())
-        rec(f"fused lowrank [{tag}]", lambda c=cfg: kr.infer(x, R1, R2, p.k, config=c), **cfg)
-        rec(f"  probe (no selection) [{tag}]",
-            lambda c=cfg: launch_sweep(x, R2, R1, p.k, mode=LOWRANK, config=c, probe=True),
-            probe=True, **cfg)
+    for i, cfg in enumerate(CONFIGS):
+        tag = ",".join(f"{k}={v if not callable(v) else v(p.k)}" for k, v in cfg.items())
+        rec(f"fused lowrank [{tag}]", lambda c=cfg: kr.infer(x, R1, R2, p.k, config=c),
+            config=tag)
+        if i in (0, 3, 6):
+            rec(f"  probe (no selection) [{tag}]",
+                lambda c=cfg: launch_sweep(x, R2, R1, p.k, mode=LOWRANK, config=c, probe=True),
+                probe=True, config=tag)
     for k in (1, 2, 8, 16):
         rec(f"fused lowrank k={k} default", lambda k=k: kr.infer(x, R1, R2, k), k=k)
         rec(f"unfused lowrank k={k}",
@@ -72,7 +78,15 @@ def main():
     rec("B=2 fused one sweep", lambda: kr.infer(xs, R1, R2, p.k, splits=1))
     rec("B=2 unfused", lambda: torch.softmax(ref.router_lowrank_ref(xs, R1, R2, p.k)[0], -1))
     rec("fused linear default", lambda: kl.infer(x, W, p.k))
+    rec("fused linear exact", lambda: kl.infer(x, W, p.k, config=EXACT))
     rec("unfused linear", lambda: torch.softmax(ref.router_linear_ref(x, W, p.k)[0], -1))
+    from moremoe.bench.router import measure
+    for router in ("lowrank", "linear"):
+        for impl in ("triton", "reference"):
+            row = measure(p, router, impl, True, dev, ceil)
+            out["rows"].append({"name": f"train {router} {impl}", **row})
+            print(f"train fwd+bwd {router:8s} {impl:9s} {row['ms'] or float('nan'):8.3f} ms  "
+                  f"peak {(row.get('peak_bytes') or 0) / 2**30:6.2f} GiB", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -33,11 +33,13 @@ def _check_rows(val, idx, logits, k, rows):
 
 
 @pytest.mark.parametrize("h", [512, 2048])
-@pytest.mark.parametrize("k", [1, 4, 16])
+@pytest.mark.parametrize("k", [1, 4, 8, 16])
 def test_full_size_lowrank_inference(h, k):
     from moremoe.kernels import router_lowrank as kr
     x, R1, R2 = _lowrank(262144, h, 8192, 64)
     val, idx, gates = kr.infer(x, R1, R2, k)
+    exact = kr.infer(x, R1, R2, k, config={"rounds": lambda k: 0})
+    assert torch.equal(idx, exact[1]) and torch.equal(val, exact[0])
     for start in (0, 131072, 262144 - 8192):
         rows = torch.arange(start, start + 8192, device="cuda")
         _check_rows(val, idx, _ref_logits(x, R1, R2, rows), k, rows)
@@ -56,11 +58,17 @@ def test_full_size_linear_inference():
 
 
 def test_small_batch_split_matches_one_sweep():
+    """The split merges by exact value where one sweep compares truncated keys: both are
+    valid top-k, and they differ only in rows with near-ties (a handful at most)."""
     from moremoe.kernels import router_lowrank as kr
     x, R1, R2 = _lowrank(2048, 512, 8192, 64)
     a = kr.infer(x, R1, R2, 4)                 # auto: splits the experts
     b = kr.infer(x, R1, R2, 4, splits=1)
-    assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0])
+    rows = torch.arange(2048, device="cuda")
+    logits = _ref_logits(x, R1, R2, rows)
+    _check_rows(*a[:2], logits, 4, rows)
+    _check_rows(*b[:2], logits, 4, rows)
+    assert (a[1] == b[1]).all(1).float().mean() > 0.995
 
 
 @pytest.mark.parametrize("router", ["lowrank", "linear"])

@@ -190,3 +190,31 @@ def test_bad_arguments():
         kr.infer(x, R1, R2[:, :15], 2)
     with pytest.raises(TypeError, match="share one dtype"):
         kr.infer(x, R1.double(), R2, 2)
+
+
+@pytest.mark.parametrize("rounds,warm", [(1, 1), (2, 1), (2, 3), (3, 2)])
+@pytest.mark.parametrize("negative", [False, True])
+def test_bounded_rounds_with_exact_redo_equal_the_exact_sweep(rounds, warm, negative):
+    """Bounded steps per tile plus the redo of the rows that may have needed more give the
+    exact sweep's answer, also when the logits are negative (those rows are redone)."""
+    x, R1, R2 = make(150, 32, 700, 16)
+    if negative:
+        R1 = R1 - 3.0 * R1.abs().max()       # most logits negative, some exactly tied
+        R1[[5, 300]] = R1[7].clone()
+        x = x.abs() + 0.1
+        R2 = R2.abs()
+    exact = kr.infer(x, R1, R2, 6, config={"rounds": lambda k: 0})
+    bounded = kr.infer(x, R1, R2, 6, config={"rounds": lambda k: rounds, "warm": warm})
+    for a, b in zip(exact, bounded):
+        assert torch.equal(a, b)
+    logits = logits_lowrank(x, R1, R2)
+    assert_valid_topk(exact[0], exact[1], logits, 6, tol=1e-6 * logits.abs().max().item())
+
+
+def test_training_forward_with_bounded_rounds():
+    x, R1, R2 = make(90, 32, 600, 16)
+    z = x @ R2.T
+    exact = kr.train_forward(z, R1, 5, config={"rounds": lambda k: 0})
+    bounded = kr.train_forward(z, R1, 5, config={"rounds": lambda k: 2, "warm": 1})
+    for a, b in zip(exact, bounded):
+        assert torch.equal(a, b)

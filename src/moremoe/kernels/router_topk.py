@@ -190,69 +190,125 @@ def _write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
 
 
 @triton.jit
-def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z,
-                  N, H, M, R, m_per_split,
-                  sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s,
-                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
-                  STATS: tl.constexpr, GATES: tl.constexpr,
-                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
-                  PREC: tl.constexpr, EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False,
-                  PROBE: tl.constexpr = False):
-    """One sweep over the experts of split program_id(1) with a running top-k per row.
-    EVEN: every tile is full (no expert masks); FULL_R: r == BR (no rank masks).
-    PROBE (benchmarks only) keeps the loads, the MMA and one row max per tile and drops the
-    selection, to measure what the selection costs."""
+def _select_exact(keys, top, m0, bk, bi, thr, LOW: tl.constexpr, BM: tl.constexpr):
+    """Insert every key of the tile that belongs in the running top-k, one per step."""
+    cand = _trunc(top, LOW)
+    ok = cand > thr
+    flag = _flags(ok, top)
+    while flag > 0:
+        if flag > 1:
+            top = _lowest_tied(keys, top, ok & (top < 0), LOW, BM)
+        bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, LOW), ok)
+        keys = tl.where(keys == top[:, None], NEG_INF, keys)
+        top = tl.max(keys, axis=1)
+        cand = _trunc(top, LOW)
+        ok = cand > thr
+        flag = _flags(ok, top)
+    return bk, bi, thr
+
+
+@triton.jit
+def _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS: tl.constexpr,
+                   LOW: tl.constexpr, CAN_OVERFLOW: tl.constexpr):
+    """Insert up to ROUNDS keys of the tile with no data-dependent control flow; a row whose
+    last step still inserted (more may belong) or that inserted a negative key (whose ties
+    need the exact path) is flagged in over for an exact redo."""
+    for j in tl.static_range(ROUNDS):
+        if j > 0:
+            keys = tl.where(keys == top[:, None], NEG_INF, keys)
+            top = tl.max(keys, axis=1)
+        cand = _trunc(top, LOW)
+        ok = cand > thr
+        over = over | (ok & (top < 0))
+        bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, LOW), ok)
+    if CAN_OVERFLOW:   # with ROUNDS = K all of a tile's K best went in: nothing more can
+        over = over | ok
+    return bk, bi, thr, over
+
+
+@triton.jit
+def _tile(z, X, W, w_next, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_m, run_z,
+          MODE: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
+          PREFETCH: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+          BH: tl.constexpr, PREC: tl.constexpr):
+    """Logits of one tile packed into keys, their row maxima, and the online-softmax stats."""
     LOW: tl.constexpr = BM - 1
-    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
-    rows = pid_n * BN + tl.arange(0, BN)
-    row_ok = rows < N
-    rows64 = rows.to(tl.int64)
+    cols = m0 + tl.arange(0, BM)
+    col_ok = (cols < m_end) | EVEN
+    if PREFETCH:
+        rr = tl.arange(0, BR)
+        w = w_next
+        nxt = cols + BM
+        w_next = _load_rows(W, nxt.to(tl.int64), nxt < m_end, sw_m, rr, (rr < R) | FULL_R, sw_k)
+        logits = tl.dot(z, tl.trans(w), input_precision=PREC)
+    else:
+        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+                         MODE, BN, BM, BR, BH, PREC, FULL_R)
+    keys = _pack(logits, LOW - tl.arange(0, BM), LOW)
+    if not EVEN:
+        keys = tl.where(col_ok[None, :], keys, NEG_INF)
+    top = tl.max(keys, axis=1)
+    if STATS:
+        new_m = tl.maximum(run_m, top)
+        safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
+        p = tl.where(col_ok[None, :], tl.exp(logits - safe_m[:, None]), 0.0)
+        run_z = run_z * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
+        run_m = new_m
+    return keys, top, w_next, run_m, run_z
+
+
+@triton.jit
+def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
+                 rows64, row_ok, pid_s, N, H, M, R, m_per_split,
+                 sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s,
+                 K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, STATS: tl.constexpr,
+                 GATES: tl.constexpr, ROUNDS: tl.constexpr, WARM: tl.constexpr,
+                 BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                 PREC: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
+                 PREFETCH: tl.constexpr, PROBE: tl.constexpr):
+    LOW: tl.constexpr = BM - 1
     if MODE == MODE_LOWRANK:
         z = _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
     elif MODE == MODE_Z:
-        rr = tl.arange(0, BR)
-        z = _load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
+        rz = tl.arange(0, BR)
+        z = _load_rows(X, rows64, row_ok, sx_n, rz, rz < R, sx_h)
     else:
         z = tl.zeros((BN, BR), dtype=X.dtype.element_ty)
     slots = tl.arange(0, KP)
     bk = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP), tl.float32)
     bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
     thr = tl.full((BN,), NEG_INF, tl.float32)
+    over = tl.zeros((BN,), tl.int1)
     run_m = tl.full((BN,), NEG_INF, tl.float32)
     run_z = tl.zeros((BN,), tl.float32)
-    ncol = LOW - tl.arange(0, BM)
     m_begin = pid_s * m_per_split
     m_end = tl.minimum(M, m_begin + m_per_split)
-    for m0 in range(m_begin, m_end, BM):
-        cols = m0 + tl.arange(0, BM)
-        col_ok = (cols < m_end) | EVEN
-        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
-                         MODE, BN, BM, BR, BH, PREC, FULL_R)
+    w_next = tl.zeros((BM, BR), dtype=W.dtype.element_ty)
+    if PREFETCH:
+        rr = tl.arange(0, BR)
+        first = m_begin + tl.arange(0, BM)
+        w_next = _load_rows(W, first.to(tl.int64), first < m_end, sw_m, rr, (rr < R) | FULL_R,
+                            sw_k)
+    warm_end = m_begin
+    if ROUNDS > 0:
+        # the first WARM tiles fill the buffer: all K may enter from one tile
+        warm_end = tl.minimum(m_end, m_begin + WARM * BM)
+        for m0 in range(m_begin, warm_end, BM):
+            keys, top, w_next, run_m, run_z = _tile(
+                z, X, W, w_next, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
+                run_m, run_z, MODE, STATS, EVEN, FULL_R, PREFETCH, BN, BM, BR, BH, PREC)
+            bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, K, LOW, False)
+    for m0 in range(warm_end, m_end, BM):
+        keys, top, w_next, run_m, run_z = _tile(
+            z, X, W, w_next, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
+            run_m, run_z, MODE, STATS, EVEN, FULL_R, PREFETCH, BN, BM, BR, BH, PREC)
         if PROBE:
-            run_m = tl.maximum(run_m, tl.max(tl.where(col_ok[None, :], logits, NEG_INF), 1))
+            run_m = tl.maximum(run_m, top)
+        elif ROUNDS > 0:
+            bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS, LOW,
+                                               ROUNDS < K)
         else:
-            keys = _pack(logits, ncol, LOW)
-            if not EVEN:
-                keys = tl.where(col_ok[None, :], keys, NEG_INF)
-            top = tl.max(keys, axis=1)
-            if STATS:
-                new_m = tl.maximum(run_m, top)
-                safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
-                p = tl.where(col_ok[None, :], tl.exp(logits - safe_m[:, None]), 0.0)
-                run_z = run_z * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
-                run_m = new_m
-            cand = _trunc(top, LOW)
-            ok = cand > thr
-            flag = _flags(ok, top)
-            while flag > 0:
-                if flag > 1:
-                    top = _lowest_tied(keys, top, ok & (top < 0), LOW, BM)
-                bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, LOW), ok)
-                keys = tl.where(keys == top[:, None], NEG_INF, keys)
-                top = tl.max(keys, axis=1)
-                cand = _trunc(top, LOW)
-                ok = cand > thr
-                flag = _flags(ok, top)
+            bk, bi, thr = _select_exact(keys, top, m0, bk, bi, thr, LOW, BM)
     if tl.min(tl.min(bi, axis=1), axis=0) < 0:
         bi = _fill_unselected(bi, m_begin, m_end, K, KP)
     vals = tl.zeros((BN, KP), tl.float32)
@@ -268,6 +324,58 @@ def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z,
     if STATS:
         tl.store(OUT_M + rows64, run_m, mask=row_ok)
         tl.store(OUT_Z + rows64, run_z, mask=row_ok)
+    if ROUNDS > 0:   # queue the flagged rows for the exact redo
+        flagged = over & row_ok
+        n = tl.sum(flagged.to(tl.int32), axis=0)
+        if n > 0:
+            base = tl.atomic_add(REDO_N, n)
+            pos = base + tl.cumsum(flagged.to(tl.int32), axis=0) - 1
+            tl.store(REDO + pos, rows64.to(tl.int32), mask=flagged)
+
+
+@triton.jit
+def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
+                  N, H, M, R, m_per_split,
+                  sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s,
+                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
+                  STATS: tl.constexpr, GATES: tl.constexpr,
+                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                  PREC: tl.constexpr, ROUNDS: tl.constexpr = 0, WARM: tl.constexpr = 1,
+                  EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False,
+                  PREFETCH: tl.constexpr = False, PROBE: tl.constexpr = False):
+    """One sweep over the experts of split program_id(1) with a running top-k per row.
+
+    ROUNDS = 0: exact (each tile inserts as many keys as belong, a block-uniform loop);
+    ROUNDS > 0: at most ROUNDS per tile (K in the first WARM tiles), straight-line code that
+    Triton can pipeline; rows that may have needed more are queued in REDO for the exact
+    redo kernel. EVEN: every tile is full (no expert masks); FULL_R: r == BR (no rank masks);
+    PREFETCH: load the next R1 tile by hand before this tile's selection (the exact path's
+    data-dependent loop stops Triton's own pipelining). PROBE (benchmarks only) keeps the
+    loads, the MMA and one row max per tile and drops the selection."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
+                 rows.to(tl.int64), rows < N, tl.program_id(1), N, H, M, R, m_per_split,
+                 sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s, K, KP, MODE, STATS, GATES,
+                 ROUNDS, WARM, BN, BM, BR, BH, PREC, EVEN, FULL_R, PREFETCH, PROBE)
+
+
+@triton.jit
+def _redo_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
+                 N, H, M, R, sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n,
+                 K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
+                 BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                 PREC: tl.constexpr, EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False):
+    """The exact sweep for the rows the bounded sweep queued; idle programs exit at once."""
+    count = tl.load(REDO_N)
+    start = tl.program_id(0) * BN
+    if start < count:
+        pos = start + tl.arange(0, BN)
+        ok = pos < count
+        rows = tl.load(REDO + pos, mask=ok, other=0)
+        _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_VAL, OUT_VAL, REDO, REDO_N,
+                     rows.to(tl.int64), ok, 0, N, H, M, R, M, sx_n, sx_h, s2_r, s2_h,
+                     sw_m, sw_k, so_n, 0, K, KP, MODE, False, True, 0, 1,
+                     BN, BM, BR, BH, PREC, EVEN, FULL_R, False, False)
 
 
 @triton.jit
@@ -313,7 +421,10 @@ def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = Non
     h chunk of the x R2ᵀ / x Wᵀ loops."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
     cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
-           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2}
+           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "prefetch": False,
+           # bounded steps per tile: exact for k <= 3; k <= 8 redo the few rows that may
+           # have needed more; larger k take the exact sweep directly
+           "rounds": lambda k: k if k <= 3 else (3 if k <= 8 else 0), "warm": 4}
     cfg.update(overrides or {})
     return cfg
 
@@ -361,14 +472,23 @@ def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: in
         out_i = torch.empty(N, S, KP, device=dev, dtype=torch.int32)
         out_g, so_n, so_s = out_v, S * KP, KP
     r2_ = r2 if r2 is not None else x
+    rounds = cfg["rounds"](k) if S == 1 and not probe else 0
+    redo = torch.empty(N if rounds else 1, device=dev, dtype=torch.int32)
+    redo_n = torch.zeros(1, device=dev, dtype=torch.int32)
+    even = M % cfg["BM"] == 0 and m_per_split % cfg["BM"] == 0
+    full_r = mode != LINEAR and R == cfg["BR"]
+    strides = (x.stride(0), x.stride(1), r2_.stride(0), r2_.stride(1), w.stride(0), w.stride(1))
+    blocks = dict(BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"],
+                  PREC=dot_precision(x.dtype), EVEN=even, FULL_R=full_r)
     _sweep_kernel[(n_blocks, S)](
-        x, r2_, w, out_v, out_i, out_g, m_row, z_row, N, H, M, R, m_per_split,
-        x.stride(0), x.stride(1), r2_.stride(0), r2_.stride(1), w.stride(0), w.stride(1),
-        so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=S == 1,
-        EVEN=M % cfg["BM"] == 0 and m_per_split % cfg["BM"] == 0,
-        FULL_R=mode != LINEAR and R == cfg["BR"],
-        BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"], PREC=dot_precision(x.dtype),
-        PROBE=probe, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        x, r2_, w, out_v, out_i, out_g, m_row, z_row, redo, redo_n, N, H, M, R, m_per_split,
+        *strides, so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=S == 1,
+        ROUNDS=rounds, WARM=cfg["warm"], PREFETCH=mode != LINEAR and cfg["prefetch"],
+        PROBE=probe, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **blocks)
+    if rounds:
+        _redo_kernel[(n_blocks,)](
+            x, r2_, w, val, idx, gates, redo, redo_n, N, H, M, R, *strides, k, K=k, KP=KP,
+            MODE=mode, num_warps=cfg["num_warps"], **blocks)
     if S > 1:
         BNm = 32
         _merge_kernel[(triton.cdiv(N, BNm),)](
