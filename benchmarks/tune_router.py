@@ -17,16 +17,14 @@ from moremoe.kernels.router_topk import LOWRANK, launch_sweep
 from moremoe.ops import reference as ref
 
 EXACT = {"rounds": lambda k: 0}
-CONFIGS = [dict(BN=64, BM=128, num_warps=4, num_stages=2, **EXACT),
-           dict(BN=64, BM=128, num_warps=4, num_stages=2, prefetch=True, **EXACT),
-           dict(BN=64, BM=64, num_warps=4, num_stages=2, prefetch=True, **EXACT),
-           dict(BN=64, BM=128, num_warps=4, num_stages=2, rounds=lambda k: 3),
-           dict(BN=64, BM=128, num_warps=4, num_stages=3, rounds=lambda k: 3),
-           dict(BN=64, BM=128, num_warps=4, num_stages=2, rounds=lambda k: 2),
-           dict(BN=64, BM=64, num_warps=4, num_stages=2, rounds=lambda k: 3),
-           dict(BN=64, BM=64, num_warps=4, num_stages=2, rounds=lambda k: 2),
-           dict(BN=128, BM=128, num_warps=8, num_stages=2, rounds=lambda k: 3),
-           dict(BN=64, BM=256, num_warps=4, num_stages=2, rounds=lambda k: 3)]
+VARIANTS = {
+    "exact BM128": dict(BM=128, **EXACT),
+    "exact two BM128": dict(BM=128, two=True, **EXACT),
+    "exact two BM64": dict(BM=64, two=True, **EXACT),
+    "bounded BM128": dict(BM=128),
+    "bounded BM256": dict(BM=256),
+    "bounded BM256 warm2": dict(BM=256, warm=2),
+}
 
 
 def main():
@@ -61,16 +59,16 @@ def main():
     rec("unfused lowrank (2 matmuls + topk + softmax)",
         lambda: torch.softmax(ref.router_lowrank_ref(x, R1, R2, p.k)[0], -1))
     rec("matmul x R2^T then z R1^T only (cuBLAS)", lambda: (x @ R2.T) @ R1.T)
-    for i, cfg in enumerate(CONFIGS):
-        tag = ",".join(f"{k}={v if not callable(v) else v(p.k)}" for k, v in cfg.items())
-        rec(f"fused lowrank [{tag}]", lambda c=cfg: kr.infer(x, R1, R2, p.k, config=c),
-            config=tag)
-        if i in (0, 3, 6):
-            rec(f"  probe (no selection) [{tag}]",
-                lambda c=cfg: launch_sweep(x, R2, R1, p.k, mode=LOWRANK, config=c, probe=True),
-                probe=True, config=tag)
-    for k in (1, 2, 8, 16):
-        rec(f"fused lowrank k={k} default", lambda k=k: kr.infer(x, R1, R2, k), k=k)
+    for name, cfg in VARIANTS.items():
+        for k in (1, 2, 4, 8, 16):
+            rec(f"fused lowrank {name} k={k}", lambda c=cfg, k=k: kr.infer(x, R1, R2, k, config=c),
+                variant=name, k=k)
+    rec("  probe (no selection) BM128",
+        lambda: launch_sweep(x, R2, R1, p.k, mode=LOWRANK, config=EXACT, probe=True), probe=True)
+    rec("  probe (no selection) BM256",
+        lambda: launch_sweep(x, R2, R1, p.k, mode=LOWRANK, config=dict(BM=256, **EXACT),
+                             probe=True), probe=True)
+    for k in (1, 4, 16):
         rec(f"unfused lowrank k={k}",
             lambda k=k: torch.softmax(ref.router_lowrank_ref(x, R1, R2, k)[0], -1), k=k)
     xs = x[:2048].clone()

@@ -29,3 +29,11 @@ def resolve_impl(impl: str, x: torch.Tensor, k: int) -> str:
 
 def needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the fused kernels run in: autocast's when it is on for x's device."""
+    dev = x.device.type
+    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
-from .dispatch import needs_grad, resolve_impl
+from .dispatch import compute_dtype, needs_grad, resolve_impl
 from .router_common import register_router_ops
 
 
@@ -30,9 +30,10 @@ def router_linear(x_NH, W_MH, k: int, *, with_psum: bool = False, impl: str = "a
     if resolve_impl(impl, x_NH, k) == "reference":
         val, idx, psum = ref.router_linear_ref(x_NH, W_MH, k, with_psum=with_psum)
         return val, idx, torch.softmax(val, dim=-1), psum
-    W = W_MH.to(x_NH.dtype)
+    dt = compute_dtype(x_NH)          # under autocast, the autocast dtype
+    x, W = x_NH.to(dt), W_MH.to(dt)
     if not (with_psum or needs_grad(x_NH, W_MH)):
-        val, idx, gates = infer_op(x_NH, W, W, k)
+        val, idx, gates = infer_op(x, W, W, k)
         return val, idx, gates, None
-    val, idx, _, _, psum = train_op(x_NH, W, k, with_psum)
+    val, idx, _, _, psum = train_op(x, W, k, with_psum)
     return val, idx, torch.softmax(val, dim=-1), (psum if with_psum else None)

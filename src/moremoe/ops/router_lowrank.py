@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import reference as ref
-from .dispatch import needs_grad, resolve_impl
+from .dispatch import compute_dtype, needs_grad, resolve_impl
 from .router_common import register_router_ops
 
 
@@ -33,10 +33,11 @@ def router_lowrank(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False, impl:
     if resolve_impl(impl, x_NH, k) == "reference":
         val, idx, psum = ref.router_lowrank_ref(x_NH, R1_MR, R2_RH, k, with_psum=with_psum)
         return val, idx, torch.softmax(val, dim=-1), psum
-    R1, R2 = R1_MR.to(x_NH.dtype), R2_RH.to(x_NH.dtype)
+    dt = compute_dtype(x_NH)          # under autocast, the autocast dtype
+    x, R1, R2 = x_NH.to(dt), R1_MR.to(dt), R2_RH.to(dt)
     if not (with_psum or needs_grad(x_NH, R1_MR, R2_RH)):
-        val, idx, gates = infer_op(x_NH, R1, R2, k)
+        val, idx, gates = infer_op(x, R1, R2, k)
         return val, idx, gates, None
-    z_NR = F.linear(x_NH, R2)
-    val, idx, _, _, psum = train_op(z_NR, R1, k, with_psum)
+    z_NR = F.linear(x, R2)
+    val, idx, _, _, psum = train_op(z_NR, R1.to(z_NR.dtype), k, with_psum)
     return val, idx, torch.softmax(val, dim=-1), (psum if with_psum else None)
