@@ -218,18 +218,3 @@ def test_training_forward_with_bounded_rounds():
     bounded = kr.train_forward(z, R1, 5, config={"rounds": lambda k: 2, "warm": 1})
     for a, b in zip(exact, bounded):
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("negative", [False, True])
-def test_two_keys_per_pass_equals_one(negative):
-    x, R1, R2 = make(150, 32, 700, 16)
-    if negative:
-        R1 = R1 - 3.0 * R1.abs().max()
-        R1[[5, 300, 301]] = R1[7].clone()
-        x = x.abs() + 0.1
-        R2 = R2.abs()
-    for k in (1, 3, 6):
-        one = kr.infer(x, R1, R2, k, config={"rounds": lambda k: 0})
-        two = kr.infer(x, R1, R2, k, config={"rounds": lambda k: 0, "two": True})
-        for a, b in zip(one, two):
-            assert torch.equal(a, b)

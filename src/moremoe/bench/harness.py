@@ -43,7 +43,7 @@ def environment(device: torch.device) -> dict:
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
-def time_ms(fn, *, device: torch.device, warmup_ms: float = 50, rep_ms: float = 200,
+def time_ms(fn, *, device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
             rotate: list | None = None) -> float:
     """Median milliseconds of fn(inputs) over device events, after warm-up. With ``rotate``
     (a list of input tuples), successive calls cycle through them so that inputs do not sit

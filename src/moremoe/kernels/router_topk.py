@@ -28,7 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRET
 
 LOWRANK, ZGIVEN, LINEAR = 0, 1, 2   # launch modes (Python side)
 MODE_LOWRANK = tl.constexpr(LOWRANK)  # x, R2, R1: z = x R2ᵀ computed on chip, never stored
@@ -73,63 +72,6 @@ def _lowest_tied(keys, top, neg, LOW: tl.constexpr, BM: tl.constexpr):
 def _flags(ok, top):
     """Block-wide: 0 nothing to insert, 1 something, 2 something negative (one reduction)."""
     return tl.max(ok.to(tl.int32) + (ok & (top < 0)).to(tl.int32), axis=0)
-
-
-@triton.jit
-def _top2_combine(a1, a2, b1, b2):
-    return tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2))
-
-
-@triton.jit
-def _top2(keys, BN: tl.constexpr, BM: tl.constexpr, PAIRS: tl.constexpr):
-    """Largest and second-largest key of each row. PAIRS: max/min of adjacent columns (one
-    thread holds both), then a tree of (first, second) pairs: about 3 min/max per key, where
-    max, remove, max takes 4. The interpreter evaluates a tuple reduction slowly, so it gets
-    the second form (same values)."""
-    if PAIRS:
-        a, b = tl.split(tl.reshape(keys, (BN, BM // 2, 2)))
-        top, sec = tl.reduce((tl.maximum(a, b), tl.minimum(a, b)), 1, _top2_combine)
-    else:
-        top = tl.max(keys, axis=1)
-        sec = tl.max(tl.where(keys == top[:, None], NEG_INF, keys), axis=1)
-    return top, sec
-
-
-@triton.jit
-def _state(ok1, top, sec, LOW: tl.constexpr):
-    """Block-wide: 0 nothing enters, 1 take the two largest keys per row, 2 some row's
-    entering maximum is negative and tied after truncation (single steps, exact ties)."""
-    slow = ok1 & (top < 0) & (_trunc(sec, LOW) == _trunc(top, LOW))
-    return tl.max(ok1.to(tl.int32) + slow.to(tl.int32), axis=0)
-
-
-@triton.jit
-def _select_pairs(keys, m0, bk, bi, thr, LOW: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                  PAIRS: tl.constexpr):
-    """Exact tile merge taking each row's two largest keys per pass; another pass only when
-    some row's second key also entered."""
-    top, sec = _top2(keys, BN, BM, PAIRS)
-    ok1 = _trunc(top, LOW) > thr
-    state = _state(ok1, top, sec, LOW)
-    while state > 0:
-        if state == 1:
-            bk, bi, thr = _insert(bk, bi, thr, _trunc(top, LOW), m0 + _column(top, LOW), ok1)
-            ok2 = ok1 & (_trunc(sec, LOW) > thr)
-            bk, bi, thr = _insert(bk, bi, thr, _trunc(sec, LOW), m0 + _column(sec, LOW), ok2)
-            state = tl.max(ok2.to(tl.int32), axis=0)
-            if state > 0:
-                keys = tl.where(keys >= sec[:, None], NEG_INF, keys)
-                top, sec = _top2(keys, BN, BM, PAIRS)
-                ok1 = _trunc(top, LOW) > thr
-                state = _state(ok1, top, sec, LOW)
-        else:
-            top = _lowest_tied(keys, top, ok1 & (top < 0), LOW, BM)
-            bk, bi, thr = _insert(bk, bi, thr, _trunc(top, LOW), m0 + _column(top, LOW), ok1)
-            keys = tl.where(keys == top[:, None], NEG_INF, keys)
-            top, sec = _top2(keys, BN, BM, PAIRS)
-            ok1 = _trunc(top, LOW) > thr
-            state = _state(ok1, top, sec, LOW)
-    return bk, bi, thr
 
 
 @triton.jit
@@ -324,8 +266,7 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
                  GATES: tl.constexpr, ROUNDS: tl.constexpr, WARM: tl.constexpr,
                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                  PREC: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
-                 PREFETCH: tl.constexpr, PROBE: tl.constexpr, TWO: tl.constexpr,
-                 PAIRS: tl.constexpr):
+                 PREFETCH: tl.constexpr, PROBE: tl.constexpr):
     LOW: tl.constexpr = BM - 1
     if MODE == MODE_LOWRANK:
         z = _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
@@ -367,8 +308,6 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
         elif ROUNDS > 0:
             bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS, LOW,
                                                ROUNDS < K)
-        elif TWO:
-            bk, bi, thr = _select_pairs(keys, m0, bk, bi, thr, LOW, BN, BM, PAIRS)
         else:
             bk, bi, thr = _select_exact(keys, top, m0, bk, bi, thr, LOW, BM)
     if tl.min(tl.min(bi, axis=1), axis=0) < 0:
@@ -404,8 +343,7 @@ def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, ROUNDS: tl.constexpr = 0, WARM: tl.constexpr = 1,
                   EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False,
-                  PREFETCH: tl.constexpr = False, PROBE: tl.constexpr = False,
-                  TWO: tl.constexpr = False, PAIRS: tl.constexpr = False):
+                  PREFETCH: tl.constexpr = False, PROBE: tl.constexpr = False):
     """One sweep over the experts of split program_id(1) with a running top-k per row.
 
     ROUNDS = 0: exact (each tile inserts as many keys as belong, a block-uniform loop);
@@ -419,7 +357,7 @@ def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO
     _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
                  rows.to(tl.int64), rows < N, tl.program_id(1), N, H, M, R, m_per_split,
                  sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s, K, KP, MODE, STATS, GATES,
-                 ROUNDS, WARM, BN, BM, BR, BH, PREC, EVEN, FULL_R, PREFETCH, PROBE, TWO, PAIRS)
+                 ROUNDS, WARM, BN, BM, BR, BH, PREC, EVEN, FULL_R, PREFETCH, PROBE)
 
 
 @triton.jit
@@ -427,8 +365,7 @@ def _redo_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
                  N, H, M, R, sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n,
                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
-                 PREC: tl.constexpr, EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False,
-                 TWO: tl.constexpr = False, PAIRS: tl.constexpr = False):
+                 PREC: tl.constexpr, EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False):
     """The exact sweep for the rows the bounded sweep queued; idle programs exit at once."""
     count = tl.load(REDO_N)
     start = tl.program_id(0) * BN
@@ -439,7 +376,7 @@ def _redo_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
         _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_VAL, OUT_VAL, REDO, REDO_N,
                      rows.to(tl.int64), ok, 0, N, H, M, R, M, sx_n, sx_h, s2_r, s2_h,
                      sw_m, sw_k, so_n, 0, K, KP, MODE, False, True, 0, 1,
-                     BN, BM, BR, BH, PREC, EVEN, FULL_R, False, False, TWO, PAIRS)
+                     BN, BM, BR, BH, PREC, EVEN, FULL_R, False, False)
 
 
 @triton.jit
@@ -480,16 +417,20 @@ def next_pow2(n: int) -> int:
 
 
 def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = None) -> dict:
-    """Block sizes: BN rows (64: one warpgroup MMA), BM experts per tile (128: 7 code bits,
-    keys exact to 2^-16), BR the rank padded to a power of two >= 16 (the MMA's K), BH the
-    h chunk of the x R2ᵀ / x Wᵀ loops."""
+    """Block sizes and the selection schedule, from measurements on an H100 (h=512, M=8192,
+    r=64, N=262,144; benchmarks/NOTES.md): BN = 64 rows (one warpgroup MMA); BR the rank
+    padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ.
+    Low-rank: k = 1 one step per tile of BM = 128; k <= 4 at most 3 steps per tile of
+    BM = 256 (8 code bits: keys exact to 2^-15) with the exact redo; k > 4 the exact sweep
+    over BM = 128. Standard router: the exact sweep over BM = 128."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
-    cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
+    if mode == LINEAR or K > 4:
+        BM, rounds = 128, 0
+    else:
+        BM, rounds = (128, 1) if K == 1 else (256, min(K, 3))
+    cfg = {"BN": 64, "BM": BM, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
            "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "prefetch": False,
-           # bounded steps per tile: exact for k <= 3; k <= 8 redo the few rows that may
-           # have needed more; larger k take the exact sweep directly
-           "rounds": lambda k: k if k <= 3 else (3 if k <= 8 else 0), "warm": 4,
-           "two": False}   # exact sweep: two keys per pass instead of one
+           "rounds": lambda k, _r=rounds: _r, "warm": 4}
     cfg.update(overrides or {})
     return cfg
 
@@ -544,8 +485,7 @@ def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: in
     full_r = mode != LINEAR and R == cfg["BR"]
     strides = (x.stride(0), x.stride(1), r2_.stride(0), r2_.stride(1), w.stride(0), w.stride(1))
     blocks = dict(BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"],
-                  PREC=dot_precision(x.dtype), EVEN=even, FULL_R=full_r, TWO=cfg["two"],
-                  PAIRS=cfg["two"] and not INTERPRET)
+                  PREC=dot_precision(x.dtype), EVEN=even, FULL_R=full_r)
     _sweep_kernel[(n_blocks, S)](
         x, r2_, w, out_v, out_i, out_g, m_row, z_row, redo, redo_n, N, H, M, R, m_per_split,
         *strides, so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=S == 1,
