@@ -126,7 +126,7 @@ def test_training_forward_backward_full_size(router):
 
 def test_torch_compile_layer_with_custom_ops():
     from moremoe.nn import MoEConfig, MoELayer
-    layer = MoELayer(MoEConfig.more(4096, 4, 512, 64, 64, router_impl="triton")).cuda()
+    layer = MoELayer(MoEConfig.more(256, 4, 512, 64, 64, router_impl="triton")).cuda()
     x = torch.randn(8, 1024, 512, device="cuda")
 
     def step(x_):

@@ -422,12 +422,13 @@ def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = Non
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ.
     Low-rank: k = 1 one step per tile of BM = 128; k <= 4 at most 3 steps per tile of
     BM = 256 (8 code bits: keys exact to 2^-15) with the exact redo; k > 4 the exact sweep
-    over BM = 128. Standard router: the exact sweep over BM = 128."""
+    over BM = 128; r > 128 keeps BM = 128 (a 256 x 256 R1 tile does not fit in shared memory).
+    Standard router: the exact sweep over BM = 128."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
     if mode == LINEAR or K > 4:
         BM, rounds = 128, 0
     else:
-        BM, rounds = (128, 1) if K == 1 else (256, min(K, 3))
+        BM, rounds = (128, 1) if K == 1 or BR > 128 else (256, min(K, 3))
     cfg = {"BN": 64, "BM": BM, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
            "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "prefetch": False,
            "rounds": lambda k, _r=rounds: _r, "warm": 4}
