@@ -100,3 +100,26 @@ def test_help_for_every_command():
         r = subprocess.run([sys.executable, "-m", "moremoe.cli", *argv], capture_output=True,
                            text=True)
         assert r.returncode == 0 and "usage: moremoe" in r.stdout, argv
+
+
+def test_bench_router_quick_code_path(capsys, tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "router.jsonl"
+    data = run_json(capsys, ["bench", "router", "--quick", "--no-training", "--out", str(out)])
+    rows = data["rows"]
+    assert {(r["router"], r["impl"]) for r in rows} == {
+        ("lowrank", "triton"), ("lowrank", "reference"), ("linear", "triton"),
+        ("linear", "reference")}
+    for row in rows:
+        for key in ("device", "torch", "triton", "commit", "date", "ms", "flops", "bytes"):
+            assert key in row, key
+    assert len(out.read_text().splitlines()) == len(rows)
+
+
+def test_bench_router_plots_from_committed_results(tmp_path):
+    import shutil
+    from pathlib import Path
+    src = Path(__file__).parents[1] / "benchmarks/results/nvidia-h100-80gb-hbm3/router.jsonl"
+    shutil.copy(src, tmp_path / "router.jsonl")
+    assert main(["bench", "router", "--plot-only", str(tmp_path / "router.jsonl")]) == 0
+    assert (tmp_path / "router_M.png").stat().st_size > 50_000
