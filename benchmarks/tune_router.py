@@ -19,8 +19,6 @@ from moremoe.ops import reference as ref
 EXACT = {"rounds": lambda k: 0}
 VARIANTS = {
     "exact BM128": dict(BM=128, **EXACT),
-    "exact two BM128": dict(BM=128, two=True, **EXACT),
-    "exact two BM64": dict(BM=64, two=True, **EXACT),
     "bounded BM128": dict(BM=128),
     "bounded BM256": dict(BM=256),
     "bounded BM256 warm2": dict(BM=256, warm=2),

@@ -11,6 +11,15 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
+
+
 def plot_phonebook_runs(runs: list[dict], path: str | Path, *, title: str = "") -> Path:
     """Loss, exact match and H_norm per layer against training step, one colour per run."""
     plt = _pyplot()
@@ -41,11 +50,7 @@ def plot_phonebook_runs(runs: list[dict], path: str | Path, *, title: str = "") 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_capacity(results: list[dict], path: str | Path, *, title: str = "") -> Path:
@@ -70,8 +75,4 @@ def plot_capacity(results: list[dict], path: str | Path, *, title: str = "") -> 
     ax.legend()
     ax.set_title(title or "phonebook capacity (star: largest size reaching the threshold)")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

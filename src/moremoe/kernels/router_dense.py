@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .router_topk import (LINEAR, MODE_LINEAR, NEG_INF, _load_rows, _logits, dot_precision,
+from .router_topk import (LINEAR, NEG_INF, _load_rows, _logits, _z_rows, dot_precision,
                           next_pow2, sweep_config)
 
 
@@ -40,15 +40,12 @@ def _psum_kernel(X, W, M_ROW, Z_ROW, OUT, N, H, M, R, n_per_split,
     col_ok = cols < M
     pid_p = tl.program_id(1)
     acc = tl.zeros((BM,), tl.float32)
-    rr = tl.arange(0, BR)
     n_end = tl.minimum(N, (pid_p + 1) * n_per_split)
     for n0 in range(pid_p * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
         row_ok = rows < n_end
         rows64 = rows.to(tl.int64)
-        z = tl.zeros((BN, BR), dtype=X.dtype.element_ty)
-        if MODE != MODE_LINEAR:
-            z = _load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
+        z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
         logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
                          MODE, BN, BM, BR, BH, PREC)
         acc += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW), axis=0)
@@ -84,10 +81,7 @@ def _bwd_rows_kernel(X, W, M_ROW, Z_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
     rows64 = rows.to(tl.int64)
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     c_ok = cc < R
-    rr = tl.arange(0, BR)
-    z = tl.zeros((BN, BR), dtype=X.dtype.element_ty)
-    if MODE != MODE_LINEAR:
-        z = _load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
+    z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
     acc = tl.zeros((BN, BC), tl.float32)
     if DENSE:
         g = tl.zeros((BN,), tl.float32)
@@ -132,16 +126,13 @@ def _bwd_cols_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT,
     pid_p = tl.program_id(1)
     cc = tl.program_id(2) * BC + tl.arange(0, BC)
     c_ok = cc < R
-    rr = tl.arange(0, BR)
     acc = tl.zeros((BM, BC), tl.float32)
     n_end = tl.minimum(N, (pid_p + 1) * n_per_split)
     for n0 in range(pid_p * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
         row_ok = rows < n_end
         rows64 = rows.to(tl.int64)
-        z = tl.zeros((BN, BR), dtype=X.dtype.element_ty)
-        if MODE != MODE_LINEAR:
-            z = _load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
+        z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
         logits = tl.zeros((BN, BM), tl.float32)
         if DENSE:
             logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,

@@ -107,6 +107,16 @@ def _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h,
 
 
 @triton.jit
+def _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE: tl.constexpr, BN: tl.constexpr,
+            BR: tl.constexpr):
+    """The block's rows of a given z (N, R); zeros for the standard router, which has none."""
+    if MODE == MODE_LINEAR:
+        return tl.zeros((BN, BR), dtype=X.dtype.element_ty)
+    rr = tl.arange(0, BR)
+    return _load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
+
+
+@triton.jit
 def _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
             MODE: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
             BH: tl.constexpr, PREC: tl.constexpr, FULL_R: tl.constexpr = False):
@@ -162,15 +172,12 @@ def _fill_unselected(bi, base, limit, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
-                  K: tl.constexpr, KP: tl.constexpr, GATES: tl.constexpr):
-    """Sort (value desc, NaN last, ties by lower index), store values, indices and gates."""
+def _take_sorted(sk, work, vals, K: tl.constexpr, KP: tl.constexpr):
+    """The K largest sort keys of each row, descending, ties by lower index: values from
+    vals and indices from work (BIG_IDX marks a non-candidate) into (BN, KP) slots."""
     slots = tl.arange(0, KP)
-    live = slots[None, :] < K
-    sk = tl.where(live & (vals == vals), vals, NEG_INF)
-    work = tl.where(live, bi, BIG_IDX)
-    out_v = tl.zeros(vals.shape, dtype=tl.float32)
-    out_i = tl.zeros(bi.shape, dtype=tl.int32)
+    out_v = tl.zeros((sk.shape[0], KP), dtype=tl.float32)
+    out_i = tl.zeros((sk.shape[0], KP), dtype=tl.int32)
     for j in tl.static_range(K):
         mv = tl.max(sk, axis=1)
         pick = tl.min(tl.where(sk == mv[:, None], work, BIG_IDX), axis=1)
@@ -180,6 +187,14 @@ def _write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
         out_i = tl.where(slots[None, :] == j, pick[:, None], out_i)
         sk = tl.where(sel, NEG_INF, sk)
         work = tl.where(sel, BIG_IDX, work)
+    return out_v, out_i
+
+
+@triton.jit
+def _store_topk(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
+                K: tl.constexpr, KP: tl.constexpr, GATES: tl.constexpr):
+    slots = tl.arange(0, KP)
+    live = slots[None, :] < K
     mask = row_ok[:, None] & live
     offs = rows64[:, None] * so_n + slots[None, :]
     tl.store(OUT_VAL + offs, out_v, mask=mask)
@@ -188,6 +203,16 @@ def _write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
         top = tl.max(tl.where(live, out_v, NEG_INF), axis=1)
         e = tl.where(live, tl.exp(out_v - top[:, None]), 0.0)
         tl.store(OUT_GATE + offs, e / tl.sum(e, axis=1)[:, None], mask=mask)
+
+
+@triton.jit
+def _write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
+                  K: tl.constexpr, KP: tl.constexpr, GATES: tl.constexpr):
+    """Sort (value desc, NaN last, ties by lower index), store values, indices and gates."""
+    live = tl.arange(0, KP)[None, :] < K
+    sk = tl.where(live & (vals == vals), vals, NEG_INF)
+    out_v, out_i = _take_sorted(sk, tl.where(live, bi, BIG_IDX), vals, K, KP)
+    _store_topk(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP, GATES)
 
 
 @triton.jit
@@ -228,23 +253,16 @@ def _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS: tl.constexpr,
 
 
 @triton.jit
-def _tile(z, X, W, w_next, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_m, run_z,
+def _tile(z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_m, run_z,
           MODE: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
-          PREFETCH: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
-          BH: tl.constexpr, PREC: tl.constexpr):
+          BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+          PREC: tl.constexpr):
     """Logits of one tile packed into keys, their row maxima, and the online-softmax stats."""
     LOW: tl.constexpr = BM - 1
     cols = m0 + tl.arange(0, BM)
     col_ok = (cols < m_end) | EVEN
-    if PREFETCH:
-        rr = tl.arange(0, BR)
-        w = w_next
-        nxt = cols + BM
-        w_next = _load_rows(W, nxt.to(tl.int64), nxt < m_end, sw_m, rr, (rr < R) | FULL_R, sw_k)
-        logits = tl.dot(z, tl.trans(w), input_precision=PREC)
-    else:
-        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
-                         MODE, BN, BM, BR, BH, PREC, FULL_R)
+    logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+                     MODE, BN, BM, BR, BH, PREC, FULL_R)
     keys = _pack(logits, LOW - tl.arange(0, BM), LOW)
     if not EVEN:
         keys = tl.where(col_ok[None, :], keys, NEG_INF)
@@ -255,7 +273,7 @@ def _tile(z, X, W, w_next, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw
         p = tl.where(col_ok[None, :], tl.exp(logits - safe_m[:, None]), 0.0)
         run_z = run_z * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
         run_m = new_m
-    return keys, top, w_next, run_m, run_z
+    return keys, top, run_m, run_z
 
 
 @triton.jit
@@ -266,15 +284,12 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
                  GATES: tl.constexpr, ROUNDS: tl.constexpr, WARM: tl.constexpr,
                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                  PREC: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
-                 PREFETCH: tl.constexpr, PROBE: tl.constexpr):
+                 PROBE: tl.constexpr):
     LOW: tl.constexpr = BM - 1
     if MODE == MODE_LOWRANK:
         z = _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
-    elif MODE == MODE_Z:
-        rz = tl.arange(0, BR)
-        z = _load_rows(X, rows64, row_ok, sx_n, rz, rz < R, sx_h)
     else:
-        z = tl.zeros((BN, BR), dtype=X.dtype.element_ty)
+        z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
     slots = tl.arange(0, KP)
     bk = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP), tl.float32)
     bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
@@ -284,25 +299,19 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
     run_z = tl.zeros((BN,), tl.float32)
     m_begin = pid_s * m_per_split
     m_end = tl.minimum(M, m_begin + m_per_split)
-    w_next = tl.zeros((BM, BR), dtype=W.dtype.element_ty)
-    if PREFETCH:
-        rr = tl.arange(0, BR)
-        first = m_begin + tl.arange(0, BM)
-        w_next = _load_rows(W, first.to(tl.int64), first < m_end, sw_m, rr, (rr < R) | FULL_R,
-                            sw_k)
     warm_end = m_begin
     if ROUNDS > 0:
         # the first WARM tiles fill the buffer: all K may enter from one tile
         warm_end = tl.minimum(m_end, m_begin + WARM * BM)
         for m0 in range(m_begin, warm_end, BM):
-            keys, top, w_next, run_m, run_z = _tile(
-                z, X, W, w_next, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
-                run_m, run_z, MODE, STATS, EVEN, FULL_R, PREFETCH, BN, BM, BR, BH, PREC)
+            keys, top, run_m, run_z = _tile(
+                z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
+                run_m, run_z, MODE, STATS, EVEN, FULL_R, BN, BM, BR, BH, PREC)
             bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, K, LOW, False)
     for m0 in range(warm_end, m_end, BM):
-        keys, top, w_next, run_m, run_z = _tile(
-            z, X, W, w_next, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
-            run_m, run_z, MODE, STATS, EVEN, FULL_R, PREFETCH, BN, BM, BR, BH, PREC)
+        keys, top, run_m, run_z = _tile(
+            z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
+            run_m, run_z, MODE, STATS, EVEN, FULL_R, BN, BM, BR, BH, PREC)
         if PROBE:
             run_m = tl.maximum(run_m, top)
         elif ROUNDS > 0:
@@ -343,7 +352,7 @@ def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, ROUNDS: tl.constexpr = 0, WARM: tl.constexpr = 1,
                   EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False,
-                  PREFETCH: tl.constexpr = False, PROBE: tl.constexpr = False):
+                  PROBE: tl.constexpr = False):
     """One sweep over the experts of split program_id(1) with a running top-k per row.
 
     ROUNDS = 0: exact (each tile inserts as many keys as belong, a block-uniform loop);
@@ -357,7 +366,7 @@ def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO
     _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
                  rows.to(tl.int64), rows < N, tl.program_id(1), N, H, M, R, m_per_split,
                  sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s, K, KP, MODE, STATS, GATES,
-                 ROUNDS, WARM, BN, BM, BR, BH, PREC, EVEN, FULL_R, PREFETCH, PROBE)
+                 ROUNDS, WARM, BN, BM, BR, BH, PREC, EVEN, FULL_R, PROBE)
 
 
 @triton.jit
@@ -376,7 +385,7 @@ def _redo_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
         _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_VAL, OUT_VAL, REDO, REDO_N,
                      rows.to(tl.int64), ok, 0, N, H, M, R, M, sx_n, sx_h, s2_r, s2_h,
                      sw_m, sw_k, so_n, 0, K, KP, MODE, False, True, 0, 1,
-                     BN, BM, BR, BH, PREC, EVEN, FULL_R, False, False)
+                     BN, BM, BR, BH, PREC, EVEN, FULL_R, False)
 
 
 @triton.jit
@@ -394,20 +403,8 @@ def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, N, M, si_n, so_n,
     i = tl.load(IN_IDX + offs, mask=row_ok[:, None] & c_ok[None, :], other=BIG_IDX)
     valid = c_ok[None, :] & (i < M)          # a split smaller than k leaves empty slots
     sk = tl.where(valid & (v == v), v, NEG_INF)
-    work = tl.where(valid, i, BIG_IDX)
-    slots = tl.arange(0, KP)
-    out_v = tl.zeros((BN, KP), tl.float32)
-    out_i = tl.zeros((BN, KP), tl.int32)
-    for j in tl.static_range(K):
-        mv = tl.max(sk, axis=1)
-        pick = tl.min(tl.where(sk == mv[:, None], work, BIG_IDX), axis=1)
-        sel = work == pick[:, None]
-        out_v = tl.where(slots[None, :] == j, tl.sum(tl.where(sel, v, 0.0), axis=1)[:, None],
-                         out_v)
-        out_i = tl.where(slots[None, :] == j, pick[:, None], out_i)
-        sk = tl.where(sel, NEG_INF, sk)
-        work = tl.where(sel, BIG_IDX, work)
-    _write_sorted(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP, True)
+    out_v, out_i = _take_sorted(sk, tl.where(valid, i, BIG_IDX), v, K, KP)
+    _store_topk(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP, True)
 
 
 # ---------------------------------------------------------------- launcher
@@ -430,7 +427,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = Non
     else:
         BM, rounds = (128, 1) if K == 1 or BR > 128 else (256, min(K, 3))
     cfg = {"BN": 64, "BM": BM, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
-           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "prefetch": False,
+           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2,
            "rounds": lambda k, _r=rounds: _r, "warm": 4}
     cfg.update(overrides or {})
     return cfg
@@ -490,8 +487,7 @@ def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: in
     _sweep_kernel[(n_blocks, S)](
         x, r2_, w, out_v, out_i, out_g, m_row, z_row, redo, redo_n, N, H, M, R, m_per_split,
         *strides, so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=S == 1,
-        ROUNDS=rounds, WARM=cfg["warm"], PREFETCH=mode != LINEAR and cfg["prefetch"],
-        PROBE=probe, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **blocks)
+        ROUNDS=rounds, WARM=cfg["warm"], PROBE=probe, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **blocks)
     if rounds:
         _redo_kernel[(n_blocks,)](
             x, r2_, w, val, idx, gates, redo, redo_n, N, H, M, R, *strides, k, K=k, KP=KP,
