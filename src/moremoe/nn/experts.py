@@ -2,7 +2,8 @@
 
 M experts of width s, stored as stacked tensors: w_gate, w_up (M, s, h) and w_down (M, h, s).
 Expert e computes f_e(x) = W_down,e (silu(W_gate,e x) ⊙ W_up,e x); the layer returns
-y_n = Σ_j gates[n, j] · f_{topk_idx[n, j]}(x_n).
+y_n = Σ_j gates[n, j] · f_{topk_idx[n, j]}(x_n). impl: "auto" (the reference), "triton"
+(the grouped kernels; h and s multiples of 16) or "reference".
 """
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import torch
 from torch import nn
 
 from ..checks import check_int, check_same_device, check_tensor
-from ..ops import reference as ref
+from ..ops.dispatch import IMPLS
+from ..ops.swiglu_experts import swiglu_experts
 
 
 class SwiGLUExperts(nn.Module):
     def __init__(self, hidden: int, width: int, experts: int, *, init_std: float = 0.02,
-                 out_init_std: float | None = None):
+                 out_init_std: float | None = None, impl: str = "auto"):
         super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        self.impl = impl
         self.hidden = check_int("hidden", hidden)
         self.width = check_int("width", width)
         self.experts = check_int("experts", experts)
@@ -44,8 +49,8 @@ class SwiGLUExperts(nn.Module):
     def forward(self, x_NH: torch.Tensor, gates_NK: torch.Tensor,
                 topk_idx_NK: torch.Tensor) -> torch.Tensor:
         self._check(x_NH, gates_NK, topk_idx_NK)
-        y_NH = ref.swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, self.w_gate, self.w_up,
-                                      self.w_down)
+        y_NH = swiglu_experts(x_NH, gates_NK, topk_idx_NK, self.w_gate, self.w_up,
+                              self.w_down, impl=self.impl)
         return y_NH.to(x_NH.dtype)
 
     def extra_repr(self) -> str:

@@ -30,6 +30,7 @@ class MoEConfig:
     init_std: float = 0.02
     balance_coef: float = 0.001
     router_impl: str = "auto"         # "auto" | "triton" | "reference"
+    experts_impl: str = "auto"        # "auto" (reference) | "triton" | "reference"
 
     def __post_init__(self):
         check_int("experts", self.experts)
@@ -41,8 +42,9 @@ class MoEConfig:
         if self.router_init not in ROUTER_INITS:
             raise ValueError(f"router_init must be one of {ROUTER_INITS}, "
                              f"got {self.router_init!r}")
-        if self.router_impl not in IMPLS:
-            raise ValueError(f"router_impl must be one of {IMPLS}, got {self.router_impl!r}")
+        for name in ("router_impl", "experts_impl"):
+            if getattr(self, name) not in IMPLS:
+                raise ValueError(f"{name} must be one of {IMPLS}, got {getattr(self, name)!r}")
         if not self.balance_coef >= 0:
             raise ValueError(f"balance_coef must be >= 0, got {self.balance_coef}")
 
@@ -93,7 +95,8 @@ class MoELayer(nn.Module):
         else:
             self.router = LinearRouter(c.hidden, c.experts, c.top_k, init_std=c.init_std,
                                        impl=c.router_impl)
-        self.experts = SwiGLUExperts(c.hidden, c.width, c.experts, init_std=c.init_std)
+        self.experts = SwiGLUExperts(c.hidden, c.width, c.experts, init_std=c.init_std,
+                                     impl=c.experts_impl)
 
     def forward(self, x: torch.Tensor, *, return_counts: bool = False) -> MoEOutput:
         """x (..., h) -> MoEOutput; y has x's shape and dtype."""

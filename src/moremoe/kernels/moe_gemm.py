@@ -1,0 +1,307 @@
+"""Grouped SwiGLU expert kernels: gather and scatter inside the kernels (scatter2scatter).
+
+Legend: N tokens, k slots, P = N·k (token, slot) pairs, h hidden, s expert width, M experts.
+Weights: w_gate, w_up (M, s, h), w_down (M, h, s). Rows are processed in the expert-sorted
+order of routing_meta: each program owns one block of at most BM sorted rows of one expert,
+so a block never loops over experts (decoding touches only the experts present).
+
+Forward
+  _gate_up_kernel  (B, s/BS)  x (gathered by token), w_gate, w_up -> act = silu(g) u (P, s)
+                              [+ g, u (P, s) kept for the backward]
+  _down_kernel     (B, h/BH)  act, w_down, gates -> out (P, h) in pair order (row n·k + j),
+                              out = gate · act W_downᵀ
+  _combine_kernel  (N/BN, h/BH) out -> y (N, h) = Σ_j out[n·k + j]: the k rows of a token
+                              are summed in a fixed order, so y is deterministic (no atomics)
+Backward
+  _down_bwd_kernel (B, s/BS)  dy (gathered), w_down, act, g, u, gates -> dg, du (P, s) and
+                              the gate gradient partials (s/BS, P): t = dy W_down,
+                              dgate = t · act, dact = gate t, then the SwiGLU derivative
+  _dx_kernel       (B, h/BH)  dg, du, w_gate, w_up -> dx pair rows (P, h), combined as above
+  _dw_kernel       (M, C/BC, D/BD)  per expert: Σ over its rows of Aᵀ B (dW_gate = dgᵀ x,
+                              dW_up = duᵀ x, dW_down = (gate dy)ᵀ act), rows in a fixed order
+
+The (P, s) intermediates are the same size as the activations a plain implementation keeps;
+the (P, h) pair rows are the price of a deterministic combine (see benchmarks/NOTES.md).
+h and s must be multiples of 16 (the MMA's K); offsets and row indices are int64.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .routing_meta import routing_meta
+
+
+@triton.jit
+def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM: tl.constexpr):
+    """Expert, sorted rows, their validity and pair ids of program_id(0)'s block."""
+    b = tl.program_id(0)
+    e = tl.load(BLOCK_EXPERT + b)
+    start = tl.load(BLOCK_START + b)
+    end = tl.where(e >= 0, tl.load(OFFSETS + tl.maximum(e, 0) + 1), start)
+    rows = start + tl.arange(0, BM).to(tl.int64)
+    ok = rows < end
+    pair = tl.load(ORDER + rows, mask=ok, other=0)
+    return e, rows, ok, pair
+
+
+@triton.jit
+def _tile2(PTR, r64, r_ok, stride_r, c, c_ok, stride_c):
+    return tl.load(PTR + r64[:, None] * stride_r + c[None, :] * stride_c,
+                   mask=r_ok[:, None] & c_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _gate_up_kernel(X, WG, WU, ACT, G, U, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+                    H, S, K, sx_n, sw_e, sw_s, sw_h,
+                    SAVE: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    if e >= 0:
+        tok = pair // K
+        ss = tl.program_id(1) * BS + tl.arange(0, BS)
+        s_ok = ss < S
+        wg_base = WG + e.to(tl.int64) * sw_e
+        wu_base = WU + e.to(tl.int64) * sw_e
+        acc_g = tl.zeros((BM, BS), tl.float32)
+        acc_u = tl.zeros((BM, BS), tl.float32)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            h_ok = hh < H
+            x = _tile2(X, tok, ok, sx_n, hh, h_ok, 1)
+            acc_g = tl.dot(x, tl.trans(_tile2(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h)), acc_g)
+            acc_u = tl.dot(x, tl.trans(_tile2(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h)), acc_u)
+        act = acc_g * tl.sigmoid(acc_g) * acc_u
+        offs = rows[:, None] * S + ss[None, :]
+        mask = ok[:, None] & s_ok[None, :]
+        tl.store(ACT + offs, act.to(ACT.dtype.element_ty), mask=mask)
+        if SAVE:
+            tl.store(G + offs, acc_g.to(G.dtype.element_ty), mask=mask)
+            tl.store(U + offs, acc_u.to(U.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _down_kernel(ACT, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+                 H, S, sw_e, sw_h, sw_s,
+                 BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    if e >= 0:
+        hh = tl.program_id(1) * BH + tl.arange(0, BH)
+        h_ok = hh < H
+        wd_base = WD + e.to(tl.int64) * sw_e
+        acc = tl.zeros((BM, BH), tl.float32)
+        for s0 in range(0, S, BS):
+            ss = s0 + tl.arange(0, BS)
+            s_ok = ss < S
+            a = _tile2(ACT, rows, ok, S, ss, s_ok, 1)
+            acc = tl.dot(a, tl.trans(_tile2(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s)), acc)
+        gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
+        tl.store(OUT + pair[:, None] * H + hh[None, :], (acc * gate[:, None]).to(
+            OUT.dtype.element_ty), mask=ok[:, None] & h_ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(IN, Y, N, H, K: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
+    n = tl.program_id(0) * BN + tl.arange(0, BN).to(tl.int64)
+    n_ok = n < N
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    h_ok = hh < H
+    acc = tl.zeros((BN, BH), tl.float32)
+    for j in tl.static_range(K):
+        acc += _tile2(IN, n * K + j, n_ok, H, hh, h_ok, 1).to(tl.float32)
+    tl.store(Y + n[:, None] * H + hh[None, :], acc.to(Y.dtype.element_ty),
+             mask=n_ok[:, None] & h_ok[None, :])
+
+
+@triton.jit
+def _down_bwd_kernel(DY, WD, ACT, G, U, GATES, DG, DU, DGATE, BLOCK_EXPERT, BLOCK_START,
+                     OFFSETS, ORDER, H, S, P, K, sdy_n, sw_e, sw_h, sw_s,
+                     BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    if e >= 0:
+        tok = pair // K
+        ss = tl.program_id(1) * BS + tl.arange(0, BS)
+        s_ok = ss < S
+        wd_base = WD + e.to(tl.int64) * sw_e
+        t = tl.zeros((BM, BS), tl.float32)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            h_ok = hh < H
+            dy = _tile2(DY, tok, ok, sdy_n, hh, h_ok, 1)
+            t = tl.dot(dy, _tile2(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(dy.dtype), t)
+        offs = rows[:, None] * S + ss[None, :]
+        mask = ok[:, None] & s_ok[None, :]
+        act = tl.load(ACT + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DGATE + tl.program_id(1).to(tl.int64) * P + pair, tl.sum(t * act, axis=1),
+                 mask=ok)
+        gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
+        dact = t * gate[:, None]
+        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(g)
+        tl.store(DU + offs, (dact * g * sig).to(DU.dtype.element_ty), mask=mask)
+        dsilu = sig * (1.0 + g * (1.0 - sig))
+        tl.store(DG + offs, (dact * u * dsilu).to(DG.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dx_kernel(DG, DU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+               H, S, sw_e, sw_s, sw_h, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    if e >= 0:
+        hh = tl.program_id(1) * BH + tl.arange(0, BH)
+        h_ok = hh < H
+        wg_base = WG + e.to(tl.int64) * sw_e
+        wu_base = WU + e.to(tl.int64) * sw_e
+        acc = tl.zeros((BM, BH), tl.float32)
+        for s0 in range(0, S, BS):
+            ss = s0 + tl.arange(0, BS)
+            s_ok = ss < S
+            dg = _tile2(DG, rows, ok, S, ss, s_ok, 1)
+            du = _tile2(DU, rows, ok, S, ss, s_ok, 1)
+            acc = tl.dot(dg, _tile2(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dg.dtype), acc)
+            acc = tl.dot(du, _tile2(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(du.dtype), acc)
+        tl.store(OUT + pair[:, None] * H + hh[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=ok[:, None] & h_ok[None, :])
+
+
+@triton.jit
+def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, C, D, K, sa_r, sb_r, sw_e, sw_c, sw_d,
+               A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
+               BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+    """dW[e][c, d] = Σ_rows A[row, c] B[row, d] over expert e's sorted rows; a row of A (or B)
+    is a token's (x, dy: gathered by pair // K) or a sorted row (act, dg, du); SCALE_A
+    multiplies A's rows by their gate."""
+    e = tl.program_id(0)
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    dd = tl.program_id(2) * BD + tl.arange(0, BD)
+    c_ok = cc < C
+    d_ok = dd < D
+    start = tl.load(OFFSETS + e)
+    end = tl.load(OFFSETS + e + 1)
+    acc = tl.zeros((BC, BD), tl.float32)
+    for r0 in range(start, end, BR):
+        rows = r0 + tl.arange(0, BR).to(tl.int64)
+        ok = rows < end
+        pair = tl.load(ORDER + rows, mask=ok, other=0)
+        ra = rows
+        rb = rows
+        if A_BY_TOKEN:
+            ra = pair // K
+        if B_BY_TOKEN:
+            rb = pair // K
+        a = _tile2(A, ra, ok, sa_r, cc, c_ok, 1)
+        if SCALE_A:
+            gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
+            a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
+        b = _tile2(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
+        acc = tl.dot(tl.trans(a), b, acc)
+    tl.store(DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d,
+             acc.to(DW.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
+
+
+# ---------------------------------------------------------------- launchers
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
+    N, h = x.shape
+    M, s, h2 = w_gate.shape
+    if h % 16 or s % 16:
+        raise ValueError(f"the fused expert kernels need h and s multiples of 16 (the MMA's "
+                         f"inner size), got h={h}, s={s}; use impl='reference' otherwise")
+    if h2 != h or w_up.shape != (M, s, h) or w_down.shape != (M, h, s):
+        raise ValueError(f"expert weights must be w_gate, w_up (M, s, h) = ({M}, {s}, {h}) "
+                         f"and w_down (M, h, s); got {tuple(w_gate.shape)}, "
+                         f"{tuple(w_up.shape)}, {tuple(w_down.shape)}")
+    if x.dtype not in DTYPES or any(w.dtype != x.dtype for w in (w_gate, w_up, w_down)):
+        raise TypeError(f"x and the expert weights must share one dtype of {DTYPES}, got "
+                        f"{x.dtype}, {w_gate.dtype}, {w_up.dtype}, {w_down.dtype}")
+    if idx.shape != gates.shape or idx.shape[0] != N:
+        raise ValueError(f"topk_idx and gates must both be (N, k) with N={N}, got "
+                         f"{tuple(idx.shape)} and {tuple(gates.shape)}")
+
+
+def config(h: int, s: int, overrides: dict | None = None) -> dict:
+    """BM sorted rows per block (a 64-row MMA), BS / BH the s and h chunks."""
+    pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
+    cfg = {"BM": 64, "BS": min(64, pow2(s)), "BH": min(64, pow2(h)), "num_warps": 4,
+           "num_stages": 2}
+    cfg.update(overrides or {})
+    return cfg
+
+
+def _combine(pair_rows, N, k, h, dtype):
+    y = torch.empty(N, h, device=pair_rows.device, dtype=dtype)
+    if N:
+        BN, BH = 32, min(128, 1 << (h - 1).bit_length())
+        _combine_kernel[(triton.cdiv(N, BN), triton.cdiv(h, BH))](pair_rows, y, N, h, K=k,
+                                                                  BN=BN, BH=BH)
+    return y
+
+
+def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
+            cfg: dict | None = None):
+    """y (N, h) in x's dtype; with save also (act, g, u) (P, s) in sorted-row order."""
+    check_inputs(x, gates, idx, w_gate, w_up, w_down)
+    x = x.contiguous()
+    N, h = x.shape
+    M, s, _ = w_gate.shape
+    k = idx.shape[1]
+    c = config(h, s, cfg)
+    meta = routing_meta(idx, M, c["BM"])
+    P, dev, dt = N * k, x.device, x.dtype
+    act = torch.empty(P, s, device=dev, dtype=dt)
+    g = torch.empty(P if save else 1, s, device=dev, dtype=dt)
+    u = torch.empty_like(g)
+    gates_flat = gates.reshape(-1).contiguous()
+    out = torch.empty(P, h, device=dev, dtype=dt)
+    B = meta.max_blocks
+    args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
+    if P:
+        _gate_up_kernel[(B, triton.cdiv(s, c["BS"]))](
+            x, w_gate, w_up, act, g, u, *args, h, s, k, x.stride(0), *w_gate.stride(),
+            SAVE=save, BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
+            num_stages=c["num_stages"])
+        _down_kernel[(B, triton.cdiv(h, c["BH"]))](
+            act, w_down, gates_flat, out, *args, h, s, *w_down.stride(), BM=c["BM"],
+            BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+    y = _combine(out, N, k, h, dt)
+    return (y, act, g, u) if save else y
+
+
+def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | None = None):
+    """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, g, u."""
+    x, dy = x.contiguous(), dy.contiguous().to(x.dtype)
+    N, h = x.shape
+    M, s, _ = w_gate.shape
+    k = idx.shape[1]
+    c = config(h, s, cfg)
+    meta = routing_meta(idx, M, c["BM"])
+    P, dev, dt = N * k, x.device, x.dtype
+    B = meta.max_blocks
+    args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
+    gates_flat = gates.reshape(-1).contiguous()
+    n_s = triton.cdiv(s, c["BS"])
+    dg = torch.empty(P, s, device=dev, dtype=dt)
+    du = torch.empty_like(dg)
+    dgate = torch.zeros(n_s, max(P, 1), device=dev, dtype=torch.float32)
+    dx_pairs = torch.empty(P, h, device=dev, dtype=dt)
+    dws = [torch.zeros_like(w) for w in (w_gate, w_up, w_down)]
+    if P:
+        blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
+                   num_stages=c["num_stages"])
+        _down_bwd_kernel[(B, n_s)](dy, w_down, act, g, u, gates_flat, dg, du, dgate, *args,
+                                   h, s, P, k, dy.stride(0), *w_down.stride(), **blk)
+        _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dg, du, w_gate, w_up, dx_pairs, *args, h, s,
+                                                 *w_gate.stride(), **blk)
+        dwk = dict(BR=c["BM"], BC=c["BS"], BD=c["BH"], num_warps=c["num_warps"])
+        for a, dw in ((dg, dws[0]), (du, dws[1])):       # dW = aᵀ x: (s, h) per expert
+            _dw_kernel[(M, triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"]))](
+                a, x, gates_flat, dw, meta.offsets, meta.order, s, h, k, s, x.stride(0),
+                *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, **dwk)
+        _dw_kernel[(M, triton.cdiv(h, c["BS"]), triton.cdiv(s, c["BH"]))](   # (gate dy)ᵀ act
+            dy, act, gates_flat, dws[2], meta.offsets, meta.order, h, s, k, dy.stride(0), s,
+            *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False, SCALE_A=True, **dwk)
+    dx = _combine(dx_pairs, N, k, h, dt)
+    dgates = dgate.sum(0)[:P].reshape(N, k)
+    return (dx, dgates, *dws)

@@ -1,0 +1,97 @@
+"""The SwiGLU experts op: y = Σ_j gates[:, j] · f_{idx[:, j]}(x), router-agnostic.
+
+``swiglu_experts(x, gates, topk_idx, w_gate, w_up, w_down, impl=...)`` runs the grouped
+Triton kernels (custom ops moremoe::swiglu_experts[_train[_bwd]], with fake tensors for
+torch.compile and autograd for x, gates and the three weights) or the plain-torch
+reference. impl="auto" runs the reference for now: the fused kernels are opt-in
+(impl="triton") until their GPU tests and benchmarks are in (issue notes).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import reference as ref
+from .dispatch import IMPLS, compute_dtype, needs_grad, resolve_impl
+
+
+def _kernels():
+    from ..kernels import moe_gemm
+    return moe_gemm
+
+
+@torch.library.custom_op("moremoe::swiglu_experts", mutates_args=())
+def infer_op(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
+             w_down: Tensor) -> Tensor:
+    return _kernels().forward(x, gates, idx, w_gate, w_up, w_down)
+
+
+@infer_op.register_fake
+def _(x, gates, idx, w_gate, w_up, w_down):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("moremoe::swiglu_experts_train", mutates_args=())
+def train_op(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
+             w_down: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _kernels().forward(x, gates, idx, w_gate, w_up, w_down, save=True)
+
+
+@train_op.register_fake
+def _(x, gates, idx, w_gate, w_up, w_down):
+    P, s = idx.numel(), w_gate.shape[1]
+    return (x.new_empty(x.shape), x.new_empty((P, s)), x.new_empty((P, s)),
+            x.new_empty((P, s)))
+
+
+@torch.library.custom_op("moremoe::swiglu_experts_train_bwd", mutates_args=())
+def bwd_op(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
+           w_down: Tensor, act: Tensor, g: Tensor,
+           u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dx, dgates, dwg, dwu, dwd = _kernels().backward(dy, x, gates, idx, w_gate, w_up, w_down,
+                                                    act, g, u)
+    return dx, dgates.to(gates.dtype), dwg, dwu, dwd
+
+
+@bwd_op.register_fake
+def _(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u):
+    return (x.new_empty(x.shape), gates.new_empty(gates.shape), w_gate.new_empty(w_gate.shape),
+            w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape))
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output[1:])
+
+
+def _backward(ctx, dy, dact, dg, du):
+    x, gates, idx, w_gate, w_up, w_down, act, g, u = ctx.saved_tensors
+    dx, dgates, dwg, dwu, dwd = bwd_op(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u)
+    return dx, dgates, None, dwg, dwu, dwd
+
+
+train_op.register_autograd(_backward, setup_context=_setup)
+
+
+def resolve_experts_impl(impl: str, x: Tensor, h: int, s: int) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "reference"
+    if impl == "triton":
+        resolve_impl("triton", x, 1)          # raises when Triton cannot run on x's device
+        if h % 16 or s % 16:
+            raise ValueError(f"impl='triton' needs h and s multiples of 16, got h={h}, s={s}")
+    return impl
+
+
+def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: str = "auto"):
+    """y (N, h) in x's dtype (the autocast dtype under autocast on the fused path)."""
+    M, s, h = w_gate.shape
+    if resolve_experts_impl(impl, x_NH, h, s) == "reference":
+        return ref.swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down)
+    dt = compute_dtype(x_NH)
+    x, wg, wu, wd = (t.to(dt) for t in (x_NH, w_gate, w_up, w_down))
+    gates = gates_NK.float()
+    if needs_grad(x_NH, gates_NK, w_gate, w_up, w_down):
+        return train_op(x, gates, topk_idx_NK, wg, wu, wd)[0]
+    return infer_op(x, gates, topk_idx_NK, wg, wu, wd)

@@ -1,0 +1,125 @@
+"""Grouped SwiGLU expert kernels against the reference (CPU: Triton interpreter): forward and
+every gradient, odd sizes, k = 1 and k = M, empty experts, all tokens on one expert, N = 1,
+the decoding schedule, the routing metadata and the custom ops."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+mg = pytest.importorskip("moremoe.kernels.moe_gemm")
+from moremoe.kernels.routing_meta import max_blocks, routing_meta  # noqa: E402
+from moremoe.nn import SwiGLUExperts  # noqa: E402
+from moremoe.ops import swiglu_experts as ose  # noqa: E402
+from moremoe.ops.reference import swiglu_experts_ref  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make(N, h, s, M, k, *, one_expert=None, dtype=torch.float32, scale=0.3):
+    x = torch.randn(N, h, device=DEV)
+    if one_expert is not None:
+        idx = torch.full((N, k), one_expert, device=DEV)
+    else:
+        idx = torch.stack([torch.randperm(M)[:k] for _ in range(N)]).to(DEV) if N else \
+            torch.zeros(0, k, dtype=torch.long, device=DEV)
+    gates = torch.softmax(torch.randn(N, k, device=DEV), -1)
+    ws = [torch.randn(M, s, h, device=DEV) * scale, torch.randn(M, s, h, device=DEV) * scale,
+          torch.randn(M, h, s, device=DEV) * scale]
+    return x.to(dtype), gates, idx.int(), [w.to(dtype) for w in ws]
+
+
+@pytest.mark.parametrize("N,h,s,M,k", [(1, 16, 16, 3, 1), (5, 32, 16, 7, 3), (37, 48, 32, 11, 4),
+                                       (70, 16, 48, 5, 5), (9, 32, 16, 200, 2)])
+def test_forward_and_gradients_match_reference(N, h, s, M, k):
+    x, gates, idx, ws = make(N, h, s, M, k)
+    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    ref = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    dy = torch.randn(N, h, device=DEV)
+    dx, dgates, dwg, dwu, dwd = mg.backward(dy, x, gates, idx, *ws, act, g, u)
+    x64, g64 = x.double().requires_grad_(), gates.double().requires_grad_()
+    w64 = [w.double().requires_grad_() for w in ws]
+    (swiglu_experts_ref(x64, g64, idx, *w64) * dy.double()).sum().backward()
+    for got, want in ((dx, x64.grad), (dgates, g64.grad), (dwg, w64[0].grad),
+                      (dwu, w64[1].grad), (dwd, w64[2].grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_all_tokens_on_one_expert_and_empty_experts():
+    x, gates, idx, ws = make(150, 32, 16, 40, 1, one_expert=17)   # 3 blocks of one expert
+    y = mg.forward(x, gates, idx, *ws)
+    torch.testing.assert_close(y, swiglu_experts_ref(x, gates, idx, *ws), rtol=1e-5, atol=1e-5)
+
+
+def test_empty_batch():
+    x, gates, idx, ws = make(0, 16, 16, 4, 2)
+    assert mg.forward(x, gates, idx, *ws).shape == (0, 16)
+
+
+def test_fp16_within_fp16_error():
+    x, gates, idx, ws = make(40, 32, 16, 6, 2, dtype=torch.float16)
+    ref32 = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
+    y = mg.forward(x, gates, idx, *ws)
+    assert y.dtype == torch.float16
+    assert (y.float() - ref32).norm() / ref32.norm() < 1e-2
+
+
+def test_deterministic_run_to_run():
+    x, gates, idx, ws = make(64, 32, 16, 5, 3)
+    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    dy = torch.randn(64, 32, device=DEV)
+    a = mg.backward(dy, x, gates, idx, *ws, act, g, u)
+    b = mg.backward(dy, x, gates, idx, *ws, act, g, u)
+    for t1, t2 in zip(a, b):
+        assert torch.equal(t1, t2)
+
+
+def test_routing_meta_blocks_cover_every_pair_once():
+    idx = torch.tensor([[3, 0], [3, 1], [3, 0], [7, 3], [0, 7]], device=DEV)
+    meta = routing_meta(idx, 9, 2)
+    flat = idx.reshape(-1)
+    assert torch.equal(flat[meta.order], flat.sort(stable=True).values)
+    assert meta.offsets.dtype == torch.int64 and meta.offsets.tolist() == [
+        0, 3, 4, 4, 8, 8, 8, 8, 10, 10]
+    rows = []
+    for e, start in zip(meta.block_expert.tolist(), meta.block_start.tolist()):
+        if e < 0:
+            continue
+        end = min(start + 2, int(meta.offsets[e + 1]))
+        assert start >= int(meta.offsets[e])
+        rows += list(range(start, end))
+    assert sorted(rows) == list(range(10))
+    assert meta.max_blocks == max_blocks(10, 9, 2) == min(10, 9) + 5
+
+
+def test_decoding_schedule_touches_only_the_experts_present():
+    idx = torch.tensor([[4000, 17, 9000, 3]], device=DEV)        # one token, M = 16,384
+    meta = routing_meta(idx, 16384, 64)
+    present = meta.block_expert[meta.block_expert >= 0].tolist()
+    assert present == [3, 17, 4000, 9000]
+    assert meta.max_blocks == 5                                    # min(4, M) + ceil(4 / 64)
+
+
+def test_requirements_are_checked():
+    x, gates, idx, ws = make(4, 24, 16, 3, 2)
+    with pytest.raises(ValueError, match="multiples of 16.*h=24, s=16"):
+        mg.forward(x, gates, idx, *ws)
+    x, gates, idx, ws = make(4, 16, 16, 3, 2)
+    with pytest.raises(TypeError, match="share one dtype"):
+        mg.forward(x, gates, idx, ws[0].double(), ws[1], ws[2])
+
+
+def test_custom_ops_opcheck_and_autograd_through_the_module():
+    x, gates, idx, ws = make(20, 16, 16, 6, 2)
+    torch.library.opcheck(ose.train_op, (x.requires_grad_(), gates.requires_grad_(), idx,
+                                         *[w.requires_grad_() for w in ws]))
+    fused = SwiGLUExperts(16, 16, 6, impl="triton").to(DEV)
+    ref = SwiGLUExperts(16, 16, 6, impl="reference").to(DEV)
+    ref.load_state_dict(fused.state_dict())
+    xs = torch.randn(20, 16, device=DEV)
+    g1 = torch.autograd.grad(fused(xs, gates, idx).square().sum(), list(fused.parameters()))
+    g2 = torch.autograd.grad(ref(xs, gates, idx).square().sum(), list(ref.parameters()))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    compiled = torch.compile(lambda t: fused(t, gates, idx), backend="aot_eager",
+                             fullgraph=True)
+    torch.testing.assert_close(compiled(xs), fused(xs, gates, idx))
