@@ -123,3 +123,16 @@ def test_bench_router_plots_from_committed_results(tmp_path):
     shutil.copy(src, tmp_path / "router.jsonl")
     assert main(["bench", "router", "--plot-only", str(tmp_path / "router.jsonl")]) == 0
     assert (tmp_path / "router_M.png").stat().st_size > 50_000
+
+
+@pytest.mark.parametrize("name", ["layer", "decode", "experts"])
+def test_bench_layer_decode_experts_quick_code_paths(capsys, tmp_path, name):
+    pytest.importorskip("triton")
+    out = tmp_path / f"{name}.jsonl"
+    data = run_json(capsys, ["bench", name, "--quick", "--out", str(out)])
+    assert data["rows"] and len(out.read_text().splitlines()) == len(data["rows"])
+    for row in data["rows"]:
+        assert row["bench"] == name and "commit" in row and "device" in row
+    if name == "layer":
+        variants = {r["variant"] for r in data["rows"]}
+        assert {"moe_unfused", "moe_fused", "more_fused", "more_unfused"} <= variants

@@ -6,13 +6,13 @@ a progress bar on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from . import __version__, accounting
-from .report import human, table, write_json
+from .cli_bench import add_bench_parser
+from .report import emit, human, table, write_json
 
 EPILOG = "Letters: M experts, k active experts, h hidden, s expert width, r router rank."
 
@@ -58,12 +58,7 @@ def _float_list(text: str) -> list[float]:
     return values
 
 
-def _emit(args, obj, text: str) -> None:
-    if args.json:
-        json.dump(obj, sys.stdout, indent=2, default=lambda o: o.to_dict())
-        sys.stdout.write("\n")
-    else:
-        print(text)
+_emit = emit
 
 
 # ---------------------------------------------------------------- flops
@@ -247,58 +242,6 @@ def cmd_demo(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- bench
-
-def _bench_table(rows: list[dict]) -> str:
-    out = []
-    for r in rows:
-        pt = f"h={r['h']} M={r['M']} r={r['r']} k={r['k']} B={r['B']}"
-        name = ("MoRE" if r["router"] == "lowrank" else "MoE") + (
-            " fused" if r["fused"] else " unfused")
-        ms = "OOM" if r.get("oom") else f"{r['ms']:.3f}"
-        floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-"
-        ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
-        mem = f"{r['peak_bytes'] / 2 ** 20:,.0f}" if r.get("peak_bytes") is not None else "-"
-        out.append([r["sweep"], pt, name, r["phase"], ms, floor, ratio, mem])
-    return table(out, ["sweep", "point", "router", "phase", "ms", "floor ms", "/floor",
-                       "peak MiB"])
-
-
-def cmd_bench_router(args) -> int:
-    from .bench import harness, router_plots
-    if args.plot_only:
-        rows = harness.read_jsonl(args.plot_only)
-        paths = router_plots.render(rows, Path(args.plot_only).parent)
-        print("\n".join(str(p) for p in paths))
-        return 0
-    import torch
-    from .bench import router as bench_router
-    from .kernels import HAS_TRITON, INTERPRET
-    cuda = torch.cuda.is_available()
-    if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
-        raise SystemExit("error: bench router needs Triton and a CUDA GPU (or --quick with "
-                         "TRITON_INTERPRET=1 for a code-path check on the CPU)")
-    device = torch.device("cuda" if cuda else "cpu")
-    out = Path(args.out) if args.out else (
-        Path("benchmarks/results") / harness.device_slug(device) / "router.jsonl")
-    rows = []
-
-    def progress(i, n, row):
-        ms = "OOM" if row.get("oom") else f"{row['ms']:.3f} ms"
-        print(f"[{i}/{n}] {row['sweep']} {row['router']}/{row['impl']} {row['phase']} "
-              f"M={row['M']} h={row['h']} r={row['r']} k={row['k']} B={row['B']}: {ms}",
-              file=sys.stderr, flush=True)
-
-    for row in bench_router.run(args.sweeps, device=device, training=not args.no_training,
-                                quick=args.quick, progress=progress):
-        rows.append(row)
-        harness.append_jsonl(out, [row])          # each row lands as soon as it is measured
-    paths = router_plots.render(harness.read_jsonl(out), out.parent)
-    _emit(args, {"rows": rows, "file": str(out), "plots": [str(p) for p in paths]},
-          _bench_table(rows) + f"\nrows: {out}\nplots: " + ", ".join(str(p) for p in paths))
-    return 0
-
-
 # ---------------------------------------------------------------- parser
 
 def _add_json(p) -> None:
@@ -418,26 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_phonebook_args(pc, sizes=True)
     pc.set_defaults(func=cmd_phonebook_capacity)
 
-    p = sub.add_parser("bench", help="benchmarks on the GPU (results as JSON lines + plots)")
-    bsub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
-    pb = bsub.add_parser("router", help="fused vs unfused routers, inference and training",
-                         description="Times the fused low-rank router, its unfused reference, "
-                         "the fused and unfused standard router, inference and training "
-                         "(forward + backward with the balancing loss, with peak memory), "
-                         "against the device's measured ceilings. Rows are appended to "
-                         "benchmarks/results/<device>/router.jsonl as they are measured; "
-                         "plots are rendered beside them.")
-    pb.add_argument("--sweeps", type=lambda t: [s for s in t.split(",") if s],
-                    default=["M", "r", "k", "B"],
-                    help="which sweeps: M (at h=512 and 2048), r, k, B (default all)")
-    pb.add_argument("--no-training", action="store_true", help="inference rows only")
-    pb.add_argument("--quick", action="store_true",
-                    help="tiny sizes: checks the code path (also on CPU with TRITON_INTERPRET=1)")
-    pb.add_argument("--out", default=None, help="JSON-lines file to append to")
-    pb.add_argument("--plot-only", default=None, metavar="JSONL",
-                    help="only render the plots of an existing results file")
-    _add_json(pb)
-    pb.set_defaults(func=cmd_bench_router)
+    add_bench_parser(sub)
 
     p = sub.add_parser("demo", help="the main job: a matched MoE / MoRE pair on a phonebook",
                        description="Plan a matched-FLOP MoE/MoRE pair at h=64, train both on "

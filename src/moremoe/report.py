@@ -3,8 +3,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
+
+
+def emit(args, obj, text: str) -> None:
+    """Print obj as JSON when args.json, else the human-readable text."""
+    if args.json:
+        json.dump(obj, sys.stdout, indent=2, default=_default)
+        sys.stdout.write("\n")
+    else:
+        print(text)
 
 
 def human(n: float, digits: int = 3) -> str:

@@ -99,6 +99,14 @@ def test_decoding_schedule_touches_only_the_experts_present():
     assert meta.max_blocks == 5                                    # min(4, M) + ceil(4 / 64)
 
 
+def test_walking_schedule_gives_the_same_result():
+    x, gates, idx, ws = make(9, 32, 16, 50, 3)
+    torch.testing.assert_close(mg.forward(x, gates, idx, *ws, walk_experts=True),
+                               mg.forward(x, gates, idx, *ws))
+    meta = routing_meta(idx, 50, 64, walk_experts=True)
+    assert meta.max_blocks == 50                         # one program per expert id
+
+
 def test_requirements_are_checked():
     x, gates, idx, ws = make(4, 24, 16, 3, 2)
     with pytest.raises(ValueError, match="multiples of 16.*h=24, s=16"):

@@ -1,7 +1,6 @@
 """Phonebook training: a tiny real run whose exact match rises, LR calibration and the
 capacity search's binary search."""
 import pytest
-import torch
 
 from moremoe.nn import MoEConfig
 from moremoe.training import phonebook as tp

@@ -240,15 +240,16 @@ def _combine(pair_rows, N, k, h, dtype):
 
 
 def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
-            cfg: dict | None = None):
-    """y (N, h) in x's dtype; with save also (act, g, u) (P, s) in sorted-row order."""
+            cfg: dict | None = None, walk_experts: bool = False):
+    """y (N, h) in x's dtype; with save also (act, g, u) (P, s) in sorted-row order.
+    walk_experts: the benchmarks' baseline schedule (routing_meta)."""
     check_inputs(x, gates, idx, w_gate, w_up, w_down)
     x = x.contiguous()
     N, h = x.shape
     M, s, _ = w_gate.shape
     k = idx.shape[1]
     c = config(h, s, cfg)
-    meta = routing_meta(idx, M, c["BM"])
+    meta = routing_meta(idx, M, c["BM"], walk_experts=walk_experts)
     P, dev, dt = N * k, x.device, x.dtype
     act = torch.empty(P, s, device=dev, dtype=dt)
     g = torch.empty(P if save else 1, s, device=dev, dtype=dt)

@@ -41,7 +41,10 @@ def max_blocks(pairs: int, experts: int, block_rows: int) -> int:
     return min(pairs, experts) + -(-pairs // block_rows)
 
 
-def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int) -> RoutingMeta:
+def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
+                 walk_experts: bool = False) -> RoutingMeta:
+    """walk_experts (benchmarks only): one program per expert id and row block whether the
+    expert has rows or not, the cost of a schedule that walks the range of expert ids."""
     N, k = topk_idx_NK.shape
     dev = topk_idx_NK.device
     flat = topk_idx_NK.reshape(-1).long()
@@ -50,6 +53,16 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int) -> Ro
         0, flat, torch.ones_like(flat))
     offsets = torch.zeros(experts + 1, dtype=torch.int64, device=dev)
     offsets[1:] = torch.cumsum(counts, 0)
+    if walk_experts:
+        per = -(-(N * k) // block_rows) if N * k else 1
+        b = torch.arange(experts * per, device=dev)
+        e, j = b // per, b % per
+        start = offsets[e] + j * block_rows
+        valid = start < offsets[e + 1]
+        return RoutingMeta(order=order, offsets=offsets,
+                           block_expert=torch.where(valid, e, -1).to(torch.int32),
+                           block_start=torch.where(valid, start, 0), block_rows=block_rows,
+                           tokens=N, top_k=k)
     blocks = (counts + block_rows - 1) // block_rows
     block_end = torch.cumsum(blocks, 0)                       # (M,) blocks up to expert e
     B = max_blocks(N * k, experts, block_rows)

@@ -1,0 +1,130 @@
+"""The ``moremoe bench`` commands: thin parsing over ``moremoe.bench``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .report import emit as _emit
+from .report import table
+
+
+def _bench_table(rows: list[dict]) -> str:
+    out = []
+    for r in rows:
+        pt = f"h={r['h']} M={r['M']} r={r['r']} k={r['k']} B={r['B']}"
+        name = ("MoRE" if r["router"] == "lowrank" else "MoE") + (
+            " fused" if r["fused"] else " unfused")
+        ms = "OOM" if r.get("oom") else f"{r['ms']:.3f}"
+        floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-"
+        ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
+        mem = f"{r['peak_bytes'] / 2 ** 20:,.0f}" if r.get("peak_bytes") is not None else "-"
+        out.append([r["sweep"], pt, name, r["phase"], ms, floor, ratio, mem])
+    return table(out, ["sweep", "point", "router", "phase", "ms", "floor ms", "/floor",
+                       "peak MiB"])
+
+
+def _run_bench(args, name: str, runner, render) -> int:
+    """Measure with runner, append each row to benchmarks/results/<device>/<name>.jsonl as
+    it lands, render the plots beside it, print a table (or JSON)."""
+    from .bench import harness
+    if args.plot_only:
+        paths = render(harness.read_jsonl(args.plot_only), Path(args.plot_only).parent)
+        print("\n".join(str(p) for p in paths))
+        return 0
+    import torch
+    from .kernels import HAS_TRITON, INTERPRET
+    cuda = torch.cuda.is_available()
+    if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
+        raise SystemExit(f"error: bench {name} needs Triton and a CUDA GPU (or --quick with "
+                         f"TRITON_INTERPRET=1 for a code-path check on the CPU)")
+    device = torch.device("cuda" if cuda else "cpu")
+    out = Path(args.out) if args.out else (
+        Path("benchmarks/results") / harness.device_slug(device) / f"{name}.jsonl")
+    rows = []
+
+    def progress(i, n, row):
+        ms = "OOM" if row.get("oom") else (f"{row['ms']:.3f} ms" if row.get("ms") is not None
+                                           else f"{(row.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
+        point = " ".join(f"{k}={row[k]}" for k in ("h", "M", "r", "s", "k", "B") if k in row)
+        print(f"[{i}/{n}] {row.get('sweep', name)} {row.get('variant') or row.get('router')}"
+              f"/{row.get('impl', '')} {row.get('phase', '')} {point}: {ms}",
+              file=sys.stderr, flush=True)
+
+    for row in runner(device, progress=progress, **args.runner_kwargs):
+        rows.append(row)
+        harness.append_jsonl(out, [row])
+    paths = render(harness.read_jsonl(out), out.parent)
+    extra = args.summarize(harness.read_jsonl(out)) if args.summarize else ""
+    _emit(args, {"rows": rows, "file": str(out), "plots": [str(p) for p in paths]},
+          args.table(rows) + extra + f"\nrows: {out}\nplots: " + ", ".join(map(str, paths)))
+    return 0
+
+
+def _layer_table(rows: list[dict]) -> str:
+    out = []
+    for r in rows:
+        val = ("OOM" if r.get("oom") else f"{r['ms']:.3f} ms" if r.get("ms") is not None
+               else f"{(r.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
+        ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
+        out.append([r.get("sweep", r["bench"]), r["variant"], r.get("phase", ""),
+                    f"h={r['h']} M={r['M']} s={r['s']} N={r['N']}", val, ratio])
+    return table(out, ["sweep", "variant", "phase", "point", "value", "/floor"])
+
+
+def _matched(rows):
+    from .bench.layer import matched_wallclock
+    m = matched_wallclock(rows)
+    if not m or m["more_M"] is None:
+        return ""
+    return (f"\nmatched wall-clock at h={m['h']}: MoE M=512 takes {m['moe_ms']:.2f} ms; MoRE "
+            f"fits M={m['more_M']} ({m['ratio']:.0f}x the experts) in that time")
+
+
+def cmd_bench(args) -> int:
+    from .bench import layer, layer_plots, router, router_plots
+    quick = {"quick": args.quick}
+    spec = {"router": (lambda device, progress, **kw: router.run(
+                args.sweeps, device=device, training=not args.no_training, progress=progress,
+                **kw), router_plots.render, _bench_table, None),
+            "layer": (layer.run_layer, layer_plots.render_layer, _layer_table, _matched),
+            "decode": (layer.run_decode, layer_plots.render_decode, _layer_table, None),
+            "experts": (layer.run_experts, lambda rows, d: [], _layer_table, None)}
+    runner, render, args.table, args.summarize = spec[args.bench_command]
+    args.runner_kwargs = quick
+    return _run_bench(args, args.bench_command, runner, render)
+
+
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks on the GPU (results as JSON lines + plots)")
+    bsub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    descriptions = {
+        "router": "fused vs unfused routers: the fused low-rank router, its unfused reference, "
+                  "the fused and unfused standard router, inference and training (forward + "
+                  "backward with the balancing loss, with peak memory); sweeps of M (h=512 and "
+                  "2048), r, k and the batch size",
+        "layer": "whole-layer prefill over h x M for MoE (unfused and fused standard router) "
+                 "and MoRE, wider experts at h=512, forward+backward peak memory, and the "
+                 "matched wall-clock point",
+        "decode": "one layer's decode step at B in {4, 16, 64, 256} over h x M, MoE vs MoRE, and "
+                  "a schedule that walks the range of expert ids",
+        "experts": "the grouped expert kernels alone, forward and backward, at s in {64, 128, "
+                   "512}: achieved TFLOP/s and ratio to the floor"}
+    for name, text in descriptions.items():
+        pb = bsub.add_parser(name, help=text.split(":")[0].split(",")[0],
+                             description=text + ". Each row is appended to benchmarks/results/"
+                             "<device>/" + name + ".jsonl as it is measured (device, versions, "
+                             "commit, date, the measured ceilings); plots are rendered beside it.")
+        if name == "router":
+            pb.add_argument("--sweeps", type=lambda t: [s for s in t.split(",") if s],
+                            default=["M", "r", "k", "B"],
+                            help="which sweeps: M (at h=512 and 2048), r, k, B (default all)")
+            pb.add_argument("--no-training", action="store_true", help="inference rows only")
+        pb.add_argument("--quick", action="store_true",
+                        help="tiny sizes: checks the code path (also on CPU with "
+                             "TRITON_INTERPRET=1)")
+        pb.add_argument("--out", default=None, help="JSON-lines file to append to")
+        pb.add_argument("--plot-only", default=None, metavar="JSONL",
+                        help="only render the plots of an existing results file")
+        pb.add_argument("--json", action="store_true",
+                        help="print JSON (for scripts) instead of a table")
+        pb.set_defaults(func=cmd_bench)
