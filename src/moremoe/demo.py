@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import __version__, accounting
-from .bench.timing import router_seconds_per_token
+from .bench.harness import router_seconds_per_token
 from .nn.moe import MoEConfig
 from .plots import plot_phonebook_runs
 from .report import human, table, write_json

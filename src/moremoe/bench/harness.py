@@ -44,10 +44,10 @@ def environment(device: torch.device) -> dict:
 
 
 def time_ms(fn, *, device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
-            rotate: list | None = None) -> float:
+            rotate: list | None = None, cpu_reps: int = 3) -> float:
     """Median milliseconds of fn(inputs) over device events, after warm-up. With ``rotate``
     (a list of input tuples), successive calls cycle through them so that inputs do not sit
-    in L2 between calls."""
+    in L2 between calls. On the CPU: one warm-up call and the median of cpu_reps."""
     inputs = rotate or [()]
     state = {"i": 0}
 
@@ -61,8 +61,8 @@ def time_ms(fn, *, device: torch.device, warmup_ms: float = 25, rep_ms: float = 
         return float(do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
     import time
     times = []
-    call()                      # CPU: only the --quick code-path checks time here
-    for _ in range(3):
+    call()
+    for _ in range(cpu_reps):
         t0 = time.perf_counter()
         call()
         times.append((time.perf_counter() - t0) * 1e3)
@@ -125,3 +125,19 @@ def append_jsonl(path: str | Path, rows: list[dict]) -> Path:
 def read_jsonl(path: str | Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+@torch.no_grad()
+def router_seconds_per_token(router: torch.nn.Module, *, tokens: int = 16384,
+                             seed: int = 0) -> float:
+    """Median inference time of router(x) on its own device, divided by the tokens."""
+    param = next(router.parameters())
+    g = torch.Generator(device=param.device).manual_seed(seed)
+    x = torch.randn(tokens, router.hidden, device=param.device, dtype=param.dtype, generator=g)
+    was_training = router.training
+    router.eval()
+    try:
+        ms = time_ms(lambda: router(x), device=param.device, cpu_reps=10)
+    finally:
+        router.train(was_training)
+    return ms / 1e3 / tokens
