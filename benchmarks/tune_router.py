@@ -16,7 +16,7 @@ from moremoe.kernels import router_lowrank as kr
 from moremoe.kernels.router_topk import LOWRANK, launch_sweep
 from moremoe.ops import reference as ref
 
-EXACT = {"rounds": lambda k: 0}
+EXACT = {"rounds": 0}
 VARIANTS = {
     "exact BM128": dict(BM=128, **EXACT),
     "bounded BM128": dict(BM=128),

@@ -203,8 +203,8 @@ def test_bounded_rounds_with_exact_redo_equal_the_exact_sweep(rounds, warm, nega
         R1[[5, 300]] = R1[7].clone()
         x = x.abs() + 0.1
         R2 = R2.abs()
-    exact = kr.infer(x, R1, R2, 6, config={"rounds": lambda k: 0})
-    bounded = kr.infer(x, R1, R2, 6, config={"rounds": lambda k: rounds, "warm": warm})
+    exact = kr.infer(x, R1, R2, 6, config={"rounds": 0})
+    bounded = kr.infer(x, R1, R2, 6, config={"rounds": rounds, "warm": warm})
     for a, b in zip(exact, bounded):
         assert torch.equal(a, b)
     logits = logits_lowrank(x, R1, R2)
@@ -214,7 +214,7 @@ def test_bounded_rounds_with_exact_redo_equal_the_exact_sweep(rounds, warm, nega
 def test_training_forward_with_bounded_rounds():
     x, R1, R2 = make(90, 32, 600, 16)
     z = x @ R2.T
-    exact = kr.train_forward(z, R1, 5, config={"rounds": lambda k: 0})
-    bounded = kr.train_forward(z, R1, 5, config={"rounds": lambda k: 2, "warm": 1})
+    exact = kr.train_forward(z, R1, 5, config={"rounds": 0})
+    bounded = kr.train_forward(z, R1, 5, config={"rounds": 2, "warm": 1})
     for a, b in zip(exact, bounded):
         assert torch.equal(a, b)

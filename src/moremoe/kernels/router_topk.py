@@ -422,13 +422,11 @@ def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = Non
     over BM = 128; r > 128 keeps BM = 128 (a 256 x 256 R1 tile does not fit in shared memory).
     Standard router: the exact sweep over BM = 128."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
-    if mode == LINEAR or K > 4:
-        BM, rounds = 128, 0
-    else:
-        BM, rounds = (128, 1) if K == 1 or BR > 128 else (256, min(K, 3))
+    exact = mode == LINEAR or K > 4
+    BM = 128 if exact or K == 1 or BR > 128 else 256
     cfg = {"BN": 64, "BM": BM, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
            "num_warps": 4 if BR <= 64 else 8, "num_stages": 2,
-           "rounds": lambda k, _r=rounds: _r, "warm": 4}
+           "rounds": 0 if exact else min(K, 3), "warm": 4}
     cfg.update(overrides or {})
     return cfg
 
@@ -476,7 +474,7 @@ def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: in
         out_i = torch.empty(N, S, KP, device=dev, dtype=torch.int32)
         out_g, so_n, so_s = out_v, S * KP, KP
     r2_ = r2 if r2 is not None else x
-    rounds = cfg["rounds"](k) if S == 1 and not probe else 0
+    rounds = cfg["rounds"] if S == 1 and not probe else 0
     redo = torch.empty(N if rounds else 1, device=dev, dtype=torch.int32)
     redo_n = torch.zeros(1, device=dev, dtype=torch.int32)
     even = M % cfg["BM"] == 0 and m_per_split % cfg["BM"] == 0
@@ -487,7 +485,8 @@ def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: in
     _sweep_kernel[(n_blocks, S)](
         x, r2_, w, out_v, out_i, out_g, m_row, z_row, redo, redo_n, N, H, M, R, m_per_split,
         *strides, so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=S == 1,
-        ROUNDS=rounds, WARM=cfg["warm"], PROBE=probe, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **blocks)
+        ROUNDS=rounds, WARM=cfg["warm"], PROBE=probe, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **blocks)
     if rounds:
         _redo_kernel[(n_blocks,)](
             x, r2_, w, val, idx, gates, redo, redo_n, N, H, M, R, *strides, k, K=k, KP=KP,
