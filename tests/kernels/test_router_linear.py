@@ -60,3 +60,17 @@ def test_bad_arguments():
         kl.infer(x, W[:, :8], 2)
     with pytest.raises(ValueError, match=r"k must be in \[1, min\(M=10, 64\)\]"):
         kl.infer(x, W, 0)
+
+
+def test_chunked_backward_equals_one_chunk():
+    """The standard router's backward recomputes dℓ for chunks of experts; three chunks
+    give the same gradients as one."""
+    from moremoe.kernels.router_dense import _linear_backward
+    N, h, M, k = 40, 32, 300, 3
+    x, W = make(N, h, M)
+    _, idx, _, m, Z, _ = kl.train_forward(x, W, k)
+    pbar, dval = torch.randn(M, device=DEV), torch.randn(N, k, device=DEV)
+    one = _linear_backward(x, W, m, Z, pbar, idx, dval, None)
+    three = _linear_backward(x, W, m, Z, pbar, idx, dval, None, chunk_bytes=N * 4 * 128)
+    for a, b in zip(one, three):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .router_topk import (LINEAR, NEG_INF, _load_rows, _logits, _z_rows, dot_precision,
-                          next_pow2, sweep_config)
+from .router_topk import (LINEAR, MODE_LINEAR, NEG_INF, _load_rows, _logits, _z_rows,
+                          dot_precision, sweep_config)
 
 
 @triton.jit
@@ -74,8 +74,9 @@ def _bwd_rows_kernel(X, W, M_ROW, Z_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
                      N, H, M, R, sx_n, sx_h, sw_m, sw_k, si_n, so_n,
                      K: tl.constexpr, MODE: tl.constexpr, DENSE: tl.constexpr,
                      BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     BH: tl.constexpr, PREC: tl.constexpr):
-    """dz (or dx) columns [c0, c0+BC) of a token block: Σ_tiles dℓ W[:, c], plus g = Σ_i p̄_i P_i."""
+                     BH: tl.constexpr, PREC: tl.constexpr, G_ONLY: tl.constexpr = False):
+    """dz columns [c0, c0+BC) of a token block: Σ_tiles dℓ R1[:, c], plus g = Σ_i p̄_i P_i.
+    G_ONLY: only g (the standard router's chunked backward)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
@@ -95,23 +96,44 @@ def _bwd_rows_kernel(X, W, M_ROW, Z_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
                         axis=1)
         if tl.program_id(1) == 0:
             tl.store(OUT_G + rows64, g, mask=row_ok)
-        for m0 in range(0, M, BM):
-            cols = m0 + tl.arange(0, BM)
-            col_ok = cols < M
-            logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
-                             sw_k, MODE, BN, BM, BR, BH, PREC)
-            d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW)
-            pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-            d = d * (pbar[None, :] - g[:, None])
-            w = _load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
-            acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
-    for j in tl.static_range(K):  # the sparse part: Σ_j dval_j W[idx_j, c]
-        idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
-        dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
-        w = _load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, cc, c_ok, sw_k).to(tl.float32)
-        acc += dv_j[:, None] * w
-    tl.store(OUT_DZ + rows64[:, None] * so_n + cc[None, :], acc,
-             mask=row_ok[:, None] & c_ok[None, :])
+        if not G_ONLY:
+            for m0 in range(0, M, BM):
+                cols = m0 + tl.arange(0, BM)
+                col_ok = cols < M
+                logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
+                                 sw_k, MODE, BN, BM, BR, BH, PREC)
+                d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW)
+                pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
+                d = d * (pbar[None, :] - g[:, None])
+                w = _load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
+                acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
+    if not G_ONLY:
+        for j in tl.static_range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
+            idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
+            dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
+            w = _load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, cc, c_ok, sw_k).to(tl.float32)
+            acc += dv_j[:, None] * w
+        tl.store(OUT_DZ + rows64[:, None] * so_n + cc[None, :], acc,
+                 mask=row_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _dlogits_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT, N, H, m0, mc,
+                    sx_n, sx_h, sw_m, sw_k, si_n, K: tl.constexpr, BN: tl.constexpr,
+                    BM: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr):
+    """The standard router's dℓ for experts [m0, m0 + mc) of a token block, (N, mc)."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    row_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    local = tl.program_id(1) * BM + tl.arange(0, BM)
+    col_ok = local < mc
+    cols = m0 + local
+    logits = _logits(tl.zeros((BN, 16), dtype=X.dtype.element_ty), X, W, rows64, row_ok, cols,
+                     col_ok, H, H, sx_n, sx_h, sw_m, sw_k, MODE_LINEAR, BN, BM, 16, BH, PREC)
+    d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, si_n,
+                 K, True, True)
+    tl.store(OUT + rows64[:, None] * mc + local[None, :], d.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -160,7 +182,7 @@ def _token_splits(device, tiles: int, N: int, BN: int, splits: int | None) -> in
 def _grad_cfg(mode: int, R: int, H: int, config: dict | None) -> dict:
     cfg = sweep_config(mode, R, H, 1, config)
     # width chunk of a gradient accumulator: the whole rank for z, at most 128 of h for x
-    cfg.setdefault("BC", cfg["BR"] if mode != LINEAR else min(128, next_pow2(R)))
+    cfg.setdefault("BC", cfg["BR"])       # the gradient accumulator holds the whole rank
     return cfg
 
 
@@ -174,6 +196,37 @@ def _sparse_backward(x, w, idx, dval):
         dz += dval[:, j, None] * w[idx64[:, j]].float()
         dw.index_add_(0, idx64[:, j], dval[:, j, None] * x.float())
     return dz, dw
+
+
+def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 << 30):
+    """Standard router: dℓ is recomputed for chunks of experts into an (N, M_c) buffer of at
+    most chunk_bytes, then dx += dℓ W_c and dW_c = dℓᵀ x are cuBLAS GEMMs: the (N, M) dℓ is
+    never whole, and no logit tile is recomputed per chunk of h."""
+    N, H = x.shape
+    M, k = w.shape[0], idx.shape[1]
+    cfg = _grad_cfg(LINEAR, H, H, config)
+    BN, BM = cfg["BN"], cfg["BM"]
+    g = torch.zeros(max(N, 1), device=x.device, dtype=torch.float32)
+    idx, dval, pbar = idx.contiguous(), dval.float().contiguous(), pbar.float().contiguous()
+    strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
+    _bwd_rows_kernel[(triton.cdiv(N, BN), 1)](
+        x, w, m_row, z_row, pbar, idx, dval, g, g, N, H, M, H, *strides, idx.stride(0), 0,
+        K=k, MODE=LINEAR, DENSE=True, BN=BN, BM=BM, BR=16, BC=16, BH=cfg["BH"],
+        PREC=dot_precision(x.dtype), G_ONLY=True, num_warps=cfg["num_warps"])
+    dl_dtype = torch.float32 if x.dtype == torch.float32 else x.dtype
+    mc_max = max(BM, (chunk_bytes // (max(N, 1) * dl_dtype.itemsize)) // BM * BM)
+    dx = torch.zeros(N, H, device=x.device, dtype=torch.float32)
+    dw = torch.empty(M, H, device=x.device, dtype=torch.float32)
+    for m0 in range(0, M, mc_max):
+        mc = min(mc_max, M - m0)
+        dl = torch.empty(N, mc, device=x.device, dtype=dl_dtype)
+        _dlogits_kernel[(triton.cdiv(N, BN), triton.cdiv(mc, BM))](
+            x, w, m_row, z_row, pbar, g, idx, dval, dl, N, H, m0, mc, *strides, idx.stride(0),
+            K=k, BN=BN, BM=BM, BH=cfg["BH"], PREC=dot_precision(x.dtype),
+            num_warps=cfg["num_warps"])
+        dx += (dl @ w[m0:m0 + mc].to(dl_dtype)).float()
+        dw[m0:m0 + mc] = (dl.T @ x.to(dl_dtype)).float()
+    return dx, dw
 
 
 def launch_psum(x, w, m_row, z_row, *, mode: int, splits: int | None = None,
@@ -205,6 +258,8 @@ def launch_backward(x, w, m_row, z_row, pbar, idx, dval, *, mode: int, splits: i
     dense = pbar is not None
     if not dense:
         return _sparse_backward(x, w, idx, dval)
+    if mode == LINEAR:
+        return _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config)
     cfg = _grad_cfg(mode, R, x.shape[1], config)
     BC = cfg["BC"]
     chunks = triton.cdiv(R, BC)

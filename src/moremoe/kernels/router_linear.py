@@ -4,8 +4,8 @@ Reads x (N, h), W (M, h); writes top-k values (N, k) fp32, indices (N, k) int32 
 (N, k) fp32. The same sweep as the low-rank router with the logit tile computed as
 Σ_h x_chunk W_chunkᵀ: each token block re-reads a (BM, h) tile of W per expert tile, so the
 work grows with h where the low-rank router's grows with r. Training adds m, Z and psum; the
-backward returns dx and dW directly (the width h is split into chunks of at most 128, each
-recomputing the logit tiles).
+backward recomputes dℓ for chunks of experts into an (N, M_c) buffer of at most 1 GiB and
+takes dx and dW from cuBLAS GEMMs on it (router_dense._linear_backward).
 
 Designed for any N >= 0, M >= k, h in [16, 8192], k in [1, 64], bf16 / fp16 / fp32.
 """
