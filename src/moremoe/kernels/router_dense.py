@@ -3,12 +3,15 @@ the backward (Algorithm 3 of the paper), shared by the low-rank and the standard
 
 Kernels (grid, reads -> writes):
   _psum_kernel       (M/BM, P)      z|x, R1|W, m, Z -> psum partials (P, M) fp32
-  _bwd_rows_kernel   (N/BN, C)      z|x, R1|W, m, Z, p̄, idx, dval -> dz|dx (N, R) fp32, g (N)
-  _bwd_cols_kernel   (M/BM, P, C)   z|x, R1|W, m, Z, p̄, g, idx, dval -> dR1|dW partials (P, M, R)
+  _bwd_rows_kernel   (N/BN,)        z, R1, m, Z, p̄, idx, dval -> dz (N, r) fp32, g (N)
+                                    (standard router: g only)
+  _bwd_cols_kernel   (M/BM, P)      z, R1, m, Z, p̄, g, idx, dval -> dR1 partials (P, M, r)
+  _dlogits_kernel    (N/BN, Mc/BM)  x, W, m, Z, p̄, g, idx, dval -> dℓ for a chunk of experts
 
-P splits the tokens of the column-wise kernels, C the width R of a gradient (the standard
-router's h) when its accumulator would not fit in registers; partials are summed by torch
-afterwards, so psum and the weight gradients are deterministic (no float atomics). Logit
+P splits the tokens of the column-wise kernels; partials are summed by torch afterwards, so
+psum and the weight gradients are deterministic (no float atomics). The standard router's
+rank is h, too wide for an on-chip accumulator: its dx and dW are cuBLAS GEMMs on dℓ
+recomputed one chunk of experts at a time. Logit
 tiles are recomputed from z (or x) and R1 (or W) and never stored: with P = softmax over all
 M experts, g_n = Σ_i p̄_i P_ni and dℓ = scatter(dval) + P ⊙ (p̄ − g). The sparse top-k part of
 dz is added by gathers; that of dR1 by comparing each tile's columns with the k indices.
@@ -54,60 +57,54 @@ def _psum_kernel(X, W, M_ROW, Z_ROW, OUT, N, H, M, R, n_per_split,
 
 @triton.jit
 def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, si_n,
-             K: tl.constexpr, DENSE: tl.constexpr, SPARSE: tl.constexpr):
+             K: tl.constexpr):
     """dℓ tile = scatter(dval into the selected columns) + P ⊙ (p̄ − g)."""
-    d = tl.zeros(logits.shape, tl.float32)
-    if DENSE:
-        pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-        g = tl.load(G + rows64, mask=row_ok, other=0.0)
-        d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW) * (pbar[None, :] - g[:, None])
-    if SPARSE:
-        for j in tl.static_range(K):
-            idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=-1)
-            dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
-            d += tl.where(cols[None, :] == idx_j[:, None], dv_j[:, None], 0.0)
+    pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
+    g = tl.load(G + rows64, mask=row_ok, other=0.0)
+    d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW) * (pbar[None, :] - g[:, None])
+    for j in tl.static_range(K):
+        idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=-1)
+        dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
+        d += tl.where(cols[None, :] == idx_j[:, None], dv_j[:, None], 0.0)
     return d
 
 
 @triton.jit
 def _bwd_rows_kernel(X, W, M_ROW, Z_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
                      N, H, M, R, sx_n, sx_h, sw_m, sw_k, si_n, so_n,
-                     K: tl.constexpr, MODE: tl.constexpr, DENSE: tl.constexpr,
-                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     BH: tl.constexpr, PREC: tl.constexpr, G_ONLY: tl.constexpr = False):
-    """dz columns [c0, c0+BC) of a token block: Σ_tiles dℓ R1[:, c], plus g = Σ_i p̄_i P_i.
-    G_ONLY: only g (the standard router's chunked backward)."""
+                     K: tl.constexpr, MODE: tl.constexpr,
+                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                     PREC: tl.constexpr, G_ONLY: tl.constexpr = False):
+    """dz (BN, r) of a token block: Σ_tiles dℓ R1 over the expert tiles, plus
+    g = Σ_i p̄_i P_i. G_ONLY: only g (the standard router's chunked backward)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cc = tl.arange(0, BR)
     c_ok = cc < R
     z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-    acc = tl.zeros((BN, BC), tl.float32)
-    if DENSE:
-        g = tl.zeros((BN,), tl.float32)
+    acc = tl.zeros((BN, BR), tl.float32)
+    g = tl.zeros((BN,), tl.float32)
+    for m0 in range(0, M, BM):
+        cols = m0 + tl.arange(0, BM)
+        col_ok = cols < M
+        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
+                         sw_k, MODE, BN, BM, BR, BH, PREC)
+        pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
+        g += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW) * pbar[None, :],
+                    axis=1)
+    tl.store(OUT_G + rows64, g, mask=row_ok)
+    if not G_ONLY:
         for m0 in range(0, M, BM):
             cols = m0 + tl.arange(0, BM)
             col_ok = cols < M
             logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
                              sw_k, MODE, BN, BM, BR, BH, PREC)
+            d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW)
             pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-            g += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW) * pbar[None, :],
-                        axis=1)
-        if tl.program_id(1) == 0:
-            tl.store(OUT_G + rows64, g, mask=row_ok)
-        if not G_ONLY:
-            for m0 in range(0, M, BM):
-                cols = m0 + tl.arange(0, BM)
-                col_ok = cols < M
-                logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
-                                 sw_k, MODE, BN, BM, BR, BH, PREC)
-                d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW)
-                pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-                d = d * (pbar[None, :] - g[:, None])
-                w = _load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
-                acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
-    if not G_ONLY:
+            d = d * (pbar[None, :] - g[:, None])
+            w = _load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
+            acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
         for j in tl.static_range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
             idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
             dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
@@ -131,7 +128,7 @@ def _dlogits_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT, N, H, m0, mc,
     logits = _logits(tl.zeros((BN, 16), dtype=X.dtype.element_ty), X, W, rows64, row_ok, cols,
                      col_ok, H, H, sx_n, sx_h, sw_m, sw_k, MODE_LINEAR, BN, BM, 16, BH, PREC)
     d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, si_n,
-                 K, True, True)
+                 K)
     tl.store(OUT + rows64[:, None] * mc + local[None, :], d.to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
@@ -139,32 +136,28 @@ def _dlogits_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT, N, H, m0, mc,
 @triton.jit
 def _bwd_cols_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT,
                      N, H, M, R, n_per_split, sx_n, sx_h, sw_m, sw_k, si_n, so_p, so_m,
-                     K: tl.constexpr, MODE: tl.constexpr, DENSE: tl.constexpr,
-                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     BH: tl.constexpr, PREC: tl.constexpr):
-    """dR1 (or dW) partial over the tokens of split program_id(1): Σ_blocks dℓᵀ z[:, c]."""
+                     K: tl.constexpr, MODE: tl.constexpr,
+                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                     PREC: tl.constexpr):
+    """dR1 partial (BM, r) over the tokens of split program_id(1): Σ_blocks dℓᵀ z."""
     cols = tl.program_id(0) * BM + tl.arange(0, BM)
     col_ok = cols < M
     pid_p = tl.program_id(1)
-    cc = tl.program_id(2) * BC + tl.arange(0, BC)
-    c_ok = cc < R
-    acc = tl.zeros((BM, BC), tl.float32)
+    cc = tl.arange(0, BR)
+    acc = tl.zeros((BM, BR), tl.float32)
     n_end = tl.minimum(N, (pid_p + 1) * n_per_split)
     for n0 in range(pid_p * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
         row_ok = rows < n_end
         rows64 = rows.to(tl.int64)
         z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-        logits = tl.zeros((BN, BM), tl.float32)
-        if DENSE:
-            logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
-                             sw_k, MODE, BN, BM, BR, BH, PREC)
+        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+                         MODE, BN, BM, BR, BH, PREC)
         d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, DVAL,
-                     si_n, K, DENSE, True)
-        zc = _load_rows(X, rows64, row_ok, sx_n, cc, c_ok, sx_h)
-        acc = tl.dot(tl.trans(d.to(zc.dtype)), zc, acc, input_precision=PREC)
+                     si_n, K)
+        acc = tl.dot(tl.trans(d.to(z.dtype)), z, acc, input_precision=PREC)
     offs = pid_p.to(tl.int64) * so_p + cols.to(tl.int64)[:, None] * so_m + cc[None, :]
-    tl.store(OUT + offs, acc, mask=col_ok[:, None] & c_ok[None, :])
+    tl.store(OUT + offs, acc, mask=col_ok[:, None] & (cc < R)[None, :])
 
 
 # ---------------------------------------------------------------- launchers
@@ -177,13 +170,6 @@ def _token_splits(device, tiles: int, N: int, BN: int, splits: int | None) -> in
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(N, 4 * BN)))
-
-
-def _grad_cfg(mode: int, R: int, H: int, config: dict | None) -> dict:
-    cfg = sweep_config(mode, R, H, 1, config)
-    # width chunk of a gradient accumulator: the whole rank for z, at most 128 of h for x
-    cfg.setdefault("BC", cfg["BR"])       # the gradient accumulator holds the whole rank
-    return cfg
 
 
 def _sparse_backward(x, w, idx, dval):
@@ -204,14 +190,14 @@ def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 
     never whole, and no logit tile is recomputed per chunk of h."""
     N, H = x.shape
     M, k = w.shape[0], idx.shape[1]
-    cfg = _grad_cfg(LINEAR, H, H, config)
+    cfg = sweep_config(LINEAR, H, H, 1, config)
     BN, BM = cfg["BN"], cfg["BM"]
     g = torch.zeros(max(N, 1), device=x.device, dtype=torch.float32)
     idx, dval, pbar = idx.contiguous(), dval.float().contiguous(), pbar.float().contiguous()
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
     _bwd_rows_kernel[(triton.cdiv(N, BN), 1)](
         x, w, m_row, z_row, pbar, idx, dval, g, g, N, H, M, H, *strides, idx.stride(0), 0,
-        K=k, MODE=LINEAR, DENSE=True, BN=BN, BM=BM, BR=16, BC=16, BH=cfg["BH"],
+        K=k, MODE=LINEAR, BN=BN, BM=BM, BR=16, BH=cfg["BH"],
         PREC=dot_precision(x.dtype), G_ONLY=True, num_warps=cfg["num_warps"])
     dl_dtype = torch.float32 if x.dtype == torch.float32 else x.dtype
     mc_max = max(BM, (chunk_bytes // (max(N, 1) * dl_dtype.itemsize)) // BM * BM)
@@ -233,7 +219,7 @@ def launch_psum(x, w, m_row, z_row, *, mode: int, splits: int | None = None,
                 config: dict | None = None):
     """psum (M,) fp32 = Σ_n softmax(ℓ_n)."""
     N, M, R = x.shape[0], w.shape[0], x.shape[1]
-    cfg = _grad_cfg(mode, R, x.shape[1], config)
+    cfg = sweep_config(mode, R, x.shape[1], 1, config)
     tiles = triton.cdiv(M, cfg["BM"])
     P = _token_splits(x.device, tiles, N, cfg["BN"], splits)
     n_per_split = triton.cdiv(triton.cdiv(max(N, 1), P), cfg["BN"]) * cfg["BN"]
@@ -255,34 +241,29 @@ def launch_backward(x, w, m_row, z_row, pbar, idx, dval, *, mode: int, splits: i
     N, M, R = x.shape[0], w.shape[0], x.shape[1]
     k = idx.shape[1]
     dev = x.device
-    dense = pbar is not None
-    if not dense:
+    if pbar is None:
         return _sparse_backward(x, w, idx, dval)
     if mode == LINEAR:
         return _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config)
-    cfg = _grad_cfg(mode, R, x.shape[1], config)
-    BC = cfg["BC"]
-    chunks = triton.cdiv(R, BC)
+    cfg = sweep_config(mode, R, x.shape[1], 1, config)
     dz = torch.empty(N, R, device=dev, dtype=torch.float32)
     g = torch.zeros(max(N, 1), device=dev, dtype=torch.float32)
-    pbar_ = pbar.float().contiguous() if dense else g
-    idx, dval = idx.contiguous(), dval.float().contiguous()
+    pbar, idx, dval = pbar.float().contiguous(), idx.contiguous(), dval.float().contiguous()
     tiles = triton.cdiv(M, cfg["BM"])
-    P = _token_splits(dev, tiles * chunks, N, cfg["BN"], splits)
+    P = _token_splits(dev, tiles, N, cfg["BN"], splits)
     n_per_split = triton.cdiv(triton.cdiv(max(N, 1), P), cfg["BN"]) * cfg["BN"]
     P = max(1, triton.cdiv(N, n_per_split))
     dw = torch.zeros(P, M, R, device=dev, dtype=torch.float32)
     if N == 0:
         return dz, dw.sum(0)
-    common = dict(MODE=mode, DENSE=dense, BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BC=BC,
-                  BH=cfg["BH"], PREC=dot_precision(x.dtype), num_warps=cfg["num_warps"],
+    common = dict(MODE=mode, BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"],
+                  PREC=dot_precision(x.dtype), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
-    _bwd_rows_kernel[(triton.cdiv(N, cfg["BN"]), chunks)](
-        x, w, m_row, z_row, pbar_, idx, dval, dz, g, N, x.shape[1], M, R,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), idx.stride(0), dz.stride(0),
-        K=k, **common)
-    _bwd_cols_kernel[(tiles, P, chunks)](
-        x, w, m_row, z_row, pbar_, g, idx, dval, dw, N, x.shape[1], M, R, n_per_split,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), idx.stride(0), dw.stride(0),
-        dw.stride(1), K=k, **common)
+    strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), idx.stride(0))
+    _bwd_rows_kernel[(triton.cdiv(N, cfg["BN"]),)](
+        x, w, m_row, z_row, pbar, idx, dval, dz, g, N, x.shape[1], M, R, *strides,
+        dz.stride(0), K=k, **common)
+    _bwd_cols_kernel[(tiles, P)](
+        x, w, m_row, z_row, pbar, g, idx, dval, dw, N, x.shape[1], M, R, n_per_split, *strides,
+        dw.stride(0), dw.stride(1), K=k, **common)
     return dz, dw.sum(0)
