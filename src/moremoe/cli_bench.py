@@ -1,6 +1,7 @@
 """The ``moremoe bench`` commands: thin parsing over ``moremoe.bench``."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -80,6 +81,20 @@ def _matched(rows):
             f"fits M={m['more_M']} ({m['ratio']:.0f}x the experts) in that time")
 
 
+# the sweeps of `bench layer` (moremoe.bench.layer.LAYER_SWEEPS; named here so --help does
+# not import torch)
+LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")
+
+
+def _layer_sweeps(text: str) -> list[str]:
+    sweeps = [s for s in text.split(",") if s]
+    bad = [s for s in sweeps if s not in LAYER_SWEEPS]
+    if bad or not sweeps:
+        raise argparse.ArgumentTypeError(f"--sweeps got {text!r}, expected a comma-separated "
+                                         f"subset of {', '.join(LAYER_SWEEPS)}")
+    return sweeps
+
+
 def cmd_bench(args) -> int:
     from .bench import layer, layer_plots, router, router_plots
     quick = {"quick": args.quick}
@@ -91,6 +106,8 @@ def cmd_bench(args) -> int:
             "experts": (layer.run_experts, lambda rows, d: [], _layer_table, None)}
     runner, render, args.table, args.summarize = spec[args.bench_command]
     args.runner_kwargs = quick
+    if args.bench_command == "layer":
+        args.runner_kwargs = {**quick, "sweeps": args.sweeps}
     return _run_bench(args, args.bench_command, runner, render)
 
 
@@ -119,6 +136,12 @@ def add_bench_parser(sub) -> None:
                             default=["M", "r", "k", "B"],
                             help="which sweeps: M (at h=512 and 2048), r, k, B (default all)")
             pb.add_argument("--no-training", action="store_true", help="inference rows only")
+        if name == "layer":
+            pb.add_argument("--sweeps", type=_layer_sweeps, default=list(LAYER_SWEEPS),
+                            help="which sweeps: grid (h x M prefill), wide_s (s in 128, 256, "
+                                 "512 at h=512), match (MoRE at M up to 32,768 for the matched "
+                                 "wall-clock point), memory (forward+backward peak over h x M);"
+                                 " default all")
         pb.add_argument("--quick", action="store_true",
                         help="tiny sizes: checks the code path (also on CPU with "
                              "TRITON_INTERPRET=1)")

@@ -45,3 +45,33 @@ def test_int64_offsets_beyond_2_pow_31():
     tail = slice(N - 2048, N)
     ref = swiglu_experts_ref(x[tail], gates[tail], idx[tail], *ws, upcast=True)
     assert ((y[tail].float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty"])
+def test_auto_dispatch_edges_with_autograd(case):
+    """SwiGLUExperts(impl="auto") takes the kernels on CUDA; edge cases through autograd."""
+    from moremoe.nn.experts import SwiGLUExperts
+    from moremoe.ops.reference import swiglu_experts_ref
+    from moremoe.ops.swiglu_experts import resolve_experts_impl
+    N, h, s, M, k = {"one_token": (1, 256, 64, 16384, 4), "all_on_one_expert": (3000, 128, 32, 64, 1),
+                     "most_experts_empty": (777, 512, 128, 4096, 2)}[case]
+    x, gates, idx, _ = _setup(N, h, s, 8, k, seed=2)
+    if case == "all_on_one_expert":
+        idx = torch.full_like(idx, 5)
+    elif case == "most_experts_empty":
+        idx = torch.randint(0, 3, (N, k), device="cuda").int() * 1000 + torch.arange(
+            k, device="cuda", dtype=torch.int32)
+    else:
+        idx = torch.tensor([[0, 9000, 16383, 77]], device="cuda", dtype=torch.int32)
+    ex = SwiGLUExperts(h, s, M).cuda().bfloat16()
+    assert resolve_experts_impl("auto", x, h, s) == "triton"
+    xr = x.clone().requires_grad_()
+    y = ex(xr, gates, idx)
+    ref = swiglu_experts_ref(x.float(), gates, idx, ex.w_gate.float(), ex.w_up.float(),
+                             ex.w_down.float())
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
+    y.float().sum().backward()
+    assert torch.isfinite(xr.grad).all() and torch.isfinite(ex.w_gate.grad).all()
+    used = torch.zeros(M, dtype=torch.bool, device="cuda")
+    used[idx.long().flatten()] = True
+    assert (ex.w_up.grad[~used] == 0).all() and (ex.w_up.grad[used].abs().sum() > 0)

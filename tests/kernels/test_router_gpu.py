@@ -126,7 +126,8 @@ def test_training_forward_backward_full_size(router):
 
 def test_torch_compile_layer_with_custom_ops():
     from moremoe.nn import MoEConfig, MoELayer
-    layer = MoELayer(MoEConfig.more(256, 4, 512, 64, 64, router_impl="triton")).cuda()
+    layer = MoELayer(MoEConfig.more(256, 4, 512, 64, 64, router_impl="triton",
+                                    experts_impl="triton")).cuda()
     x = torch.randn(8, 1024, 512, device="cuda")
 
     def step(x_):
@@ -135,10 +136,11 @@ def test_torch_compile_layer_with_custom_ops():
         return out.y.float().square().mean() + out.aux_loss
 
     eager = step(x)
-    eager_grads = torch.autograd.grad(eager, [layer.router.R1, layer.router.R2])
+    params = [layer.router.R1, layer.router.R2, layer.experts.w_gate, layer.experts.w_down]
+    eager_grads = torch.autograd.grad(eager, params)
     compiled = torch.compile(step)
     got = compiled(x)
-    got_grads = torch.autograd.grad(got, [layer.router.R1, layer.router.R2])
+    got_grads = torch.autograd.grad(got, params)
     torch.testing.assert_close(got, eager, rtol=2e-2, atol=1e-3)
     for a, b in zip(got_grads, eager_grads):
         assert ((a - b).norm() / b.norm()) < 5e-2

@@ -90,3 +90,11 @@ def test_bad_arguments():
         ex(x.long(), gates, idx)
     with pytest.raises(ValueError, match="width must be >= 1, got 0"):
         SwiGLUExperts(8, 0, 3)
+
+
+def test_auto_takes_the_reference_on_cpu():
+    from moremoe.ops.swiglu_experts import resolve_experts_impl
+    x = torch.randn(3, 32)
+    assert resolve_experts_impl("auto", x, 32, 16) == "reference"
+    with pytest.raises(ValueError, match="impl must be one of"):
+        resolve_experts_impl("fast", x, 32, 16)

@@ -39,11 +39,21 @@ class LayerPoint:
     N: int = 262144
 
 
-def make_layer(p: LayerPoint, variant: str, device, *, experts_impl="triton", train=False):
+def make_layer(p: LayerPoint, variant: str, device, *, experts_impl="triton", train=False,
+               experts=None):
+    """The layer of one variant, built directly on the device in bf16 (a CPU init of the
+    M = 8,192, h = 4,096 experts alone would take most of a minute); ``experts`` (an
+    SwiGLUExperts of the same point) is shared instead of building another copy."""
     rank, router_impl = VARIANTS[variant] if variant in VARIANTS else (64, "reference")
     cfg = MoEConfig(experts=p.M, top_k=p.k, hidden=p.h, width=p.s, rank=rank,
                     router_impl=router_impl, experts_impl=experts_impl)
-    layer = MoELayer(cfg).to(device=device, dtype=torch.bfloat16)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            layer = MoELayer(cfg, experts=experts)
+    finally:
+        torch.set_default_dtype(old)
     return layer.train(train)
 
 
@@ -67,30 +77,40 @@ def _row(bench, p: LayerPoint, variant, env, ceil, **extra) -> dict:
             **{f"ceiling_{k}": v for k, v in ceil.items()}, **extra}
 
 
-def prefill(p: LayerPoint, variant: str, device, env, ceil, sweep: str) -> dict:
+def _free(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _experts(p: LayerPoint, device):
+    """The point's experts, built once and shared by every variant timed there."""
+    return make_layer(p, "more_fused", device).experts
+
+
+def prefill(p: LayerPoint, variant: str, device, env, ceil, sweep: str, experts) -> dict:
+    base = dict(sweep=sweep, phase="forward")
     try:
-        layer = make_layer(p, variant, device)
+        layer = make_layer(p, variant, device, experts=experts)
         x = _x(p, device)
         with torch.no_grad():
             ms = time_ms(lambda: layer(x), device=device)
         flops, nbytes = layer_cost(p, VARIANTS[variant][0])
         fl = floor_ms(flops, nbytes, ceil)
-        row = _row("layer", p, variant, env, ceil, sweep=sweep, phase="forward", ms=ms,
-                   floor_ms=fl, flops=flops, bytes=nbytes)
-        if fl:
-            row["ratio_to_floor"] = ms / fl
+        row = _row("layer", p, variant, env, ceil, **base, ms=ms, floor_ms=fl, flops=flops,
+                   bytes=nbytes, ratio_to_floor=(ms / fl) if fl else None)
     except torch.OutOfMemoryError:
-        row = _row("layer", p, variant, env, ceil, sweep=sweep, phase="forward", ms=None,
-                   oom=True)
-    torch.cuda.empty_cache() if device.type == "cuda" else None
+        row = _row("layer", p, variant, env, ceil, **base, ms=None, oom=True)
+    _free(device)
     return row
 
 
-def train_memory(p: LayerPoint, router_impl: str, device, env, ceil) -> dict:
-    """Peak memory of forward + backward (with the balancing loss) of a MoRE layer."""
+def train_memory(p: LayerPoint, router_impl: str, device, env, ceil, experts) -> dict:
+    """Peak memory of forward + backward (with the balancing loss) of a MoRE layer above the
+    weights, the input and the weights' gradients left by a first step."""
     variant = "more_fused" if router_impl == "triton" else "more_unfused"
+    base = dict(sweep="memory", phase="forward+backward")
     try:
-        layer = make_layer(p, "more_fused", device, train=True)
+        layer = make_layer(p, "more_fused", device, train=True, experts=experts)
         layer.router.impl = router_impl
         x = _x(p, device, grad=True)
 
@@ -98,36 +118,65 @@ def train_memory(p: LayerPoint, router_impl: str, device, env, ceil) -> dict:
             out = layer(x)
             (out.y.float().square().mean() + out.aux_loss).backward()
         step()
-        row = _row("layer", p, variant, env, ceil, sweep="memory", phase="forward+backward",
+        row = _row("layer", p, variant, env, ceil, **base,
                    peak_bytes=peak_bytes(step, device=device))
     except torch.OutOfMemoryError:
-        row = _row("layer", p, variant, env, ceil, sweep="memory", phase="forward+backward",
-                   oom=True)
-    torch.cuda.empty_cache() if device.type == "cuda" else None
+        row = _row("layer", p, variant, env, ceil, **base, oom=True)
+    for w in experts.parameters():
+        w.grad = None
+    _free(device)
     return row
 
 
-def run_layer(device, *, quick=False, progress=None):
-    env, ceil = environment(device), ceilings(device)
+LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")   # also in cli_bench (no torch there)
+
+
+def _layer_plan(quick: bool, sweeps) -> list[tuple[LayerPoint, list]]:
+    """[(point, [(sweep, variant or memory impl), ...])] grouped so that each point's
+    experts are built once."""
     n = 256 if quick else 262144
     hs, ms = ((32,), (16,)) if quick else (HS, MS)
-    plan = [("grid", LayerPoint(h, M, N=n), v) for h, M in itertools.product(hs, ms)
-            for v in VARIANTS]
-    plan += [("wide_s", LayerPoint(512 if not quick else 32, M, s=s, N=n), v)
-             for s in ((32,) if quick else WIDE_S) for M in ms for v in VARIANTS]
-    plan += [("match", LayerPoint(512 if not quick else 32, M, N=n), "more_fused")
-             for M in ((64,) if quick else MATCH_MS)]
-    mem = [LayerPoint(h, M, N=n) for h, M in itertools.product(hs, ms)]
-    total = len(plan) + 2 * len(mem)
-    for i, (sweep, p, variant) in enumerate(plan):
-        row = prefill(p, variant, device, env, ceil, sweep)
-        progress and progress(i + 1, total, row)
-        yield row
-    for j, p in enumerate(mem):
-        for impl in ("reference", "triton"):
-            row = train_memory(p, impl, device, env, ceil)
-            progress and progress(len(plan) + 2 * j + 1 + (impl == "triton"), total, row)
+    h0 = 32 if quick else 512
+    plan: dict[LayerPoint, list] = {}
+    for h, M in itertools.product(hs, ms):
+        p = LayerPoint(h, M, N=n)
+        if "grid" in sweeps:
+            plan.setdefault(p, []).extend(("grid", v) for v in VARIANTS)
+        if "memory" in sweeps:
+            plan.setdefault(p, []).extend(("memory", impl) for impl in ("reference", "triton"))
+    if "wide_s" in sweeps:
+        for s, M in itertools.product((32,) if quick else WIDE_S, ms):
+            plan.setdefault(LayerPoint(h0, M, s=s, N=n), []).extend(("wide_s", v)
+                                                                     for v in VARIANTS)
+    if "match" in sweeps:
+        for M in (64,) if quick else MATCH_MS:
+            p = LayerPoint(h0, M, N=n)
+            if ("grid", "more_fused") not in plan.get(p, []):
+                plan.setdefault(p, []).append(("match", "more_fused"))
+    return list(plan.items())
+
+
+def run_layer(device, *, quick=False, progress=None, sweeps=LAYER_SWEEPS):
+    env, ceil = environment(device), ceilings(device)
+    plan = _layer_plan(quick, sweeps)
+    total, i = sum(len(jobs) for _, jobs in plan), 0
+    for p, jobs in plan:
+        try:
+            experts = _experts(p, device)
+        except torch.OutOfMemoryError:
+            experts = None
+        for sweep, what in jobs:
+            if experts is None:
+                row = _row("layer", p, what, env, ceil, sweep=sweep, oom=True, ms=None)
+            elif sweep == "memory":
+                row = train_memory(p, what, device, env, ceil, experts)
+            else:
+                row = prefill(p, what, device, env, ceil, sweep, experts)
+            i += 1
+            progress and progress(i, total, row)
             yield row
+        del experts
+        _free(device)
 
 
 def _graph_or_plain(fn, device):
@@ -146,16 +195,19 @@ def _graph_or_plain(fn, device):
     return graph.replay
 
 
-def decode_step(p: LayerPoint, variant: str, device, env, ceil, *, walk=False) -> dict:
+DECODE_VARIANTS = (("moe_fused", False), ("more_fused", False), ("more_fused", True))
+
+
+def decode_step(p: LayerPoint, variant: str, device, env, ceil, experts, *,
+                walk=False) -> dict:
     from ..kernels import moe_gemm
-    layer = make_layer(p, variant, device)
+    layer = make_layer(p, variant, device, experts=experts)
     x = _x(p, device)
-    ex = layer.experts
 
     def walking():
         routed = layer.router(x)
-        return moe_gemm.forward(x, routed.gates, routed.topk_idx, ex.w_gate, ex.w_up,
-                                ex.w_down, walk_experts=True)
+        return moe_gemm.forward(x, routed.gates, routed.topk_idx, experts.w_gate,
+                                experts.w_up, experts.w_down, walk_experts=True)
     with torch.no_grad():
         fn = _graph_or_plain(walking if walk else (lambda: layer(x)), device)
         ms = time_ms(fn, device=device)
@@ -164,16 +216,19 @@ def decode_step(p: LayerPoint, variant: str, device, env, ceil, *, walk=False) -
 
 
 def run_decode(device, *, quick=False, progress=None):
+    """Each (h, M) builds its experts once; every B and variant reuses them."""
     env, ceil = environment(device), ceilings(device)
     hs, ms, bs = ((32,), (16, 64), (4,)) if quick else (HS, MS, DECODE_BS)
-    plan = [(LayerPoint(h, M, N=B), v, w) for B in bs for h in hs for M in ms
-            for v, w in (("moe_fused", False), ("more_fused", False), ("more_fused", True))]
-    plan += [(LayerPoint(512 if not quick else 32, 8 * M, N=B), "more_fused", False)
-             for B in bs for M in ((16,) if quick else (256, 1024))]
-    for i, (p, v, walk) in enumerate(plan):
-        row = decode_step(p, v, device, env, ceil, walk=walk)
-        progress and progress(i + 1, len(plan), row)
-        yield row
+    total, i = len(hs) * len(ms) * len(bs) * len(DECODE_VARIANTS), 0
+    for h, M in itertools.product(hs, ms):
+        experts = _experts(LayerPoint(h, M, N=1), device)
+        for B, (v, walk) in itertools.product(bs, DECODE_VARIANTS):
+            row = decode_step(LayerPoint(h, M, N=B), v, device, env, ceil, experts, walk=walk)
+            i += 1
+            progress and progress(i, total, row)
+            yield row
+        del experts
+        _free(device)
 
 
 def run_experts(device, *, quick=False, progress=None):

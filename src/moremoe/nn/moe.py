@@ -85,7 +85,9 @@ class MoEOutput:
 
 
 class MoELayer(nn.Module):
-    def __init__(self, config: MoEConfig):
+    def __init__(self, config: MoEConfig, *, experts: SwiGLUExperts | None = None):
+        """experts: an existing SwiGLUExperts of the same (h, s, M) to share (e.g. to compare
+        routers over the same experts) instead of building new ones."""
         super().__init__()
         self.config = c = config
         if c.is_lowrank:
@@ -95,8 +97,13 @@ class MoELayer(nn.Module):
         else:
             self.router = LinearRouter(c.hidden, c.experts, c.top_k, init_std=c.init_std,
                                        impl=c.router_impl)
-        self.experts = SwiGLUExperts(c.hidden, c.width, c.experts, init_std=c.init_std,
-                                     impl=c.experts_impl)
+        if experts is None:
+            experts = SwiGLUExperts(c.hidden, c.width, c.experts, init_std=c.init_std,
+                                    impl=c.experts_impl)
+        elif (experts.hidden, experts.width, experts.experts) != (c.hidden, c.width, c.experts):
+            raise ValueError(f"experts has (h, s, M) = ({experts.hidden}, {experts.width}, "
+                             f"{experts.experts}), expected ({c.hidden}, {c.width}, {c.experts})")
+        self.experts = experts
 
     def forward(self, x: torch.Tensor, *, return_counts: bool = False) -> MoEOutput:
         """x (..., h) -> MoEOutput; y has x's shape and dtype."""

@@ -3,8 +3,8 @@
 ``swiglu_experts(x, gates, topk_idx, w_gate, w_up, w_down, impl=...)`` runs the grouped
 Triton kernels (custom ops moremoe::swiglu_experts[_train[_bwd]], with fake tensors for
 torch.compile and autograd for x, gates and the three weights) or the plain-torch
-reference. impl="auto" runs the reference for now: the fused kernels are opt-in
-(impl="triton") until their GPU tests and benchmarks are in (issue notes).
+reference. impl="auto" takes the kernels on CUDA when h and s are multiples of 16 (and the
+dtype is one they cover), the reference elsewhere.
 """
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def resolve_experts_impl(impl: str, x: Tensor, h: int, s: int) -> str:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "reference"
+        return "triton" if resolve_impl("auto", x, 1) == "triton" and not (h % 16 or s % 16) \
+            else "reference"
     if impl == "triton":
         resolve_impl("triton", x, 1)          # raises when Triton cannot run on x's device
         if h % 16 or s % 16:
