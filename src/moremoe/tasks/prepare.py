@@ -112,7 +112,9 @@ def _run_shard(job) -> tuple[int, dict]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # the pid keeps two writers of one shard apart: a worker orphaned by a killed run may
+    # still finish its shard while the resumed run redoes it (same bytes, atomic renames)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -175,7 +177,8 @@ def _open_state(partial: Path, manifest: dict, *, restart: bool) -> None:
 
 @contextlib.contextmanager
 def _locked(out: Path):
-    """Hold an exclusive lock on the output folder, so two runs never write into it."""
+    """Hold an exclusive lock on the output folder, so two runs never write into it. Forked
+    workers share the lock, so the workers of a killed run hold it until they exit."""
     try:
         import fcntl
     except ImportError:     # not POSIX: no lock
@@ -186,7 +189,8 @@ def _locked(out: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"another `moremoe data prepare` is writing into {out}") from None
+            raise ValueError(f"another `moremoe data prepare` is writing into {out} (or the "
+                             f"workers of a killed one are finishing their shards)") from None
         yield
     finally:
         os.close(fd)
