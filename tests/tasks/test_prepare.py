@@ -1,7 +1,6 @@
 """`moremoe data prepare` as a library: the stream, the split, determinism, resume, inputs."""
 import gzip
 import json
-import shutil
 
 import numpy as np
 import pytest

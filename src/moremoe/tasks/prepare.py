@@ -164,12 +164,12 @@ def _open_state(partial: Path, manifest: dict, *, restart: bool) -> None:
             old = json.loads(path.read_text())
         except (OSError, ValueError):
             old = None      # died before its manifest landed: nothing there can be trusted
-        if old is not None and old != manifest:
+        if old == manifest:
+            return
+        if old is not None:
             what = [k for k in manifest if old.get(k) != manifest[k]]
             raise ValueError(f"{partial} holds an unfinished run with other "
                              f"{', '.join(what)}; pass --restart to discard it")
-        if old is not None:
-            return
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "shards").mkdir(parents=True)
     write_json(path, manifest)

@@ -64,9 +64,7 @@ def open_tokens(dir: str | Path, split: str, *, verify: bool = False) -> np.memm
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     meta = read_meta(dir)
-    n, seq_len = int(meta[f"{split}_sequences"]), int(meta["seq_len"])
-    path = _checked_path(Path(dir), split, n * seq_len * DTYPE.itemsize,
-                         f"{n:,} sequences x {seq_len:,} tokens x 2 bytes")
+    path, n, seq_len = _checked_path(Path(dir), split, meta)
     if verify:
         _verify_contents(path, meta)
     if n == 0:
@@ -80,11 +78,11 @@ def verify_tokens(dir: str | Path) -> dict:
     meta = read_meta(dir)
     report = {"dir": str(dir), "seq_len": meta["seq_len"], "splits": {}}
     for split in SPLITS:
-        arr = open_tokens(dir, split, verify=True)
-        report["splits"][split] = {
-            "sequences": int(arr.shape[0]), "bytes": int(arr.nbytes),
-            "sha256": meta["sha256"][f"{split}.bin"],
-            "max_id": int(arr.max()) if arr.size else None}
+        path, n, seq_len = _checked_path(Path(dir), split, meta)
+        top = _verify_contents(path, meta)
+        report["splits"][split] = {"sequences": n, "bytes": n * seq_len * DTYPE.itemsize,
+                                   "sha256": meta["sha256"][f"{split}.bin"],
+                                   "max_id": top if n else None}
     n_total = (meta["train_sequences"] + meta["val_sequences"]) * meta["seq_len"]
     if "tokens" in meta and "dropped_tokens" in meta and \
             n_total + meta["dropped_tokens"] != meta["tokens"]:
@@ -128,18 +126,22 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def _checked_path(dir: Path, split: str, expected: int, what: str) -> Path:
-    path = dir / f"{split}.bin"
+def _checked_path(dir: Path, split: str, meta: dict) -> tuple[Path, int, int]:
+    """The split's file, its sequences and seq_len, after checking its size against meta."""
+    n, seq_len = int(meta[f"{split}_sequences"]), int(meta["seq_len"])
+    expected, path = n * seq_len * DTYPE.itemsize, dir / f"{split}.bin"
     if not path.is_file():
         raise ValueError(f"{path} is missing (meta.json expects {expected:,} bytes)")
     actual = path.stat().st_size
     if actual != expected:
-        raise ValueError(f"{path} has {actual:,} bytes, expected {expected:,} ({what}): the file "
-                         f"is truncated or does not belong to this meta.json")
-    return path
+        raise ValueError(f"{path} has {actual:,} bytes, expected {expected:,} ({n:,} sequences x "
+                         f"{seq_len:,} tokens x 2 bytes): the file is truncated or does not "
+                         f"belong to this meta.json")
+    return path, n, seq_len
 
 
-def _verify_contents(path: Path, meta: dict) -> None:
+def _verify_contents(path: Path, meta: dict) -> int:
+    """sha256 and id range of a whole file; returns the largest id."""
     h, top = hashlib.sha256(), 0
     with open(path, "rb") as f:
         while block := f.read(_BLOCK_TOKENS * DTYPE.itemsize):
@@ -152,3 +154,4 @@ def _verify_contents(path: Path, meta: dict) -> None:
     if top >= meta["vocab_size"]:
         raise ValueError(f"{path} holds token id {top}, not below vocab_size "
                          f"{meta['vocab_size']}: the file is corrupt")
+    return top
