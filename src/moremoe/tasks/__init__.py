@@ -1,1 +1,1 @@
-"""Tasks: the phonebook memorisation task."""
+"""Tasks: the phonebook memorisation task, and prepared text for pretraining."""

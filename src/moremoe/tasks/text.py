@@ -1,0 +1,157 @@
+"""Prepared text for language-model pretraining: the on-disk format and its reader.
+
+A prepared directory (written by ``moremoe data prepare``, see tasks/prepare.py) holds
+
+    train.bin, val.bin   raw little-endian uint16, row-major (n_sequences, seq_len): GPT-2
+                         token ids, documents joined by <|endoftext|> (50256)
+    meta.json            {"format": "moremoe-tokens", "version": 1, "tokenizer": "gpt2",
+                          "vocab_size": 50257, "eot_id": 50256, "seq_len", "dtype": "uint16",
+                          "train_sequences", "val_sequences", "seed", "sources", "documents",
+                          "tokens", "sha256": {"train.bin", "val.bin"}, ...}
+
+``tokens`` counts every token of the stream (end-of-text included); the last
+``dropped_tokens`` of it, short of one sequence, are in neither split. ``meta.json`` is written
+last, so a directory without it is not (yet) prepared data.
+
+``open_tokens`` always checks each file's size against meta.json (a truncated file is an
+error, never a shorter array); ``verify=True`` also recomputes the sha256 and checks every id
+is below vocab_size.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+FORMAT, VERSION = "moremoe-tokens", 1
+SPLITS = ("train", "val")
+DTYPE = np.dtype("<u2")
+_REQUIRED = ("tokenizer", "vocab_size", "eot_id", "seq_len", "dtype", "train_sequences",
+             "val_sequences", "sha256")
+_BLOCK_TOKENS = 1 << 24     # 32 MiB of tokens per read when hashing and range-checking
+
+
+def read_meta(dir: str | Path) -> dict:
+    """meta.json of a prepared directory; ValueError if it is missing or not this format."""
+    path = Path(dir) / "meta.json"
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: {dir} is not a prepared data directory, or its "
+                         f"preparation has not finished (run `moremoe data prepare ... --out "
+                         f"{dir}` again to resume it)")
+    try:
+        meta = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): the file is corrupt") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT!r} metadata file")
+    if meta.get("version") != VERSION:
+        raise ValueError(f"{path} has format version {meta.get('version')!r}; this moremoe "
+                         f"reads version {VERSION}")
+    missing = [k for k in _REQUIRED if k not in meta]
+    if missing:
+        raise ValueError(f"{path} lacks the keys {', '.join(missing)}: the file is corrupt")
+    if meta["dtype"] != "uint16":
+        raise ValueError(f"{path} has dtype {meta['dtype']!r}, expected 'uint16'")
+    return meta
+
+
+def open_tokens(dir: str | Path, split: str, *, verify: bool = False) -> np.memmap:
+    """The split's sequences as a read-only (n, seq_len) uint16 memmap (an empty array when
+    the split has no sequences). ValueError names the file on a missing, truncated or (with
+    verify) corrupt file, or (with verify) an id >= vocab_size."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    meta = read_meta(dir)
+    path, n, seq_len = _checked_path(Path(dir), split, meta)
+    if verify:
+        _verify_contents(path, meta)
+    if n == 0:
+        return np.zeros((0, seq_len), dtype=DTYPE)
+    return np.memmap(path, dtype=DTYPE, mode="r", shape=(n, seq_len))
+
+
+def verify_tokens(dir: str | Path) -> dict:
+    """Check every file of a prepared directory in full (sizes, sha256, id range); returns
+    a per-split report and raises ValueError on the first problem."""
+    meta = read_meta(dir)
+    report = {"dir": str(dir), "seq_len": meta["seq_len"], "splits": {}}
+    for split in SPLITS:
+        path, n, seq_len = _checked_path(Path(dir), split, meta)
+        top = _verify_contents(path, meta)
+        report["splits"][split] = {"sequences": n, "bytes": n * seq_len * DTYPE.itemsize,
+                                   "sha256": meta["sha256"][f"{split}.bin"],
+                                   "max_id": top if n else None}
+    n_total = (meta["train_sequences"] + meta["val_sequences"]) * meta["seq_len"]
+    if "tokens" in meta and "dropped_tokens" in meta and \
+            n_total + meta["dropped_tokens"] != meta["tokens"]:
+        raise ValueError(f"{Path(dir) / 'meta.json'}: train + val + dropped tokens = "
+                         f"{n_total + meta['dropped_tokens']:,}, but tokens = "
+                         f"{meta['tokens']:,}: the file is inconsistent")
+    report["ok"] = True
+    return report
+
+
+def stdlib_corpus(out_dir: str | Path, *, format: str = "txt") -> list[Path]:
+    """Write the Python documentation topics shipped in the standard library
+    (``pydoc_data.topics``, about 465K characters, 139K GPT-2 tokens in 79 documents) as a
+    corpus that needs no download: one ``<topic>.txt`` per document, or one ``topics.jsonl``
+    with a "text" field. Returns the files written."""
+    if format not in ("txt", "jsonl"):
+        raise ValueError(f"format must be 'txt' or 'jsonl', got {format!r}")
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise RuntimeError("this Python has no pydoc_data (some distributions strip it); "
+                           "give the corpus as text files instead") from None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if format == "jsonl":
+        path = out / "topics.jsonl"
+        path.write_text("".join(json.dumps({"topic": k, "text": topics[k]}) + "\n"
+                                for k in sorted(topics)), encoding="utf-8")
+        return [path]
+    paths = [out / f"{k}.txt" for k in sorted(topics)]
+    for path, k in zip(paths, sorted(topics)):
+        path.write_text(topics[k], encoding="utf-8")
+    return paths
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _checked_path(dir: Path, split: str, meta: dict) -> tuple[Path, int, int]:
+    """The split's file, its sequences and seq_len, after checking its size against meta."""
+    n, seq_len = int(meta[f"{split}_sequences"]), int(meta["seq_len"])
+    expected, path = n * seq_len * DTYPE.itemsize, dir / f"{split}.bin"
+    if not path.is_file():
+        raise ValueError(f"{path} is missing (meta.json expects {expected:,} bytes)")
+    actual = path.stat().st_size
+    if actual != expected:
+        raise ValueError(f"{path} has {actual:,} bytes, expected {expected:,} ({n:,} sequences x "
+                         f"{seq_len:,} tokens x 2 bytes): the file is truncated or does not "
+                         f"belong to this meta.json")
+    return path, n, seq_len
+
+
+def _verify_contents(path: Path, meta: dict) -> int:
+    """sha256 and id range of a whole file; returns the largest id."""
+    h, top = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK_TOKENS * DTYPE.itemsize):
+            h.update(block)
+            top = max(top, int(np.frombuffer(block, dtype=DTYPE).max()))
+    expected = meta["sha256"].get(path.name)
+    if h.hexdigest() != expected:
+        raise ValueError(f"{path} has sha256 {h.hexdigest()}, expected {expected} (meta.json): "
+                         f"the file is corrupt")
+    if top >= meta["vocab_size"]:
+        raise ValueError(f"{path} holds token id {top}, not below vocab_size "
+                         f"{meta['vocab_size']}: the file is corrupt")
+    return top

@@ -1,0 +1,92 @@
+"""`moremoe data prepare` and `moremoe data verify` from the command line, including a run
+killed with SIGKILL and resumed."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from moremoe.cli import build_parser, main
+from moremoe.tasks.text import stdlib_corpus
+
+ARGS = ["--seq-len", "64", "--val-sequences", "20", "--workers", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return stdlib_corpus(tmp_path_factory.mktemp("corpus"), format="jsonl")[0]
+
+
+def test_prepare_and_verify(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["data", "prepare", str(corpus), "--out", str(out), *ARGS, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["documents"] > 50 and s["val_sequences"] == 20 and s["seq_len"] == 64
+    assert s["train_sequences"] * 64 + 20 * 64 + s["dropped_tokens"] == s["tokens"]
+    assert main(["data", "verify", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "sizes, sha256 and token ids OK" in text and f"{s['train_sequences']:,}" in text
+    with pytest.raises(SystemExit, match="already holds prepared data .* --force"):
+        main(["data", "prepare", str(corpus), "--out", str(out), *ARGS])
+    assert main(["data", "prepare", str(corpus), "--out", str(out), *ARGS, "--force",
+                 "--seed", "3"]) == 0
+    assert "dropped tokens (tail)" in capsys.readouterr().out
+    val = out / "val.bin"
+    val.write_bytes(val.read_bytes()[:-2])
+    with pytest.raises(SystemExit, match=rf"error: {val} has 2,558 bytes, expected 2,560"):
+        main(["data", "verify", str(out), "--json"])
+
+
+def test_argument_errors(corpus, tmp_path, capsys):
+    with pytest.raises(SystemExit, match="too few sequences: .* --val-sequences 5,000"):
+        main(["data", "prepare", str(corpus), "--out", str(tmp_path / "o"), "--no-progress"])
+    with pytest.raises(SystemExit, match=r"sha256 [0-9a-f]{64}, expected 306cd27f"):
+        main(["data", "prepare", str(corpus), "--out", str(tmp_path / "o"),
+              "--tokenizer-ranks", str(corpus)])
+    parse = build_parser().parse_args
+    assert parse(["data", "prepare", "x", "--out", "o"]).restart is False    # resume by default
+    assert parse(["data", "prepare", "x", "--out", "o", "--resume"]).restart is False
+    assert parse(["data", "prepare", "x", "--out", "o", "--restart"]).restart is True
+    with pytest.raises(SystemExit):
+        parse(["data", "prepare", "x", "--out", "o", "--resume", "--restart"])
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", str(corpus), "--out", str(tmp_path / "o"), "--seq-len", "1"])
+    assert "expected an integer >= 2, got 1" in capsys.readouterr().err
+
+
+def _wait_gone(pids, timeout=20.0):
+    deadline = time.time() + timeout
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and SIGKILL")
+def test_killed_run_resumes_to_the_same_bytes(corpus, tmp_path, capsys):
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(corpus.read_bytes() * 12)                 # ~1.7M tokens, ~140 shards
+    argv = ["data", "prepare", str(big), "--seq-len", "64", "--val-sequences", "20",
+            "--workers", "2", "--shard-mb", "0.04", "--no-progress"]
+    assert main(argv + ["--out", str(tmp_path / "ref")]) == 0
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "moremoe.cli", *argv, "--out", str(out)],
+                            env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    shards = out / ".partial" / "shards"
+    while len(list(shards.glob("*.json"))) < 3 and proc.poll() is None:
+        time.sleep(0.002)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                             text=True).stdout.split()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _wait_gone(workers)         # orphaned workers finish their shard, then exit
+    assert not (out / "meta.json").exists() and not (out / "train.bin").exists()
+    capsys.readouterr()
+    assert main(argv + ["--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert 3 <= summary["shards_reused"] < summary["shards"]
+    for name in ("train.bin", "val.bin", "meta.json"):
+        assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
