@@ -111,7 +111,7 @@ class TrainSpec:
     stop_step: int | None = None      # stop early at this step; the schedule is unchanged
     max_minutes: float | None = None  # wall-clock budget: stop, checkpoint, report
     eval_every: int = 500             # steps between validations (and at the end)
-    eval_batches: int = 8             # validation: eval_batches × batch_size sequences
+    eval_batches: int = 8             # validation batches per rank (rows: × batch_size × world)
     log_every: int = 10
     ckpt_every: int = 1000
     keep: int = 2                     # checkpoints kept in out/checkpoints
@@ -189,8 +189,8 @@ def unknown(d: dict, known, where: str) -> None:
     for key in d:
         if key not in known:
             close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"; did you mean {where}{close[0]!r}?" if close else ""
-            raise KeyError(f"unknown config key {where}{key!r}{hint} (known: "
+            hint = f"; did you mean '{where}{close[0]}'?" if close else ""
+            raise KeyError(f"unknown config key '{where}{key}'{hint} (known: "
                            f"{', '.join(where + k for k in known)})")
 
 

@@ -137,7 +137,7 @@ class LMTrainer:
         self.batches = Batches(train_rows, batch_size=t.batch_size, world=self.info.world,
                                grad_accum=t.grad_accum, seed=t.seed)
         val = rows_of(open_tokens(t.data, "val"), m.seq_len)
-        self.val_rows = val[:t.eval_batches * t.batch_size]
+        self.val_rows = val[:t.eval_batches * t.batch_size * self.info.world]
         self.total = planned_steps(self.cfg, self.batches.global_batch)
         self.tokens_per_step = self.batches.global_batch * m.seq_len
 
@@ -254,8 +254,8 @@ class LMTrainer:
         return self.flops_per_token * tokens_per_s / (self.info.world * self.peak * 1e12)
 
     def evaluate(self) -> dict | None:
-        """Validation loss/perplexity and H_norm per layer, over eval_batches × batch_size
-        rows shared out among the ranks."""
+        """Validation loss/perplexity and H_norm per layer over the first eval_batches ×
+        batch_size × world validation rows, each rank taking every world-th."""
         if self.val_rows.shape[0] == 0:
             return None
         shard = self.val_rows[self.info.rank::self.info.world]
