@@ -259,9 +259,18 @@ def _as_int(value, bad) -> int:
     return int(f)
 
 
+def _yaml():
+    try:
+        import yaml
+    except ImportError:
+        raise ImportError("config files and --set need PyYAML: pip install 'moremoe[text]'") \
+            from None
+    return yaml
+
+
 def parse_override(text: str) -> tuple[list[str], object]:
     """'train.batch_size=16' -> (['train', 'batch_size'], 16); values are YAML scalars."""
-    import yaml
+    yaml = _yaml()
     key, sep, raw = text.partition("=")
     path = key.strip().split(".")
     if not sep or len(path) != 2 or not all(path):
@@ -271,7 +280,7 @@ def parse_override(text: str) -> tuple[list[str], object]:
 
 
 def load_yaml(path: str | Path) -> dict:
-    import yaml
+    yaml = _yaml()
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")

@@ -360,6 +360,8 @@ class LMTrainer:
             "val_loss": last_eval["val_loss"] if last_eval else None,
             "val_ppl": last_eval["val_ppl"] if last_eval else None,
             "hnorm": last_eval["hnorm"] if last_eval else None,
+            "peak_memory_gib": (torch.cuda.max_memory_allocated(self.dev) / 2**30
+                                if self.dev.type == "cuda" else None),
         }
         if self.main:
             self.log.write("end", **summary)
