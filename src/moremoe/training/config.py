@@ -115,6 +115,7 @@ class TrainSpec:
     log_every: int = 10
     ckpt_every: int = 1000
     keep: int = 2                     # checkpoints kept in out/checkpoints
+    save_on_stop: bool = True         # checkpoint when the run stops (budget, signal)
     timing_warmup: int = 5            # first steps of a process left out of step times
     seed: int = 0                     # initialisation and data order
     out: str | None = None            # run directory; None: runs/train/<preset or config>
@@ -145,8 +146,8 @@ class TrainSpec:
 # batch split may change too as long as the global batch stays (checked by the sampler).
 RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tokens",
                        "stop_step", "max_minutes", "eval_every", "eval_batches", "log_every",
-                       "ckpt_every", "keep", "timing_warmup", "out", "device", "compile",
-                       "tensorboard", "peak_tflops"},
+                       "ckpt_every", "keep", "save_on_stop", "timing_warmup", "out", "device",
+                       "compile", "tensorboard", "peak_tflops"},
              "model": {"router_impl", "experts_impl"}}
 
 

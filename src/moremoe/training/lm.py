@@ -328,7 +328,7 @@ class LMTrainer:
                     if self.step % t.eval_every == 0 or reason is not None:
                         with clock.paused():
                             last_eval = self.evaluate()
-                    if self.step % t.ckpt_every == 0 or reason is not None:
+                    if self.step % t.ckpt_every == 0 or (reason and t.save_on_stop):
                         with clock.paused():
                             self.save()
         except BaseException as err:
