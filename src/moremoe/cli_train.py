@@ -21,8 +21,8 @@ EXAMPLES = """\
 examples:
   moremoe train --list-presets
   moremoe train --preset tiny-more --data data/tiny --out runs/tiny --device cpu
-  moremoe train --preset h512-s64-more1792 --data data/fw --max-minutes 10 \\
-      --set train.batch_size=16 --set model.experts_impl=triton
+  moremoe train --preset h512-s64-moe256 --data data/fw --max-minutes 10 \\
+      --set train.grad_accum=1 --set model.experts_impl=triton --set train.save_on_stop=false
   moremoe train --preset h512-s64-more1792 --data data/fw --out runs/more --resume
   moremoe train --config my.yaml --set optim.lr=3e-4 --set optim.router_lr=1e-3"""
 
@@ -132,7 +132,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--max-steps", type=_positive_int, default=None,
                    help="schedule length in optimizer steps (train.max_steps)")
     p.add_argument("--max-minutes", type=_positive_float, default=None,
-                   help="wall-clock budget: stop cleanly, checkpoint and report")
+                   help="wall-clock budget of the training loop: stop cleanly, checkpoint "
+                        "(unless train.save_on_stop=false) and report")
     p.add_argument("--stop-step", type=_positive_int, default=None,
                    help="stop at this step without shortening the schedule")
     p.add_argument("--resume", action="store_true",
