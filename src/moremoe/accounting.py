@@ -238,3 +238,20 @@ def plan_matched(*, hidden: int, top_k: int, rank: int, budget: float | None = N
     more = _rounded(more_opt, budget, h, k, r, ce, cr, round_width, refit)
     return MatchedPlan(budget=budget, ce=ce, cr=cr, moe=moe, more=more,
                        moe_optimum=moe_opt, more_optimum=more_opt)
+
+
+def training_flops_per_token(*, vocab: int, hidden: int, layers: int, experts: int, top_k: int,
+                             width: int, heads: int, seq_len: int, rank: int | None = None,
+                             kv_heads: int | None = None, head_dim: int | None = None) -> int:
+    """Per-token FLOPs of one training step (forward and backward) of the whole model.
+
+    L [18 k h s + 14 router (the MoE layer, Appendix C.2) + 6 attention projections
+    + 12 H d T (attention scores and values, causal mask not discounted, as PaLM's MFU)]
+    + 6 h V (LM head). Embedding lookups and norms are not counted. Used for MFU.
+    """
+    _positive("seq_len", seq_len)
+    d = hidden // heads if head_dim is None else head_dim
+    per_layer = (active_flops(experts, top_k, hidden, width, rank, training=True)
+                 + 6 * attention_params(hidden, heads, kv_heads, d)
+                 + 12 * heads * d * seq_len)
+    return layers * per_layer + 6 * hidden * vocab

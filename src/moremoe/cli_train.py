@@ -1,0 +1,149 @@
+"""The ``moremoe train`` command: thin parsing over ``moremoe.training.lm``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .report import emit, human, table
+
+DESCRIPTION = """\
+Pretrain the MoE / MoRE transformer on a prepared token directory (`moremoe data prepare`).
+The run is a preset or a YAML file (sections model, optim, train; see
+moremoe/training/config.py for every key), changed by --set section.key=value and the flags
+below. Writes RUN/log.jsonl (loss, lr, grad norm, tokens/s, MFU; validation loss,
+perplexity and H_norm per layer), RUN/summary.json and RUN/checkpoints/step_N
+(model.safetensors + optimizer, scheduler, data position and RNG states).
+
+Several GPUs:  torchrun --nproc_per_node 2 -m moremoe.cli train --preset ... (DDP; the
+global batch is batch_size x GPUs x grad_accum)."""
+
+EXAMPLES = """\
+examples:
+  moremoe train --list-presets
+  moremoe train --preset tiny-more --data data/tiny --out runs/tiny --device cpu
+  moremoe train --preset h512-s64-moe256 --data data/fw --max-minutes 10 \\
+      --set train.grad_accum=1 --set model.experts_impl=triton --set train.save_on_stop=false
+  moremoe train --preset h512-s64-more1792 --data data/fw --out runs/more --resume
+  moremoe train --config my.yaml --set optim.lr=3e-4 --set optim.router_lr=1e-3"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return v
+
+
+def _presets_table(rows: list[dict]) -> str:
+    out = [[r["name"], r["kind"], r["hidden"], r["layers"], f"{r['heads']}/{r['kv_heads']}",
+            r["experts"], r["width"], r["top_k"], r["rank"] or "-", r["seq_len"],
+            human(r["params_total"]) + ("*" if r["vocab_from_data"] else ""),
+            human(r["moe_flops_inference"]), human(r["train_flops_per_token"])]
+            for r in rows]
+    return (table(out, ["preset", "kind", "h", "L", "heads/kv", "M", "s", "k", "r", "T",
+                        "params", "MoE FLOPs/layer", "train FLOPs/token"])
+            + "\n* vocabulary from the data; shown at V = 50,257 (GPT-2)."
+            + "\nMoE FLOPs/layer: active, inference (6khs + 6 router), as the paper's tables; "
+              "train FLOPs/token: the whole model, forward + backward (for MFU).")
+
+
+def _summary_table(s: dict) -> str:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+    hn = s.get("hnorm") or []
+    rows = [["model", f"{s['name']} ({human(s['params'])} params)"],
+            ["stopped", f"{s['stopped']} at step {s['step']}/{s['planned_steps']}"],
+            ["tokens", f"{s['tokens']:,}"],
+            ["device", f"{s['device']} x{s['world']}"],
+            ["mean step (after warm-up)", fmt(s["mean_step_ms"], ",.1f") + " ms"],
+            ["tokens/s", fmt(s["tokens_per_s"], ",.0f")],
+            ["MFU", "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}% of "
+                                                f"{s['peak_tflops']:g} TFLOP/s per GPU"],
+            ["val loss / ppl", "-" if s["val_loss"] is None else
+             f"{s['val_loss']:.4f} / {s['val_ppl']:.2f}"],
+            ["H_norm per layer", ", ".join(f"{h:.3f}" for h in hn) or "-"],
+            ["run directory", s["out"]]]
+    return table(rows, ["summary", ""])
+
+
+def cmd_train(args) -> int:
+    if args.list_presets:
+        from .training.presets import preset_rows
+        rows = preset_rows()
+        emit(args, rows, _presets_table(rows))
+        return 0
+    from .training.config import build_run_config
+    from .training.lm import train
+    from .training.metrics import printer
+    if args.preset and args.config:
+        raise SystemExit("error: give --preset or --config, not both (a config file may name "
+                         "its base with `preset: NAME`)")
+    try:
+        cfg = build_run_config(preset=args.preset, config_file=args.config,
+                               overrides=args.set or [], data=args.data, out=args.out,
+                               max_steps=args.max_steps, max_minutes=args.max_minutes,
+                               stop_step=args.stop_step, device=args.device,
+                               peak_tflops=args.peak_tflops)
+    except (KeyError, TypeError, ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err.args[0] if err.args else err}") from None
+    echo = printer(sys.stderr if args.json else sys.stdout)
+    try:
+        summary = train(cfg, resume=args.resume, echo=echo)
+    except (ValueError, FileExistsError) as err:
+        raise SystemExit(f"error: {err}") from None
+    if _is_rank0():
+        emit(args, summary, _summary_table(summary))
+    return 0
+
+
+def _is_rank0() -> bool:
+    import os
+    return os.environ.get("RANK", "0") == "0"
+
+
+def add_train_parser(sub) -> None:
+    p = sub.add_parser("train", help="pretrain the MoE/MoRE transformer on prepared text",
+                       description=DESCRIPTION, epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default=None,
+                     help="a named configuration (see --list-presets)")
+    src.add_argument("--config", default=None, metavar="FILE.yaml",
+                     help="YAML file with sections model/optim/train (and optional preset)")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                   help="override one field, e.g. train.batch_size=16 or optim.router_lr=3e-3 "
+                        "(repeatable; values are YAML: null, true, [0.9, 0.95])")
+    p.add_argument("--data", default=None, help="prepared data directory (train.data)")
+    p.add_argument("--out", default=None,
+                   help="run directory (train.out; default runs/train/<preset>)")
+    p.add_argument("--max-steps", type=_positive_int, default=None,
+                   help="schedule length in optimizer steps (train.max_steps)")
+    p.add_argument("--max-minutes", type=_positive_float, default=None,
+                   help="wall-clock budget of the training loop: stop cleanly, checkpoint "
+                        "(unless train.save_on_stop=false) and report")
+    p.add_argument("--stop-step", type=_positive_int, default=None,
+                   help="stop at this step without shortening the schedule")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in the run directory (starts "
+                        "fresh when there is none)")
+    p.add_argument("--device", default=None, help="auto (GPU when present), cpu or cuda[:N]")
+    p.add_argument("--peak-tflops", type=_positive_float, default=None,
+                   help="per-GPU peak for MFU (default: 989 on H100/H200, none on CPU)")
+    p.add_argument("--list-presets", action="store_true",
+                   help="print the presets with parameters and FLOPs, and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON (progress lines go to stderr)")
+    p.set_defaults(func=cmd_train)

@@ -1,0 +1,61 @@
+"""Validation loss and perplexity: next-token cross-entropy over whole sequences.
+
+Each sequence of T tokens gives T - 1 predictions (token t+1 from tokens <= t). The loss is
+their mean over all sequences (a token-weighted mean, so batches of different sizes combine
+exactly) and the perplexity its exponential. The model runs in eval mode, under bf16
+autocast on CUDA.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+@torch.no_grad()
+def evaluate_perplexity(model, seqs_NT: np.ndarray | torch.Tensor, *, batch_size: int = 8,
+                        max_batches: int | None = None, device=None,
+                        return_counts: bool = False) -> dict:
+    """dict(loss, perplexity, tokens); with return_counts also expert_counts, a list of
+    per-layer (M,) int64 counts of routed (token, slot) pairs (for H_norm)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if seqs_NT.ndim != 2 or seqs_NT.shape[1] < 2:
+        raise ValueError(f"seqs_NT must be (N, T) with T >= 2, got shape {tuple(seqs_NT.shape)}")
+    model = _unwrap(model)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    amp = torch.bfloat16 if device.type == "cuda" else None
+    n = seqs_NT.shape[0] if max_batches is None else min(seqs_NT.shape[0], max_batches * batch_size)
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    counts, tokens = None, 0
+    try:
+        for start in range(0, n, batch_size):
+            batch = seqs_NT[start:min(start + batch_size, n)]
+            batch = torch.as_tensor(np.asarray(batch, dtype=np.int64)
+                                    if not isinstance(batch, torch.Tensor) else batch)
+            batch = batch.to(device, dtype=torch.long, non_blocking=True)
+            with torch.autocast(device_type=device.type, dtype=amp, enabled=amp is not None):
+                out = model(batch[:, :-1], return_counts=return_counts)
+            logits = out.logits.float()
+            loss_sum += F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                        batch[:, 1:].reshape(-1), reduction="sum").double()
+            tokens += batch[:, 1:].numel()
+            if return_counts:
+                c = out.expert_counts
+                counts = c if counts is None else [a + b for a, b in zip(counts, c)]
+    finally:
+        model.train(was_training)
+    loss = loss_sum.item() / tokens if tokens else float("nan")
+    result = {"loss": loss, "perplexity": math.exp(loss) if tokens else float("nan"),
+              "tokens": tokens}
+    if return_counts:
+        result["expert_counts"] = [c.cpu() for c in counts] if counts else []
+    return result

@@ -1,0 +1,1 @@
+"""Parallelism applied from outside the single-device model: DDP wiring."""

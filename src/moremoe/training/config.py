@@ -1,0 +1,325 @@
+"""Typed configuration of a pretraining run: ModelSpec, OptimSpec, TrainSpec and RunConfig.
+
+A run is built in layers, later ones winning: a preset (training/presets.py) or the
+defaults, a YAML file with the sections ``model``, ``optim`` and ``train`` (and optionally
+``preset``), then ``--set section.key=value`` overrides. Every key is checked against the
+dataclass fields and coerced to the field's type; unknown keys and wrong types are errors
+that name the key and what was expected.
+"""
+from __future__ import annotations
+
+import difflib
+import types
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Union, get_args, get_origin, get_type_hints
+
+from ..model import TransformerConfig
+from ..nn.moe import MoEConfig
+
+KINDS = ("moe", "more")
+SECTIONS = ("model", "optim", "train")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The transformer: MoE (standard router) or MoRE (rank-r router) in every block."""
+
+    kind: str = "moe"                 # "moe" | "more"
+    hidden: int = 512                 # h
+    layers: int = 12                  # L
+    heads: int = 8
+    kv_heads: int | None = None       # None: = heads
+    experts: int = 256                # M
+    width: int = 64                   # s
+    top_k: int = 4                    # k
+    rank: int | None = None           # r, MoRE only
+    seq_len: int = 1024               # T, tokens per training sequence
+    vocab: int | None = 50257         # None: the data's vocab_size (meta.json)
+    balance_coef: float = 0.001
+    router_impl: str = "auto"         # "auto" | "triton" | "reference"
+    experts_impl: str = "auto"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"model.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "more" and self.rank is None:
+            raise ValueError("model.rank must be set (e.g. 64) when model.kind='more'")
+        if self.kind == "moe" and self.rank is not None:
+            raise ValueError(f"model.rank must be null when model.kind='moe', got {self.rank}")
+        if self.seq_len < 2:
+            raise ValueError(f"model.seq_len must be >= 2, got {self.seq_len}")
+
+    @property
+    def name(self) -> str:
+        return f"{'MoE' if self.kind == 'moe' else 'MoRE'}-{self.experts}"
+
+    def moe_config(self) -> MoEConfig:
+        return MoEConfig(experts=self.experts, top_k=self.top_k, hidden=self.hidden,
+                         width=self.width, rank=self.rank, balance_coef=self.balance_coef,
+                         router_impl=self.router_impl, experts_impl=self.experts_impl)
+
+    def transformer_config(self, vocab: int | None = None) -> TransformerConfig:
+        """The model config; ``vocab`` fills in model.vocab = null (from the data)."""
+        v = self.vocab if self.vocab is not None else vocab
+        if v is None:
+            raise ValueError("model.vocab is null (take it from the data) but no data "
+                             "vocab_size was given")
+        return TransformerConfig(vocab=v, layers=self.layers, heads=self.heads,
+                                 moe=self.moe_config(), kv_heads=self.kv_heads,
+                                 max_seq_len=self.seq_len)
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """AdamW with a cosine schedule after a linear warmup (paper Appendix C.2)."""
+
+    lr: float = 1e-3
+    router_lr: float | None = None    # None: = lr (the paper's choice)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.01        # on matrices; none on norm scales
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.0          # the cosine ends at min_lr_frac · lr
+    clip: float = 1.0                 # max global grad norm; 0 = no clipping
+
+    def __post_init__(self):
+        for name in ("lr", "eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"optim.{name} must be > 0, got {getattr(self, name)}")
+        if self.router_lr is not None and not self.router_lr > 0:
+            raise ValueError(f"optim.router_lr must be > 0 or null, got {self.router_lr}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must be in [0, 1), got {self.betas}")
+        for name in ("warmup_frac", "min_lr_frac"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"optim.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("weight_decay", "clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Data, batch, budget, evaluation, logging and checkpointing."""
+
+    data: str | None = None           # prepared data directory (moremoe data prepare)
+    batch_size: int = 8               # sequences per device and micro-step
+    grad_accum: int = 1               # micro-steps per optimizer step
+    max_steps: int | None = None      # schedule length in optimizer steps, or
+    max_tokens: int | None = None     # ... in tokens (steps = tokens / global batch tokens)
+    stop_step: int | None = None      # stop early at this step; the schedule is unchanged
+    max_minutes: float | None = None  # wall-clock budget: stop, checkpoint, report
+    eval_every: int = 500             # steps between validations (and at the end)
+    eval_batches: int = 8             # validation batches per rank (rows: × batch_size × world)
+    log_every: int = 10
+    ckpt_every: int = 1000
+    keep: int = 2                     # checkpoints kept in out/checkpoints
+    save_on_stop: bool = True         # checkpoint when the run stops (budget, signal)
+    timing_warmup: int = 5            # first steps of a process left out of step times
+    seed: int = 0                     # initialisation and data order
+    out: str | None = None            # run directory; None: runs/train/<preset or config>
+    device: str = "auto"              # "auto" | "cpu" | "cuda[:N]"
+    autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
+    compile: bool = False             # torch.compile the model
+    tensorboard: bool = False         # also write TensorBoard events to out/tb
+    peak_tflops: float | None = None  # per-GPU peak for MFU; None: known device or no MFU
+
+    def __post_init__(self):
+        for name in ("batch_size", "grad_accum", "eval_every", "eval_batches", "log_every",
+                     "ckpt_every", "keep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "max_tokens", "stop_step"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"train.{name} must be >= 1 or null, got {v}")
+        if self.timing_warmup < 0:
+            raise ValueError(f"train.timing_warmup must be >= 0, got {self.timing_warmup}")
+        for name in ("max_minutes", "peak_tflops"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"train.{name} must be > 0 or null, got {v}")
+
+
+# Fields a resumed run may change: budget, logging, hardware and where things live. The
+# batch split may change too as long as the global batch stays (checked by the sampler).
+RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tokens",
+                       "stop_step", "max_minutes", "eval_every", "eval_batches", "log_every",
+                       "ckpt_every", "keep", "save_on_stop", "timing_warmup", "out", "device",
+                       "compile", "tensorboard", "peak_tflops"},
+             "model": {"router_impl", "experts_impl"}}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelSpec = field(default_factory=ModelSpec)
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    preset: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        d = dict(d)
+        unknown(d, ("preset",) + SECTIONS, "")
+        parts = {}
+        for name, spec in zip(SECTIONS, (ModelSpec, OptimSpec, TrainSpec)):
+            parts[name] = build_spec(spec, d.get(name) or {}, name)
+        preset = d.get("preset")
+        if preset is not None and not isinstance(preset, str):
+            raise TypeError(f"preset must be a string, got {preset!r}")
+        return cls(preset=preset, **parts)
+
+    def differences(self, other: "RunConfig") -> list[str]:
+        """'section.key: old -> new' for every field that a resumed run may not change."""
+        a, b = self.to_dict(), other.to_dict()
+        out = []
+        for section in SECTIONS:
+            for key, old in a[section].items():
+                new = b[section][key]
+                if old != new and key not in RESUMABLE.get(section, ()):
+                    out.append(f"{section}.{key}: {old!r} -> {new!r}")
+        return out
+
+
+def unknown(d: dict, known, where: str) -> None:
+    """Raise on the first key of d that is not in known, suggesting the closest one."""
+    for key in d:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"; did you mean '{where}{close[0]}'?" if close else ""
+            raise KeyError(f"unknown config key '{where}{key}'{hint} (known: "
+                           f"{', '.join(where + k for k in known)})")
+
+
+def build_spec(cls, values: dict, section: str):
+    """cls(**values) with every key checked and coerced to its annotated type."""
+    if not isinstance(values, dict):
+        raise TypeError(f"{section} must be a mapping of keys to values, got {values!r}")
+    hints = get_type_hints(cls)
+    unknown(values, [f.name for f in fields(cls)], f"{section}.")
+    kw = {k: coerce(f"{section}.{k}", v, hints[k]) for k, v in values.items()}
+    return cls(**kw)
+
+
+def _type_name(tp) -> str:
+    if get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if get_origin(tp) is tuple:
+        return f"a list of {len(get_args(tp))} numbers"
+    return {type(None): "null", bool: "true/false", int: "an integer", float: "a number",
+            str: "a string"}.get(tp, str(tp))
+
+
+def coerce(key: str, value, tp):
+    """value as type tp (int, float, str, bool, X | None, tuple[float, ...]) or TypeError."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return coerce(key, value, inner[0]) if len(inner) == 1 else value
+    bad = TypeError(f"{key} must be {_type_name(tp)}, got {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad
+        return tuple(coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise bad
+    if isinstance(value, bool):
+        raise bad
+    if tp is int:
+        return _as_int(value, bad)
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise bad from None
+    if tp is str and isinstance(value, str):
+        return value
+    raise bad
+
+
+def _as_int(value, bad) -> int:
+    if isinstance(value, int):
+        return value
+    try:
+        f = float(value)                      # "40e9", 1e6
+    except (TypeError, ValueError):
+        raise bad from None
+    if not f.is_integer():
+        raise bad
+    return int(f)
+
+
+def _yaml():
+    try:
+        import yaml
+    except ImportError:
+        raise ImportError("config files and --set need PyYAML: pip install 'moremoe[text]'") \
+            from None
+    return yaml
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    """'train.batch_size=16' -> (['train', 'batch_size'], 16); values are YAML scalars."""
+    yaml = _yaml()
+    key, sep, raw = text.partition("=")
+    path = key.strip().split(".")
+    if not sep or len(path) != 2 or not all(path):
+        raise ValueError(f"--set expects section.key=value (e.g. train.batch_size=16), "
+                         f"got {text!r}")
+    return path, yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_yaml(path: str | Path) -> dict:
+    yaml = _yaml()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    d = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(d, dict):
+        raise TypeError(f"config file {str(path)!r} must hold a mapping with the sections "
+                        f"{SECTIONS}, got {type(d).__name__}")
+    return d
+
+
+def merge(base: dict, extra: dict, where: str = "") -> dict:
+    """base updated by extra, one level of sections deep; unknown sections are errors."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    unknown(extra, ("preset",) + SECTIONS, where)
+    for key, value in extra.items():
+        if key in SECTIONS:
+            if not isinstance(value, dict):
+                raise TypeError(f"{key} must be a mapping of keys to values, got {value!r}")
+            out.setdefault(key, {}).update(value)
+        else:
+            out[key] = value
+    return out
+
+
+def build_run_config(*, preset: str | None = None, config_file: str | None = None,
+                     overrides: list[str] = (), **train_flags) -> RunConfig:
+    """Preset (or the file's ``preset:``), then the YAML file, then --set, then flags
+    (train.* fields given explicitly; None values are ignored)."""
+    from .presets import get_preset
+    file_d = load_yaml(config_file) if config_file else {}
+    name = preset or file_d.get("preset")
+    base = get_preset(name).to_dict() if name else RunConfig().to_dict()
+    d = merge(base, file_d)
+    d["preset"] = name
+    for text in overrides:
+        (section, key), value = parse_override(text)
+        d = merge(d, {section: {key: value}})
+    flags = {k: v for k, v in train_flags.items() if v is not None}
+    if flags:
+        d = merge(d, {"train": flags})
+    return RunConfig.from_dict(d)

@@ -1,0 +1,121 @@
+"""Deterministic batches over a prepared token directory (train.bin / val.bin / meta.json).
+
+Format (written by ``moremoe data prepare``): raw little-endian uint16 rows of meta
+``seq_len`` tokens. A model with a shorter seq_len T reads each row as seq_len / T rows.
+
+Order: epoch e visits the rows in the order of a permutation seeded by (seed, e); optimizer
+step i of an epoch takes rows [i G, (i + 1) G) of it, G = the global batch in rows
+(batch_size × world × grad_accum). Micro-step j of rank r takes chunk c = j · world + r of
+b = batch_size rows, so DDP over R ranks sees exactly the rows one process sees with R
+accumulation micro-steps, and its global batch is the one process's batch of G rows. The
+position (epoch, step within the epoch) is all the state; it goes into checkpoints.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "moremoe-tokens"
+
+
+def read_meta(data_dir: str | Path) -> dict:
+    try:
+        from ..tasks.text import read_meta as _read
+    except ImportError:
+        return _read_meta(data_dir)
+    return _read(data_dir)
+
+
+def open_tokens(data_dir: str | Path, split: str) -> np.ndarray:
+    """(n, seq_len) uint16 memmap of one split; moremoe.tasks.text's reader when present."""
+    try:
+        from ..tasks.text import open_tokens as _open
+    except ImportError:
+        return _open_tokens(data_dir, split)
+    return _open(data_dir, split)
+
+
+def _read_meta(data_dir) -> dict:
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise ValueError(f"data directory {str(data_dir)!r} has no meta.json; prepare it "
+                         f"with `moremoe data prepare`")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != FORMAT or meta.get("dtype") != "uint16":
+        raise ValueError(f"{path} is not a {FORMAT} uint16 directory: format="
+                         f"{meta.get('format')!r}, dtype={meta.get('dtype')!r}")
+    return meta
+
+
+def _open_tokens(data_dir, split: str) -> np.ndarray:
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    meta = _read_meta(data_dir)
+    path, T = Path(data_dir) / f"{split}.bin", int(meta["seq_len"])
+    n = int(meta[f"{split}_sequences"])
+    size = path.stat().st_size if path.is_file() else None
+    if size != 2 * n * T:
+        raise ValueError(f"{path}: expected {n} sequences of {T} uint16 tokens "
+                         f"({2 * n * T} bytes), found {size if size is not None else 'no file'}")
+    if n == 0:
+        return np.zeros((0, T), dtype=np.uint16)
+    return np.memmap(path, dtype="<u2", mode="r", shape=(n, T))
+
+
+def rows_of(seqs_NL: np.ndarray, seq_len: int) -> np.ndarray:
+    """The (n, L) rows as (n L / T, T) rows of the model's seq_len T (a view, no copy)."""
+    L = seqs_NL.shape[1]
+    if L == seq_len:
+        return seqs_NL
+    if seq_len > L or L % seq_len:
+        raise ValueError(f"model.seq_len must divide the data's seq_len={L}, got {seq_len}")
+    return seqs_NL.reshape(-1, seq_len)
+
+
+class Batches:
+    """Training rows in a seeded, epoch-wise order; see the module docstring."""
+
+    def __init__(self, rows_NT: np.ndarray, *, batch_size: int, world: int, grad_accum: int,
+                 seed: int):
+        self.rows, self.b, self.world, self.accum = rows_NT, batch_size, world, grad_accum
+        self.seed, self.epoch, self.offset = seed, 0, 0
+        self.global_batch = batch_size * world * grad_accum
+        self.steps_per_epoch = rows_NT.shape[0] // self.global_batch
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"the training split has {rows_NT.shape[0]} rows, fewer than one "
+                             f"global batch of {self.global_batch} (batch_size {batch_size} × "
+                             f"world {world} × grad_accum {grad_accum})")
+        self._perm_epoch, self._perm = None, None
+
+    def _order(self) -> np.ndarray:
+        if self._perm_epoch != self.epoch:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            self._perm, self._perm_epoch = rng.permutation(self.rows.shape[0]), self.epoch
+        return self._perm
+
+    def micro_batch(self, micro: int, rank: int) -> np.ndarray:
+        """(b, T) int64 rows of micro-step `micro` for `rank` at the current step."""
+        chunk = micro * self.world + rank
+        start = self.offset * self.global_batch + chunk * self.b
+        idx = np.sort(self._order()[start:start + self.b])   # sorted: sequential reads
+        return self.rows[idx].astype(np.int64)
+
+    def advance(self) -> None:
+        self.offset += 1
+        if self.offset == self.steps_per_epoch:
+            self.epoch, self.offset = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed,
+                "rows": int(self.rows.shape[0]), "global_batch": self.global_batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        for key in ("seed", "rows", "global_batch"):
+            if state[key] != mine[key]:
+                raise ValueError(f"cannot resume: the checkpoint's data {key} is {state[key]}, "
+                                 f"this run's is {mine[key]} (the global batch is batch_size × "
+                                 f"world × grad_accum and must not change)")
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

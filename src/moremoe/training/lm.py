@@ -1,0 +1,379 @@
+"""Language-model pretraining of the MoE / MoRE transformer (paper Section 4.2, Appendix C.2).
+
+Recipe: AdamW (β = 0.9, 0.95, ε = 1e-8) with decoupled weight decay 0.01 on every matrix
+(embeddings, attention, experts, routers) and none on the RMSNorm scales; the router weights
+(W, or R1 and R2) in their own group at optim.router_lr (default: lr, the paper's choice);
+cosine learning rate after a linear warmup over 5 % of the steps; global grad-norm clipping
+at 1.0; bf16 autocast on CUDA; loss = LM loss + balance_coef · Switch loss (computed per
+micro-batch and rank); gradient accumulation (DDP syncs only on the last micro-step).
+
+Runs on CPU, one GPU, or several through torchrun (parallel/ddp.py). The run directory holds
+log.jsonl (one event per line), summary.json and checkpoints/ (training/checkpoint.py).
+A stop (steps, --max-minutes, Ctrl-C or SIGTERM) checkpoints and writes the summary; a
+crash outside the optimizer update does the same before it re-raises. A resumed run
+continues bit for bit as the uninterrupted one would have (on the same device and threads).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import accounting
+from ..eval.perplexity import evaluate_perplexity
+from ..eval.routing import normalized_entropy
+from ..model import Transformer
+from ..nn.router import LinearRouter, LowRankRouter
+from ..parallel import ddp
+from ..report import write_json
+from . import checkpoint as ckpt
+from .config import RunConfig
+from .data import Batches, open_tokens, read_meta, rows_of
+from .metrics import RunLog, StepClock, echo_line, peak_tflops, printer
+
+ROUTERS = (LinearRouter, LowRankRouter)
+
+
+def param_groups(model: torch.nn.Module, optim) -> list[dict]:
+    """decay (matrices), no_decay (norm scales), router (router matrices, at router_lr)."""
+    router = {id(p) for m in model.modules() if isinstance(m, ROUTERS) for p in m.parameters()}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = {"decay": [], "no_decay": [], "router": []}
+    for _, p in named:
+        key = "router" if id(p) in router else ("decay" if p.dim() >= 2 else "no_decay")
+        groups[key].append(p)
+    lrs = {"decay": optim.lr, "no_decay": optim.lr,
+           "router": optim.router_lr if optim.router_lr is not None else optim.lr}
+    wds = {"decay": optim.weight_decay, "no_decay": 0.0, "router": optim.weight_decay}
+    return [{"name": k, "params": v, "lr": lrs[k], "weight_decay": wds[k]}
+            for k, v in groups.items() if v]
+
+
+def make_optimizer(model, optim, device: torch.device) -> torch.optim.AdamW:
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(param_groups(model, optim), lr=optim.lr, betas=tuple(optim.betas),
+                             eps=optim.eps, **fused)
+
+
+def cosine_with_warmup(total: int, warmup_frac: float, min_frac: float):
+    """LR factor for the (i+1)-th step: linear warmup, then cosine down to min_frac."""
+    warm = max(1, round(warmup_frac * total)) if warmup_frac > 0 else 0
+
+    def factor(i: int) -> float:
+        if i < warm:
+            return (i + 1) / warm
+        progress = min(1.0, (i - warm) / max(1, total - warm))
+        return min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def planned_steps(cfg: RunConfig, global_batch: int) -> int:
+    t = cfg.train
+    if t.max_steps is not None:
+        return t.max_steps
+    if t.max_tokens is not None:
+        return max(1, math.ceil(t.max_tokens / (global_batch * cfg.model.seq_len)))
+    raise ValueError("set train.max_steps or train.max_tokens (the schedule's length)")
+
+
+def default_out(cfg: RunConfig) -> str:
+    return str(Path("runs") / "train" / (cfg.preset or "run"))
+
+
+class _Signals:
+    """First SIGINT/SIGTERM asks for a clean stop at the end of the step; a second one
+    interrupts at once (the handlers are restored on exit)."""
+
+    def __init__(self):
+        self.requested, self._old = False, {}
+
+    def __enter__(self):
+        with contextlib.suppress(ValueError):           # not the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class LMTrainer:
+    """One pretraining run; ``run()`` trains, evaluates, checkpoints and returns the summary."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, echo=None):
+        self.cfg, t = cfg, cfg.train
+        if t.data is None:
+            raise ValueError("train.data is not set: pass --data DIR (a directory from "
+                             "`moremoe data prepare`)")
+        self.info = ddp.init(t.device)
+        self.dev, self.main = self.info.device, self.info.main
+        self.out = Path(t.out or default_out(cfg))
+        self.echo = (echo or printer()) if self.main else (lambda text: None)
+        self._load_data()
+        self._build()
+        self.log = RunLog(self.out, enabled=self.main, tensorboard=t.tensorboard)
+        self._resume_or_start(resume)
+
+    # ------------------------------------------------------------------ set-up
+    def _load_data(self) -> None:
+        t, m = self.cfg.train, self.cfg.model
+        self.meta = read_meta(t.data)
+        self.vocab = m.vocab if m.vocab is not None else int(self.meta["vocab_size"])
+        if int(self.meta["vocab_size"]) > self.vocab:
+            raise ValueError(f"model.vocab={self.vocab} is smaller than the data's "
+                             f"vocab_size={self.meta['vocab_size']}")
+        train_rows = rows_of(open_tokens(t.data, "train"), m.seq_len)
+        self.batches = Batches(train_rows, batch_size=t.batch_size, world=self.info.world,
+                               grad_accum=t.grad_accum, seed=t.seed)
+        val = rows_of(open_tokens(t.data, "val"), m.seq_len)
+        self.val_rows = val[:t.eval_batches * t.batch_size * self.info.world]
+        self.total = planned_steps(self.cfg, self.batches.global_batch)
+        self.tokens_per_step = self.batches.global_batch * m.seq_len
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.train.seed)
+        self.model_config = cfg.model.transformer_config(self.vocab)
+        self.model = Transformer(self.model_config).to(self.dev)
+        self.opt = make_optimizer(self.model, cfg.optim, self.dev)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
+            self.total, cfg.optim.warmup_frac, cfg.optim.min_lr_frac))
+        self.amp = torch.bfloat16 if self.dev.type == "cuda" and cfg.train.autocast else None
+        if self.dev.type == "cuda":
+            torch.set_float32_matmul_precision("high")
+        m = self.model_config
+        self.flops_per_token = accounting.training_flops_per_token(
+            vocab=m.vocab, hidden=m.hidden, layers=m.layers, experts=m.moe.experts,
+            top_k=m.moe.top_k, width=m.moe.width, rank=m.moe.rank, heads=m.heads,
+            kv_heads=m.n_kv_heads, head_dim=m.dim_per_head, seq_len=cfg.model.seq_len)
+        self.peak = peak_tflops(self.dev, cfg.train.peak_tflops)
+        self.step, self.tokens = 0, 0
+
+    def _wrapped(self) -> None:
+        model = torch.compile(self.model) if self.cfg.train.compile else self.model
+        self.ddp_model = ddp.wrap(model, self.info)
+
+    def _resume_or_start(self, resume: bool) -> None:
+        latest = ckpt.latest_checkpoint(self.out)
+        if latest is not None and not resume:
+            raise FileExistsError(f"{self.out} already has checkpoints (latest {latest.name}); "
+                                  f"pass --resume to continue it, or another --out")
+        if resume and latest is not None:
+            self._resume(latest)
+        else:
+            self.log.truncate_after(0)
+            self.log.write("start", step=0, config=self.cfg.to_dict(), world=self.info.world,
+                           device=str(self.dev), planned_steps=self.total,
+                           params=self.model_config.total_params(),
+                           flops_per_token=self.flops_per_token)
+        if self.main:
+            write_json(self.out / "config.json", self.cfg.to_dict())
+        self._wrapped()
+
+    def _resume(self, path: Path) -> None:
+        saved = RunConfig.from_dict(ckpt.read_config(path)["train"])
+        changed = saved.differences(self.cfg)
+        if changed:
+            raise ValueError(f"cannot resume {path}: the config differs in "
+                             f"{'; '.join(changed)} (only budget, logging and device fields "
+                             f"may change)")
+        ckpt.load_weights(self.model, path)
+        state = ckpt.load_state(path)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.batches.load_state_dict(state["data"])
+        self.step, self.tokens = state["step"], state["tokens"]
+        rngs = state.get("rng") or []
+        if rngs:
+            ckpt.set_rng_state(rngs[self.info.rank % len(rngs)])
+        self.log.truncate_after(self.step)
+        self.log.write("resume", step=self.step, checkpoint=str(path))
+        self.echo(f"resumed from {path} at step {self.step}/{self.total}")
+
+    # ------------------------------------------------------------------ training
+    def _micro_batch(self, micro: int) -> torch.Tensor:
+        x = torch.from_numpy(self.batches.micro_batch(micro, self.info.rank))
+        if self.dev.type == "cuda":
+            return x.pin_memory().to(self.dev, non_blocking=True)
+        return x
+
+    def _train_step(self) -> torch.Tensor:
+        """One optimizer step; returns (loss, lm_loss, aux_loss, grad_norm) on the device."""
+        accum, sums = self.cfg.train.grad_accum, torch.zeros(3, device=self.dev)
+        for j in range(accum):
+            x_BT = self._micro_batch(j)
+            last = j == accum - 1
+            no_sync = self.ddp_model.no_sync if self.info.enabled and not last else \
+                contextlib.nullcontext
+            with no_sync():
+                with torch.autocast(device_type=self.dev.type, dtype=self.amp,
+                                    enabled=self.amp is not None):
+                    out = self.ddp_model(x_BT[:, :-1], x_BT[:, 1:])
+                (out.loss / accum).backward()
+            sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
+        clip = self.cfg.optim.clip or float("inf")
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self._lrs = {g["name"]: g["lr"] for g in self.opt.param_groups}
+        self._updating = True
+        self.opt.step()
+        self.sched.step()
+        self.batches.advance()
+        self.step, self.tokens = self.step + 1, self.tokens + self.tokens_per_step
+        self._updating = False
+        self.opt.zero_grad(set_to_none=True)
+        return torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
+
+    def _log_train(self, acc: torch.Tensor, clock: StepClock) -> dict:
+        ddp.all_reduce(acc, self.info, "mean")
+        steps, seconds = clock.window()
+        vals = (acc / max(steps, 1)).tolist()
+        tok_s = steps * self.tokens_per_step / seconds
+        lrs = self._lrs
+        m = {"loss": vals[0], "lm_loss": vals[1], "aux_loss": vals[2], "grad_norm": vals[3],
+             "lr": lrs["decay"], "router_lr": lrs.get("router"), "tokens": self.tokens,
+             "tokens_per_s": tok_s, "step_ms": 1000 * seconds / max(steps, 1),
+             "mfu": self._mfu(tok_s)}
+        self.log.write("train", step=self.step, **m)
+        self.echo(echo_line(self.step, self.total, m))
+        return m
+
+    def _mfu(self, tokens_per_s: float) -> float | None:
+        if self.peak is None:
+            return None
+        return self.flops_per_token * tokens_per_s / (self.info.world * self.peak * 1e12)
+
+    def evaluate(self) -> dict | None:
+        """Validation loss/perplexity and H_norm per layer over the first eval_batches ×
+        batch_size × world validation rows, each rank taking every world-th."""
+        if self.val_rows.shape[0] == 0:
+            return None
+        shard = self.val_rows[self.info.rank::self.info.world]
+        r = evaluate_perplexity(self.model, shard, batch_size=self.cfg.train.batch_size,
+                                device=self.dev, return_counts=True)
+        totals = torch.tensor([r["loss"] * r["tokens"] if r["tokens"] else 0.0, r["tokens"]],
+                              dtype=torch.float64, device=self.dev)
+        ddp.all_reduce(totals, self.info)
+        counts = [ddp.all_reduce(c.to(self.dev), self.info).cpu() for c in r["expert_counts"]]
+        loss = totals[0].item() / totals[1].item()
+        ev = {"val_loss": loss, "val_ppl": math.exp(loss), "val_tokens": int(totals[1].item()),
+              "hnorm": [normalized_entropy(c) for c in counts]}
+        self.log.write("eval", step=self.step, **ev)
+        hn = ev["hnorm"]
+        self.echo(f"eval step {self.step}: val loss {loss:.4f}, ppl {ev['val_ppl']:.2f}, "
+                  f"H_norm mean {np.mean(hn):.3f} [{min(hn):.3f}, {max(hn):.3f}]")
+        return ev
+
+    def save(self, *, gather: bool = True) -> Path:
+        """Checkpoint the current step (every rank calls it; rank 0 writes)."""
+        rngs = ddp.gather_objects(ckpt.rng_state(), self.info) if gather else [ckpt.rng_state()]
+        path = None
+        if self.main:
+            state = {"step": self.step, "tokens": self.tokens,
+                     "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                     "data": self.batches.state_dict(), "rng": rngs,
+                     "world": self.info.world}
+            path = ckpt.save_checkpoint(self.out, self.step, self.model,
+                                        model_config=self.model_config,
+                                        run_config=self.cfg.to_dict(), state=state,
+                                        keep=self.cfg.train.keep)
+            self.log.write("checkpoint", step=self.step, path=str(path))
+        if gather:
+            ddp.barrier(self.info)
+        return path
+
+    def _stop_reason(self, clock: StepClock, signals: _Signals) -> str | None:
+        t = self.cfg.train
+        if self.step >= self.total:
+            return "max_steps"
+        if t.stop_step is not None and self.step >= t.stop_step:
+            return "stop_step"
+        flags = [float(t.max_minutes is not None and clock.elapsed() >= 60 * t.max_minutes),
+                 float(signals.requested)]
+        if self.info.enabled:             # every rank must stop at the same step
+            flags = ddp.all_reduce(torch.tensor(flags, device=self.dev), self.info,
+                                   "max").tolist()
+        if flags[0] > 0:
+            return "max_minutes"
+        return "signal" if flags[1] > 0 else None
+
+    def run(self) -> dict:
+        t = self.cfg.train
+        clock = StepClock(self.dev, t.timing_warmup)
+        acc = torch.zeros(4, device=self.dev)
+        self._updating, reason, last_eval = False, None, None
+        self.echo(f"training {self.cfg.model.name} ({self.model_config.total_params():,} "
+                  f"params) on {self.dev} x{self.info.world}: step {self.step} -> {self.total}, "
+                  f"{self.batches.global_batch} rows of {self.cfg.model.seq_len} per step")
+        try:
+            with _Signals() as signals:
+                reason = self._stop_reason(clock, signals)
+                while reason is None:
+                    acc += self._train_step()
+                    clock.stepped()
+                    reason = self._stop_reason(clock, signals)
+                    if self.step % t.log_every == 0 or reason is not None:
+                        self._log_train(acc, clock)
+                        acc.zero_()
+                    if self.step % t.eval_every == 0 or reason is not None:
+                        with clock.paused():
+                            last_eval = self.evaluate()
+                    if self.step % t.ckpt_every == 0 or (reason and t.save_on_stop):
+                        with clock.paused():
+                            self.save()
+        except BaseException as err:
+            # keep what was trained unless the error hit the middle of an update (the
+            # state is then inconsistent) or other ranks may be stuck in a collective
+            with contextlib.suppress(Exception):
+                if not self._updating and not self.info.enabled:
+                    self.save(gather=False)
+                self._finish(clock, f"error: {type(err).__name__}: {err}", last_eval)
+            raise
+        if last_eval is None:
+            last_eval = self.evaluate()
+        return self._finish(clock, reason, last_eval)
+
+    def _finish(self, clock: StepClock, reason: str, last_eval: dict | None) -> dict:
+        step_s = clock.mean_step_seconds()
+        tok_s = self.tokens_per_step / step_s if step_s else None
+        summary = {
+            "name": self.cfg.model.name, "preset": self.cfg.preset, "out": str(self.out),
+            "device": str(self.dev), "world": self.info.world, "stopped": reason,
+            "step": self.step, "planned_steps": self.total, "tokens": self.tokens,
+            "steps_this_run": clock.steps, "wall_s": clock.elapsed(),
+            "mean_step_ms": 1000 * step_s if step_s else None,
+            "timing_warmup_steps": min(clock.steps, self.cfg.train.timing_warmup),
+            "tokens_per_s": tok_s, "mfu": self._mfu(tok_s) if tok_s else None,
+            "peak_tflops": self.peak, "flops_per_token": self.flops_per_token,
+            "params": self.model_config.total_params(),
+            "global_batch": self.batches.global_batch, "seq_len": self.cfg.model.seq_len,
+            "val_loss": last_eval["val_loss"] if last_eval else None,
+            "val_ppl": last_eval["val_ppl"] if last_eval else None,
+            "hnorm": last_eval["hnorm"] if last_eval else None,
+            "peak_memory_gib": (torch.cuda.max_memory_allocated(self.dev) / 2**30
+                                if self.dev.type == "cuda" else None),
+        }
+        if self.main:
+            self.log.write("end", **summary)
+            write_json(self.out / "summary.json", summary)
+        self.log.close()
+        return summary
+
+
+def train(cfg: RunConfig, *, resume: bool = False, echo=None) -> dict:
+    """Run one pretraining job (joining torchrun's process group when launched by it)."""
+    trainer = LMTrainer(cfg, resume=resume, echo=echo)
+    try:
+        return trainer.run()
+    finally:
+        ddp.destroy(trainer.info)

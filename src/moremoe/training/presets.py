@@ -1,0 +1,85 @@
+"""Named run configurations: the paper's pretraining pairs and tiny CPU models.
+
+The paper's pairs (Table fineweb_p3_configs, and the M = 1024 / 8192 pair of Table
+fineweb_p3_results): L = 12, k = 4, head dim 64, GPT-2 vocabulary (V = 50,257), untied
+embeddings, T = 1,024, MoRE at r = 64. h = 1024 uses 16 heads and 4 key/value heads (Appendix
+C.2); h = 512 uses 8 heads, and 2 key/value heads reproduce the total parameters the paper
+lists (362.9M, 1.91B, 664.9M, 3.76B, 1.27B, 7.92B), so we take those. MoRE-8192's width
+s = 52 is the paper's (Table same_config). Optimiser: AdamW at lr 1e-3 for every
+configuration (router lr = lr), cosine schedule with 5 % warmup, 40B tokens; 262,144 tokens
+per optimizer step (256 sequences) on 4 GPUs = batch 16 per GPU × 4 accumulation steps.
+
+Tiny presets (h = 64, 2 layers, T = 128, vocabulary from the data) train in seconds on a CPU;
+tiny-more is matched in active FLOPs to tiny-moe (6·k·h·s + 6·router at k = 2, r = 8).
+"""
+from __future__ import annotations
+
+from .config import ModelSpec, OptimSpec, RunConfig, TrainSpec
+
+PAPER_TOKENS = 40_000_000_000
+
+
+def _paper(kind: str, hidden: int, experts: int, width: int) -> RunConfig:
+    heads, kv = (16, 4) if hidden == 1024 else (8, 2)
+    model = ModelSpec(kind=kind, hidden=hidden, layers=12, heads=heads, kv_heads=kv,
+                      experts=experts, width=width, top_k=4,
+                      rank=64 if kind == "more" else None, seq_len=1024, vocab=50257)
+    train = TrainSpec(batch_size=16, grad_accum=4, max_tokens=PAPER_TOKENS, eval_every=2000,
+                      eval_batches=16, log_every=50, ckpt_every=2000)
+    return RunConfig(model=model, optim=OptimSpec(lr=1e-3), train=train)
+
+
+def _tiny(kind: str) -> RunConfig:
+    experts, width, rank = (8, 32, None) if kind == "moe" else (64, 28, 8)
+    model = ModelSpec(kind=kind, hidden=64, layers=2, heads=4, experts=experts, width=width,
+                      top_k=2, rank=rank, seq_len=128, vocab=None)
+    train = TrainSpec(batch_size=8, max_steps=200, eval_every=50, eval_batches=4, log_every=10,
+                      ckpt_every=100, device="auto")
+    return RunConfig(model=model, optim=OptimSpec(lr=3e-3), train=train)
+
+
+PRESETS = {
+    "h1024-s32-moe128": ("moe", 1024, 128, 32),
+    "h1024-s32-more1536": ("more", 1024, 1536, 24),
+    "h512-s64-moe256": ("moe", 512, 256, 64),
+    "h512-s64-more1792": ("more", 512, 1792, 56),
+    "h512-s128-moe256": ("moe", 512, 256, 128),
+    "h512-s128-more1792": ("more", 512, 1792, 112),
+    "h512-s64-moe1024": ("moe", 512, 1024, 64),
+    "h512-s64-more8192": ("more", 512, 8192, 52),
+    "tiny-moe": ("moe",),
+    "tiny-more": ("more",),
+}
+
+
+def preset_names() -> list[str]:
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise KeyError(f"preset must be one of {', '.join(PRESETS)}; got {name!r}")
+    args = PRESETS[name]
+    cfg = _tiny(*args) if len(args) == 1 else _paper(*args)
+    return RunConfig(model=cfg.model, optim=cfg.optim, train=cfg.train, preset=name)
+
+
+def preset_rows(vocab_default: int = 50257) -> list[dict]:
+    """One dict per preset: shape, total parameters and FLOPs (via moremoe.accounting)."""
+    from .. import accounting
+    rows = []
+    for name in PRESETS:
+        m = get_preset(name).model
+        tc = m.transformer_config(vocab=vocab_default)
+        rows.append({"name": name, "kind": m.kind, "hidden": m.hidden, "layers": m.layers,
+                     "heads": m.heads, "kv_heads": tc.n_kv_heads, "experts": m.experts,
+                     "width": m.width, "top_k": m.top_k, "rank": m.rank,
+                     "seq_len": m.seq_len, "vocab": tc.vocab, "vocab_from_data": m.vocab is None,
+                     "params_total": tc.total_params(),
+                     "moe_flops_inference": tc.moe.active_flops(),
+                     "moe_flops_training": tc.moe.active_flops(training=True),
+                     "train_flops_per_token": accounting.training_flops_per_token(
+                         vocab=tc.vocab, hidden=m.hidden, layers=m.layers, experts=m.experts,
+                         top_k=m.top_k, width=m.width, rank=m.rank, heads=m.heads,
+                         kv_heads=tc.n_kv_heads, head_dim=tc.dim_per_head, seq_len=m.seq_len)})
+    return rows

@@ -1,0 +1,113 @@
+"""Checkpoints (atomic, keep-last-K, load_model from a run or checkpoint directory), the data
+sampler's position, and resume refusing a changed config."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from moremoe.model import Transformer, TransformerConfig
+from moremoe.nn.moe import MoEConfig
+from moremoe.training import checkpoint as ck
+from moremoe.training.config import build_run_config
+from moremoe.training.data import Batches, open_tokens, rows_of
+from moremoe.training.lm import train
+
+
+def tiny_model():
+    cfg = TransformerConfig(vocab=50, layers=1, heads=2, max_seq_len=16,
+                            moe=MoEConfig.more(8, 2, 16, 8, 4))
+    return Transformer(cfg)
+
+
+def save(run, step, model, keep=2):
+    return ck.save_checkpoint(run, step, model, model_config=model.config,
+                              run_config={"x": 1}, state={"step": step}, keep=keep)
+
+
+def test_save_load_round_trip_and_keep(tmp_path):
+    model = tiny_model()
+    for step in (1, 2, 3):
+        save(tmp_path, step, model)
+    assert [p.name for p in ck.checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
+    (tmp_path / "checkpoints" / ".step_00000009.tmp-1").mkdir()         # a torn write
+    (tmp_path / "checkpoints" / "step_00000008").mkdir()                # incomplete
+    assert ck.latest_checkpoint(tmp_path).name == "step_00000003"
+    save(tmp_path, 3, model)                                            # same step again
+    loaded = ck.load_model(tmp_path)
+    again = ck.load_model(tmp_path / "checkpoints" / "step_00000003")
+    assert loaded.config == model.config
+    ref = model.state_dict()
+    assert all(torch.equal(loaded.state_dict()[k], ref[k]) for k in ref)
+    assert all(torch.equal(again.state_dict()[k], ref[k]) for k in ref)
+    tokens = torch.randint(0, 50, (2, 16))
+    model.eval()
+    assert torch.equal(loaded(tokens).logits, model(tokens).logits)
+    assert ck.read_config(tmp_path)["train"] == {"x": 1}
+    assert ck.load_state(tmp_path)["step"] == 3
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint directory"):
+        ck.load_model(tmp_path / "nothing")
+
+
+def test_rng_state_round_trip():
+    state = ck.rng_state()
+    a = (torch.rand(3), np.random.rand(), __import__("random").random())
+    ck.set_rng_state(state)
+    b = (torch.rand(3), np.random.rand(), __import__("random").random())
+    assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
+
+
+def test_batches_partition_the_global_batch_and_roll_over_epochs():
+    rows = np.arange(40 * 4, dtype=np.uint16).reshape(40, 4)
+    one = Batches(rows, batch_size=8, world=1, grad_accum=1, seed=3)
+    two = [Batches(rows, batch_size=2, world=2, grad_accum=2, seed=3) for _ in range(2)]
+    assert one.steps_per_epoch == 5
+    seen = []
+    for step in range(7):                           # crosses into epoch 1
+        big = one.micro_batch(0, 0)
+        parts = [two[r].micro_batch(j, r) for j in range(2) for r in range(2)]
+        assert sorted(map(tuple, big)) == sorted(tuple(p) for part in parts for p in part)
+        seen.append(big[:, 0] // 4)
+        for b in (one, *two):
+            b.advance()
+    epoch0 = np.concatenate(seen[:5])
+    assert sorted(epoch0) == list(range(40))        # each row once per epoch
+    assert one.state_dict()["epoch"] == 1 and one.state_dict()["offset"] == 2
+    other = Batches(rows, batch_size=8, world=1, grad_accum=1, seed=3)
+    other.load_state_dict(one.state_dict())
+    assert np.array_equal(other.micro_batch(0, 0), one.micro_batch(0, 0))
+    with pytest.raises(ValueError, match="global_batch is 8, this run's is 4"):
+        Batches(rows, batch_size=4, world=1, grad_accum=1, seed=3).load_state_dict(
+            one.state_dict())
+    with pytest.raises(ValueError, match="fewer than one global batch of 64"):
+        Batches(rows, batch_size=64, world=1, grad_accum=1, seed=3)
+
+
+def test_token_reader_checks_sizes_and_rechunks(text_data, tmp_path):
+    rows = open_tokens(text_data, "train")
+    assert rows.dtype == np.uint16 and rows.shape[1] == 128
+    half = rows_of(rows, 64)
+    assert half.shape == (2 * rows.shape[0], 64) and np.array_equal(half[1], rows[0, 64:])
+    with pytest.raises(ValueError, match="model.seq_len must divide the data's seq_len=128"):
+        rows_of(rows, 48)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in ("meta.json", "val.bin"):
+        (broken / f).write_bytes((text_data / f).read_bytes())
+    (broken / "train.bin").write_bytes((text_data / "train.bin").read_bytes()[:-2])
+    with pytest.raises(ValueError, match="train.bin"):
+        open_tokens(broken, "train")
+
+
+def test_resume_refuses_a_changed_config(text_data, tmp_path):
+    sets = ["model.seq_len=64", "train.batch_size=2", "train.eval_batches=1",
+            "train.max_steps=4", "train.ckpt_every=2"]
+    out = str(tmp_path / "run")
+    kw = dict(preset="tiny-moe", data=str(text_data), out=out, device="cpu")
+    s = train(build_run_config(overrides=sets, stop_step=2, **kw), echo=lambda t: None)
+    assert s["step"] == 2 and math.isfinite(s["val_loss"])
+    with pytest.raises(ValueError, match=r"config differs in optim.lr: 0.003 -> 0.01"):
+        train(build_run_config(overrides=sets + ["optim.lr=0.01"], **kw), resume=True)
+    done = train(build_run_config(overrides=sets + ["train.log_every=1"], **kw), resume=True,
+                 echo=lambda t: None)
+    assert done["step"] == 4 and done["steps_this_run"] == 2

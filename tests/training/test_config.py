@@ -1,0 +1,89 @@
+"""Run configs: presets, YAML files, --set overrides, type checks and the errors' wording."""
+import pytest
+
+from moremoe.cli import main
+from moremoe.training.config import RunConfig, build_run_config, parse_override
+from moremoe.training.presets import get_preset, preset_names, preset_rows
+
+
+def test_paper_presets_match_the_paper_tables():
+    rows = {r["name"]: r for r in preset_rows()}
+    # Table fineweb_p3_results: total parameters and active inference FLOPs per layer
+    paper = {"h1024-s32-moe128": (287.0e6, 1.57e6), "h1024-s32-more1536": (1.50e9, 1.57e6),
+             "h512-s64-moe256": (362.9e6, 1.57e6), "h512-s64-more1792": (1.91e9, 1.57e6),
+             "h512-s128-moe256": (664.9e6, 2.36e6), "h512-s128-more1792": (3.76e9, 2.26e6),
+             "h512-s64-moe1024": (1.27e9, 3.93e6), "h512-s64-more8192": (7.92e9, 3.98e6)}
+    for name, (params, flops) in paper.items():
+        assert rows[name]["params_total"] == pytest.approx(params, rel=5e-3), name
+        assert rows[name]["moe_flops_inference"] == pytest.approx(flops, rel=5e-3), name
+    more = get_preset("h512-s64-more1792")
+    assert (more.model.kind, more.model.rank, more.model.experts, more.model.width) == \
+        ("more", 64, 1792, 56)
+    assert more.optim.lr == 1e-3 and more.optim.betas == (0.9, 0.95)
+    assert more.train.max_tokens == 40_000_000_000
+    assert rows["tiny-moe"]["moe_flops_inference"] == rows["tiny-more"]["moe_flops_inference"]
+    assert {"tiny-moe", "tiny-more"} <= set(preset_names())
+
+
+def test_layers_preset_file_set_and_flags(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("preset: tiny-more\nmodel: {hidden: 32, heads: 2}\n"
+                 "optim: {lr: 1e-3, betas: [0.8, 0.9]}\ntrain: {batch_size: 4}\n")
+    cfg = build_run_config(config_file=str(f), overrides=["optim.lr=3e-4", "train.seed=7",
+                                                          "optim.router_lr=null"],
+                           data="d", max_steps=5, max_minutes=None)
+    assert cfg.preset == "tiny-more" and cfg.model.kind == "more" and cfg.model.hidden == 32
+    assert cfg.optim.lr == 3e-4 and cfg.optim.betas == (0.8, 0.9)   # "1e-3" / list coerced
+    assert cfg.train.batch_size == 4 and cfg.train.seed == 7 and cfg.train.max_steps == 5
+    assert cfg.train.data == "d" and cfg.optim.router_lr is None
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    assert build_run_config(overrides=["train.max_tokens=40e9"]).train.max_tokens == 40 * 10**9
+
+
+@pytest.mark.parametrize("override, error, match", [
+    ("train.batchsize=3", KeyError, r"'train\.batchsize'; did you mean 'train\.batch_size'"),
+    ("trian.seed=3", KeyError, r"unknown config key 'trian'.*did you mean 'train'"),
+    ("train.batch_size=abc", TypeError, r"train\.batch_size must be an integer, got 'abc'"),
+    ("train.batch_size=2.5", TypeError, r"train\.batch_size must be an integer, got 2\.5"),
+    ("optim.betas=[0.9]", TypeError, r"optim\.betas must be a list of 2 numbers"),
+    ("train.autocast=maybe", TypeError, r"train\.autocast must be true/false"),
+    ("train.batch_size=0", ValueError, r"train\.batch_size must be >= 1, got 0"),
+    ("model.kind=dense", ValueError, r"model\.kind must be one of \('moe', 'more'\)"),
+    ("model.rank=8", ValueError, r"model\.rank must be null when model\.kind='moe'"),
+    ("optim.lr=-1", ValueError, r"optim\.lr must be > 0, got -1"),
+    ("batch_size=3", ValueError, r"--set expects section\.key=value"),
+])
+def test_errors_name_the_key_and_the_expectation(override, error, match):
+    with pytest.raises(error, match=match):
+        build_run_config(preset="tiny-moe", overrides=[override])
+
+
+def test_file_and_preset_errors(tmp_path):
+    with pytest.raises(KeyError, match="preset must be one of .*tiny-moe.*got 'nope'"):
+        build_run_config(preset="nope")
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        build_run_config(config_file=str(tmp_path / "missing.yaml"))
+    f = tmp_path / "bad.yaml"
+    f.write_text("modle: {hidden: 32}\n")
+    with pytest.raises(KeyError, match="did you mean 'model'"):
+        build_run_config(config_file=str(f))
+    assert parse_override("train.out=runs/x=y") == (["train", "out"], "runs/x=y")
+
+
+def test_resume_differences_ignore_budget_and_logging():
+    a = get_preset("tiny-more")
+    b = build_run_config(preset="tiny-more", overrides=[
+        "train.max_steps=999", "train.log_every=1", "train.device=cpu", "train.out=x"])
+    assert a.differences(b) == []
+    c = build_run_config(preset="tiny-more", overrides=["optim.lr=0.1", "model.rank=4"])
+    assert a.differences(c) == ["model.rank: 8 -> 4", "optim.lr: 0.003 -> 0.1"]
+
+
+def test_cli_errors_and_presets(capsys):
+    with pytest.raises(SystemExit, match=r"error: unknown config key 'train\.batchsize'"):
+        main(["train", "--preset", "tiny-moe", "--set", "train.batchsize=3"])
+    with pytest.raises(SystemExit, match="train.data is not set: pass --data"):
+        main(["train", "--preset", "tiny-moe", "--device", "cpu"])
+    assert main(["train", "--list-presets"]) == 0
+    out = capsys.readouterr().out
+    assert "h512-s64-more1792" in out and "1.91B" in out and "tiny-moe" in out

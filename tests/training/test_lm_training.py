@@ -1,0 +1,145 @@
+"""Pretraining on real prose: the loss falls, and a run stopped or killed then resumed
+follows the uninterrupted run's loss curve bit for bit."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from moremoe.training.checkpoint import checkpoints, load_model
+from moremoe.training.config import build_run_config
+from moremoe.training.lm import cosine_with_warmup, param_groups, train
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+SMALL = ["model.seq_len=64", "train.batch_size=4", "train.log_every=1", "train.eval_every=20",
+         "train.eval_batches=2", "train.ckpt_every=5", "train.keep=3", "train.max_steps=60"]
+
+
+def quiet(_text):
+    pass
+
+
+def events(run_dir, kind):
+    rows = [json.loads(ln) for ln in (Path(run_dir) / "log.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["event"] == kind]
+
+
+def curve(run_dir):
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in events(run_dir, "train")]
+
+
+@pytest.fixture
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_tiny_model_learns_prose(text_data, tmp_path):
+    cfg = build_run_config(preset="tiny-moe", data=str(text_data), out=str(tmp_path / "run"),
+                           device="cpu", overrides=["train.log_every=20"])
+    summary = train(cfg, echo=quiet)
+    losses = [r["lm_loss"] for r in events(tmp_path / "run", "train")]
+    assert summary["step"] == 200 and summary["stopped"] == "max_steps"
+    assert losses[0] > 4.0 and losses[-1] < 2.8          # ln 256 = 5.55 at the start
+    assert summary["val_ppl"] < 15 and summary["val_loss"] < losses[0] - 1.5
+    assert len(summary["hnorm"]) == 2 and all(0.3 < h <= 1 for h in summary["hnorm"])
+    assert summary["tokens"] == 200 * 8 * 128 and summary["mfu"] is None
+    assert summary["mean_step_ms"] > 0 and summary["tokens_per_s"] > 0
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["val_ppl"] == summary["val_ppl"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(text_data, tmp_path_factory):
+    """The uninterrupted tiny-more run every interrupted one is compared with."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(build_run_config(preset="tiny-more", data=str(text_data), out=str(out),
+                               device="cpu", overrides=SMALL), echo=quiet)
+    finally:
+        torch.set_num_threads(old)
+    return out
+
+
+def assert_same_run(run, ref):
+    assert curve(run) == curve(ref)                   # exact: every step's loss and norm
+    evals = {e["step"]: (e["val_loss"], e["hnorm"]) for e in events(run, "eval")}
+    ref_evals = {e["step"]: (e["val_loss"], e["hnorm"]) for e in events(ref, "eval")}
+    assert {s: evals.get(s) for s in ref_evals} == ref_evals   # a stop adds its own
+    a, b = load_model(run).state_dict(), load_model(ref).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_stop_then_resume_matches_uninterrupted(text_data, tmp_path, reference_run,
+                                                one_thread):
+    out = str(tmp_path / "run")
+    first = train(build_run_config(preset="tiny-more", data=str(text_data), out=out,
+                                   device="cpu", overrides=SMALL, stop_step=23), echo=quiet)
+    assert first["stopped"] == "stop_step" and first["step"] == 23
+    assert checkpoints(out)[-1].name == "step_00000023"      # checkpointed at the stop
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(build_run_config(preset="tiny-more", data=str(text_data), out=out,
+                               device="cpu", overrides=SMALL), echo=quiet)
+    second = train(build_run_config(preset="tiny-more", data=str(text_data), out=out,
+                                    device="cpu", overrides=SMALL), resume=True, echo=quiet)
+    assert second["step"] == 60 and second["steps_this_run"] == 37
+    assert len(checkpoints(out)) == 3                        # keep = 3
+    assert_same_run(out, reference_run)
+
+
+def test_sigkill_then_resume_matches_uninterrupted(text_data, tmp_path, reference_run,
+                                                   one_thread):
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "moremoe.cli", "train", "--preset", "tiny-more", "--data",
+            str(text_data), "--out", str(out), "--device", "cpu"]
+    for s in SMALL:
+        argv += ["--set", s]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not checkpoints(out) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    killed_at = int(checkpoints(out)[-1].name.split("_")[1])
+    assert 5 <= killed_at < 60 and not (out / "summary.json").exists()
+    summary = train(build_run_config(preset="tiny-more", data=str(text_data), out=str(out),
+                                     device="cpu", overrides=SMALL), resume=True, echo=quiet)
+    assert summary["step"] == 60 and summary["steps_this_run"] == 60 - killed_at
+    assert [e["step"] for e in events(out, "resume")] == [killed_at]
+    assert_same_run(out, reference_run)
+
+
+def test_max_minutes_stops_cleanly(text_data, tmp_path):
+    cfg = build_run_config(preset="tiny-moe", data=str(text_data), out=str(tmp_path / "r"),
+                           device="cpu", overrides=SMALL, max_minutes=1e-4)
+    summary = train(cfg, echo=quiet)
+    assert summary["stopped"] == "max_minutes" and 1 <= summary["step"] < 60
+    assert checkpoints(tmp_path / "r")[-1].name == f"step_{summary['step']:08d}"
+    assert summary["val_loss"] is not None
+
+
+def test_schedule_and_param_groups():
+    f = cosine_with_warmup(100, 0.05, 0.1)
+    assert [f(i) for i in range(5)] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert f(5) == 1.0 and abs(f(99) - 0.1) < 1e-3 and f(52) == pytest.approx(0.55, abs=0.02)
+    cfg = build_run_config(preset="tiny-more", overrides=["optim.router_lr=0.01"])
+    model = __import__("moremoe.model", fromlist=["Transformer"]).Transformer(
+        cfg.model.transformer_config(vocab=256))
+    groups = {g["name"]: g for g in param_groups(model, cfg.optim)}
+    assert groups["router"]["lr"] == 0.01 and groups["decay"]["lr"] == cfg.optim.lr
+    assert len(groups["router"]["params"]) == 2 * 2                   # R1, R2 per layer
+    assert groups["no_decay"]["weight_decay"] == 0.0
+    assert all(p.dim() == 1 for p in groups["no_decay"]["params"])
+    n = sum(len(g["params"]) for g in groups.values())
+    assert n == len(list(model.parameters()))

@@ -1,0 +1,24 @@
+"""The CUDA path of the trainer (bf16 autocast, fused AdamW, pinned batches, MFU): a short
+run learns, stops on a step budget and resumes. Run on the device machine: pytest -m gpu."""
+import pytest
+import torch
+
+from moremoe.training.config import build_run_config
+from moremoe.training.lm import train
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("preset, experts_impl", [("tiny-more", "auto"),
+                                                  ("tiny-moe", "triton")])   # s % 16 == 0
+def test_tiny_run_on_gpu_stops_and_resumes(text_data, tmp_path, preset, experts_impl):
+    sets = ["model.seq_len=64", "train.log_every=10", "train.eval_every=40",
+            "train.max_steps=80", f"model.experts_impl={experts_impl}"]
+    kw = dict(preset=preset, data=str(text_data), out=str(tmp_path / "run"),
+              device="cuda", peak_tflops=989.0)
+    first = train(build_run_config(overrides=sets, stop_step=40, **kw), echo=print)
+    assert first["stopped"] == "stop_step" and first["mfu"] is not None
+    assert first["peak_memory_gib"] > 0
+    done = train(build_run_config(overrides=sets, **kw), resume=True, echo=print)
+    assert done["step"] == 80 and done["val_loss"] < first["val_loss"] < 5.0
