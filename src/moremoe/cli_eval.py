@@ -12,7 +12,7 @@ def _model_and_device(args):
     try:
         device = resolve_device(args.device)
         return load_eval_model(args.model, device), device
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         raise SystemExit(f"error: {err}") from None
     except ImportError as err:
         raise SystemExit(f"error: cannot load {args.model!r}: {err}") from None
@@ -75,7 +75,7 @@ def cmd_hf_export(args) -> int:
         raise SystemExit(f"error: {err}") from None
     try:
         model = load_model(args.checkpoint)
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         raise SystemExit(f"error: {err}") from None
     # the GPT-2 vocabulary of `moremoe data prepare`: <|endoftext|> ends generation
     eot = {"eos_token_id": 50256, "bos_token_id": 50256} if model.config.vocab == 50257 else {}

@@ -127,20 +127,3 @@ def test_the_six_paper_tasks_give_metrics_with_standard_errors(lm, tmp_path):
     # lm-eval's standard error of a mean over n = 4 rows: sqrt(p (1 - p) / (n - 1))
     wg = summary["winogrande_fixture"]["metrics"]["acc"]
     assert wg["stderr"] == pytest.approx(math.sqrt(wg["value"] * (1 - wg["value"]) / 3))
-
-
-def test_cli_eval_writes_the_table_and_json(lm, tmp_path, capsys):
-    from moremoe.cli import main
-    from moremoe.hf import export
-    export(lm.model, tmp_path / "hf")
-    out = tmp_path / "report.json"
-    rc = main(["eval", str(tmp_path / "hf"), "--tasks", "sciq_fixture,nq_open_fixture",
-               "--include-path", str(write_fixture_tasks(tmp_path)), "--limit", "2",
-               "--device", "cpu", "--max-gen-toks", "4", "--out", str(out)])
-    assert rc == 0
-    text = capsys.readouterr().out
-    assert "sciq_fixture" in text and "acc_norm" in text and "±" in text
-    report = json.loads(out.read_text())
-    assert report["perplexity"] is None
-    assert report["tasks"]["sciq_fixture"]["n"] == 2
-    assert set(report["tasks"]["nq_open_fixture"]["metrics"]) == {"exact_match", "f1"}
