@@ -127,3 +127,17 @@ def test_the_six_paper_tasks_give_metrics_with_standard_errors(lm, tmp_path):
     # lm-eval's standard error of a mean over n = 4 rows: sqrt(p (1 - p) / (n - 1))
     wg = summary["winogrande_fixture"]["metrics"]["acc"]
     assert wg["stderr"] == pytest.approx(math.sqrt(wg["value"] * (1 - wg["value"]) / 3))
+
+
+def test_registered_as_moremoe_and_loads_a_transformers_directory(lm, tmp_path):
+    from lm_eval.api.registry import get_model
+
+    from moremoe.hf import export
+    assert get_model("moremoe") is MoremoeLM
+    export(lm.model, tmp_path / "hf")
+    loaded = MoremoeLM.create_from_arg_string(
+        f"pretrained={tmp_path / 'hf'},max_gen_toks=5",
+        {"batch_size": 2, "max_batch_size": None, "device": "cpu"})
+    request = [req("loglikelihood", "Question: why?\nAnswer:", " because")]
+    assert loaded.loglikelihood(request) == lm.loglikelihood(request)
+    assert loaded.max_gen_toks == 5 and loaded.batch_size == 2

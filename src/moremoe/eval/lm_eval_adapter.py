@@ -62,7 +62,9 @@ def _gpt2_encoding():
 @register_model("moremoe")
 class MoremoeLM(TemplateLM):
     def __init__(self, model=None, pretrained: str | None = None, batch_size: int | str = 8,
-                 device: str | None = None, max_gen_toks: int = 256, **_ignored):
+                 device: str | None = None, max_gen_toks: int = 256, max_batch_size=None):
+        """model: a Transformer (in memory), or pretrained: a path load_eval_model reads.
+        lm-eval passes batch_size, max_batch_size (unused) and device itself."""
         super().__init__()
         if (model is None) == (pretrained is None):
             raise ValueError("give exactly one of model (a Transformer) or pretrained (a path)")
