@@ -35,7 +35,10 @@ def cmd_eval(args) -> int:
         result["perplexity"] = evaluate_perplexity(model, seqs, batch_size=args.batch_size,
                                                    max_batches=args.val_batches, device=device)
     if tasks:
-        from .eval.lm_eval_adapter import MoremoeLM
+        try:
+            from .eval.lm_eval_adapter import MoremoeLM
+        except ImportError as err:
+            raise SystemExit(f"error: --tasks: {err}") from None
         lm = MoremoeLM(model=model, batch_size=args.batch_size, device=str(device),
                        max_gen_toks=args.max_gen_toks)
         result["tasks"] = run_harness(lm, tasks, num_fewshot=args.num_fewshot,

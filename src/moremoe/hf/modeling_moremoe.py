@@ -24,7 +24,6 @@ class MoremoeForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
     _supports_cache_class = True              # transformers 4.x: generate() makes a DynamicCache
-    _supports_sdpa = True
 
     def __init__(self, config: MoremoeConfig, transformer: Transformer | None = None):
         super().__init__(config)
