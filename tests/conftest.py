@@ -6,6 +6,9 @@ import torch
 # before triton is first imported. On the device machine (`pytest -m gpu`) they compile.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# tests never download: lm-eval's tasks read local fixtures (tests/eval/fixtures)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

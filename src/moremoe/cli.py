@@ -14,6 +14,7 @@ from . import __version__, accounting
 from .cli_bench import add_bench_parser
 from .cli_data import add_data_parser
 from .cli_train import add_train_parser
+from .cli_eval import add_eval_parser
 from .report import emit, human, table, write_json
 
 EPILOG = "Letters: M experts, k active experts, h hidden, s expert width, r router rank."
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_data_parser(sub)
     add_train_parser(sub)
+    add_eval_parser(sub)
 
     p = sub.add_parser("demo", help="the main job: a matched MoE / MoRE pair on a phonebook",
                        description="Plan a matched-FLOP MoE/MoRE pair at h=64, train both on "

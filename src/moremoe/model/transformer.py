@@ -2,7 +2,9 @@
 
 RMSNorm (no bias), causal self-attention with n_heads query heads and n_kv_heads key/value
 heads (GQA) through scaled_dot_product_attention, rotary positions, untied input/output
-embeddings. Single-device code: parallelism is applied from outside.
+embeddings. Single-device code: parallelism is applied from outside. With a key/value cache
+(model/cache.py, or a Hugging Face ``Cache``) the forward pass continues the cached sequence:
+rotary positions start at the cached length and the new queries see every cached key.
 
 Legend: B batch, T sequence, h hidden, V vocabulary, H heads, G kv heads, D head dim.
 """
@@ -104,39 +106,52 @@ def apply_rotary(x_BHTD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tenso
     return out.to(x_BHTD.dtype)
 
 
+def _causal(T: int, S: int, device) -> dict:
+    """SDPA arguments for T queries that are the last T of S positions: query i sees keys
+    <= S - T + i. SDPA's is_causal aligns its mask to the top left, right only when T == S."""
+    if T == S:
+        return {"is_causal": True}
+    if T == 1:
+        return {}
+    return {"attn_mask": torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)}
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer_idx: int = 0):
         super().__init__()
         h, D = cfg.hidden, cfg.dim_per_head
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.n_kv_heads, D
+        self.layer_idx = layer_idx        # this layer's slot in a key/value cache
         self.q_proj = nn.Linear(h, cfg.heads * D, bias=False)
         self.k_proj = nn.Linear(h, cfg.n_kv_heads * D, bias=False)
         self.v_proj = nn.Linear(h, cfg.n_kv_heads * D, bias=False)
         self.o_proj = nn.Linear(cfg.heads * D, h, bias=False)
 
-    def forward(self, x_BTh, cos_TD, sin_TD):
+    def forward(self, x_BTh, cos_TD, sin_TD, cache=None):
         B, T, _ = x_BTh.shape
         q = self.q_proj(x_BTh).view(B, T, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x_BTh).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_BTh).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos_TD, sin_TD), apply_rotary(k, cos_TD, sin_TD)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, **_causal(T, k.shape[2], q.device))
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer_idx: int = 0):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer_idx)
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.moe = MoELayer(cfg.moe)
 
-    def forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool):
-        x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD)
+    def forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool, cache=None):
+        x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD, cache)
         out = self.moe(self.moe_norm(x_BTh), return_counts=return_counts)
         return x_BTh + out.y, out
 
@@ -156,7 +171,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         cos, sin = rotary_tables(cfg.max_seq_len, cfg.dim_per_head, cfg.rope_theta)
@@ -179,20 +194,24 @@ class Transformer(nn.Module):
             block.moe.experts.reset_parameters()
 
     def forward(self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
-                return_counts: bool = False) -> TransformerOutput:
+                return_counts: bool = False, cache=None) -> TransformerOutput:
         """tokens (B, T) -> logits; with targets (B, T) (IGNORE_INDEX = -100 where no loss),
-        also the mean LM loss, the summed balancing loss and their sum."""
+        also the mean LM loss, the summed balancing loss and their sum. With a cache (a
+        KVCache or a Hugging Face Cache), tokens continue the cached sequence and their keys
+        and values are appended to it."""
         cfg = self.config
         check_tensor("tokens", tokens_BT, ndim=2, integer=True)
         T = tokens_BT.shape[1]
-        if T > cfg.max_seq_len:
-            raise ValueError(f"tokens has sequence length {T}, expected <= max_seq_len="
-                             f"{cfg.max_seq_len}")
+        start = 0 if cache is None else cache.get_seq_length()
+        if start + T > cfg.max_seq_len:
+            cached = f"{start} cached plus " if cache is not None else ""
+            raise ValueError(f"tokens has sequence length {cached}{T}, expected <= "
+                             f"max_seq_len={cfg.max_seq_len}")
         x = self.embed(tokens_BT)
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
         outs = []
         for block in self.blocks:
-            x, out = block(x, cos, sin, return_counts)
+            x, out = block(x, cos, sin, return_counts, cache)
             outs.append(out)
         logits = self.lm_head(self.norm(x))
         result = TransformerOutput(logits=logits)

@@ -1,0 +1,107 @@
+"""Zero-shot lm-evaluation-harness runs and their summary in the paper's form.
+
+``run_harness`` evaluates an lm-eval LM (the ``moremoe`` adapter) on named tasks and returns,
+per task, every metric lm-eval reports with its standard error. For tasks that generate
+text (TriviaQA, NQ-Open) it adds the SQuAD token F1, the paper's column for those two, from
+lm-eval's logged samples (lm-eval's own metric for them is exact match): per question the
+best F1 over the gold answers, then the mean and its standard error over questions.
+lm_eval is imported inside the functions (the ``eval`` extra).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from collections import Counter
+from pathlib import Path
+
+PAPER_TASKS = ("triviaqa", "nq_open", "hellaswag", "arc_easy", "sciq", "winogrande")
+# the metric each task has in the paper's table
+PAPER_METRIC = {"triviaqa": "f1", "nq_open": "f1", "hellaswag": "acc_norm", "arc_easy": "acc",
+                "sciq": "acc", "winogrande": "acc"}
+
+
+def load_eval_model(path: str | Path, device="cpu"):
+    """The Transformer of a transformers directory (config.json with model_type "moremoe"), or
+    of a moremoe checkpoint or run directory, in eval mode on device."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"model path {str(path)!r} does not exist")
+    config = path / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("model_type") == "moremoe":
+        from ..hf import MoremoeForCausalLM
+        return MoremoeForCausalLM.from_pretrained(path).to_transformer().to(device).eval()
+    from ..training.checkpoint import load_model
+    return load_model(path, device=device).eval()
+
+
+def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = None,
+                include_path: str | None = None, include_defaults: bool = True,
+                seed: int = 1234) -> dict:
+    """{task: {"n": int, "metrics": {metric: {"value", "stderr", "filter"}}}}. Tasks are
+    looked up in include_path, then (include_defaults) among lm-eval's installed tasks,
+    whose index takes seconds to build."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise ImportError("lm-eval is needed: pip install 'moremoe[eval]'") from None
+    manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
+        task_manager=manager, log_samples=True, random_seed=seed, numpy_random_seed=seed,
+        torch_random_seed=seed, fewshot_random_seed=seed)
+    return summarize(results)
+
+
+def summarize(results: dict) -> dict:
+    out = {}
+    for task, row in results["results"].items():
+        metrics = {}
+        for key, value in row.items():
+            if "," not in key or "_stderr," in key:
+                continue
+            name, filt = key.split(",", 1)
+            stderr = row.get(f"{name}_stderr,{filt}")
+            metrics[name] = {"value": _float(value), "stderr": _float(stderr), "filter": filt}
+        samples = results.get("samples", {}).get(task, [])
+        if samples and results["configs"][task].get("output_type") == "generate_until":
+            metrics["f1"] = _f1_of_samples(samples)
+        n = results.get("n-samples", {}).get(task, {}).get("effective", len(samples))
+        out[task] = {"n": n, "metrics": metrics}
+    return out
+
+
+def _float(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _normalize(text: str) -> list[str]:
+    """SQuAD's answer normalisation: lower case, no punctuation, no articles."""
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    return re.sub(r"\b(a|an|the)\b", " ", text).split()
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    pred, ref = _normalize(prediction), _normalize(gold)
+    if not pred or not ref:
+        return float(pred == ref)
+    same = sum((Counter(pred) & Counter(ref)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _f1_of_samples(samples: list[dict]) -> dict:
+    scores = []
+    for s in samples:
+        resp = s["filtered_resps"]
+        pred = resp[0] if isinstance(resp, list) else resp
+        golds = s["target"] if isinstance(s["target"], list) else [s["target"]]
+        scores.append(max(token_f1(str(pred), str(g)) for g in golds))
+    n = len(scores)
+    mean = sum(scores) / n
+    var = sum((x - mean) ** 2 for x in scores) / (n - 1) if n > 1 else float("nan")
+    return {"value": mean, "stderr": math.sqrt(var / n), "filter": "token_f1"}

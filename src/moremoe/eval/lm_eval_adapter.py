@@ -1,0 +1,165 @@
+"""A moremoe model as an lm-evaluation-harness LM, registered as ``moremoe``.
+
+- loglikelihood: lm-eval encodes context and continuation (TemplateLM._encode_pair: the
+  continuation's tokens are those of context+continuation past the context's), the sequence
+  is cut from the left to max_seq_len + 1 tokens, and the continuation's log-probabilities
+  are summed from one forward pass; requests run longest first in right-padded batches
+  (padding after the last real token changes no earlier logit of a causal model).
+- loglikelihood_rolling: disjoint windows of max_seq_len (lm-eval's
+  get_rolling_token_windows / make_disjoint_window), each token predicted once.
+- generate_until: greedy decoding with the key/value cache, one request at a time, until a
+  stop string appears in the decoded text, <|endoftext|>, or max_gen_toks.
+
+The tokenizer is GPT-2's (tiktoken). lm_eval is imported here at module level: import this
+module lazily (the ``eval`` extra).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as err:
+    raise ImportError(f"lm-eval is needed: pip install 'moremoe[eval]' ({err})") from err
+
+from ..model.generate import generate
+from .harness import load_eval_model
+from ..training.common import autocast_dtype, resolve_device
+
+EOT_ID = 50256
+R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def gpt2_encoding():
+    """moremoe.tasks.tokenizer's encoding where that module exists; otherwise one built from
+    $MOREMOE_GPT2_RANKS or the package's assets/gpt2.tiktoken."""
+    try:
+        from ..tasks.tokenizer import gpt2_encoding as packaged
+    except ImportError:
+        return _gpt2_encoding()
+    return packaged(os.environ.get("MOREMOE_GPT2_RANKS"))
+
+
+def _gpt2_encoding():
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    path = os.environ.get("MOREMOE_GPT2_RANKS") or (
+        Path(__file__).resolve().parent.parent / "assets" / "gpt2.tiktoken")
+    if not Path(path).is_file():
+        raise ValueError(f"GPT-2 ranks file {path} not found: set MOREMOE_GPT2_RANKS to a "
+                         f"gpt2.tiktoken file")
+    return tiktoken.Encoding("gpt2", pat_str=R50K_PATTERN,
+                             mergeable_ranks=load_tiktoken_bpe(str(path)),
+                             special_tokens={"<|endoftext|>": EOT_ID}, explicit_n_vocab=EOT_ID + 1)
+
+
+@register_model("moremoe")
+class MoremoeLM(TemplateLM):
+    def __init__(self, model=None, pretrained: str | None = None, batch_size: int | str = 8,
+                 device: str | None = None, max_gen_toks: int = 256, max_batch_size=None):
+        """model: a Transformer (in memory), or pretrained: a path load_eval_model reads.
+        lm-eval passes batch_size, max_batch_size (unused) and device itself."""
+        super().__init__()
+        if (model is None) == (pretrained is None):
+            raise ValueError("give exactly one of model (a Transformer) or pretrained (a path)")
+        self._device = resolve_device(device or "auto")
+        model = model if model is not None else load_eval_model(pretrained, self._device)
+        self.model = model.to(self._device).eval()
+        self.max_length = model.config.max_seq_len
+        self.batch_size = 8 if batch_size in (None, "auto") else int(batch_size)
+        self.max_gen_toks = int(max_gen_toks)
+        self.tokenizer = gpt2_encoding()
+        if model.config.vocab < self.tokenizer.n_vocab:
+            raise ValueError(f"the model's vocab={model.config.vocab} is smaller than the GPT-2 "
+                             f"tokenizer's {self.tokenizer.n_vocab}")
+
+    @property
+    def eot_token_id(self) -> int:
+        return EOT_ID
+
+    @property
+    def tokenizer_name(self) -> str:
+        return "gpt2"
+
+    def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+        return self.tokenizer.encode(string, allowed_special="all")
+
+    def tok_decode(self, tokens) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+    def _autocast(self):
+        dtype = autocast_dtype(self._device)
+        return torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None)
+
+    def _logits(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), self._autocast():
+            return self.model(tokens_BT.to(self._device)).logits
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        rows = []
+        for _, context, continuation in requests:
+            if not continuation or len(continuation) > self.max_length:
+                raise ValueError(f"a continuation must have 1 to max_seq_len={self.max_length} "
+                                 f"tokens, got {len(continuation)}")
+            rows.append(((list(context) + list(continuation))[-(self.max_length + 1):][:-1],
+                         list(continuation)))
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+        results: list = [None] * len(rows)
+        for at in range(0, len(order), self.batch_size):
+            batch = order[at:at + self.batch_size]
+            T = len(rows[batch[0]][0])
+            tokens_BT = torch.zeros(len(batch), T, dtype=torch.long)
+            for b, i in enumerate(batch):
+                tokens_BT[b, :len(rows[i][0])] = torch.tensor(rows[i][0])
+            logits_BTV = self._logits(tokens_BT)
+            for b, i in enumerate(batch):
+                inp, cont = rows[i]
+                logp_CV = F.log_softmax(logits_BTV[b, len(inp) - len(cont):len(inp)].float(), -1)
+                cont_C = torch.tensor(cont, device=logp_CV.device)
+                logp = float(logp_CV.gather(-1, cont_C[:, None]).sum())
+                results[i] = (logp, bool((logp_CV.argmax(-1) == cont_C).all()))
+        for (key, _, _), answer in zip(requests, results):
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, answer)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for (string,) in (req.args for req in requests):
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            total = sum(lp for lp, _ in self._loglikelihood_tokens(
+                [(None, ctx, cont) for ctx, cont in windows]))
+            self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+            out.append(total)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out = []
+        for context, gen_kwargs in (req.args for req in requests):
+            kw = dict(gen_kwargs)
+            until = kw.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            until.append(self.tok_decode([EOT_ID]))
+            max_gen = int(kw.pop("max_gen_toks", self.max_gen_toks))
+            if kw.get("do_sample") or kw.get("temperature", 0.0) > 0:
+                raise ValueError(f"generate_until decodes greedily; got {gen_kwargs}")
+            max_gen = min(max_gen, self.max_length - 1)
+            ctx = self.tok_encode(context)[-(self.max_length - max_gen):] or [EOT_ID]
+            with self._autocast():
+                new = generate(self.model, torch.tensor([ctx], device=self._device), max_gen,
+                               eos_id=EOT_ID, stop_fn=lambda row: any(
+                                   s in self.tok_decode(row) for s in until))[0]
+            text = self.tok_decode(new)
+            for s in until:
+                text = text.split(s)[0]
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            out.append(text)
+        return out

@@ -1,0 +1,82 @@
+"""MoremoeForCausalLM: the moremoe Transformer as a transformers PreTrainedModel.
+
+The wrapper holds the Transformer itself under ``model`` (weights are shared, never copied:
+``from_transformer`` wraps an existing module and ``to_transformer`` hands it back), so the
+checkpoint's keys are the Transformer's with a ``model.`` prefix. ``generate()`` runs on
+transformers' own DynamicCache, which the Transformer updates through the same
+``update``/``get_seq_length`` calls as moremoe's KVCache. Padded batches are refused: the
+model has no per-row positions (generate one row at a time or with equal-length prompts).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..model.transformer import IGNORE_INDEX, Transformer, rotary_tables
+from .configuration_moremoe import MoremoeConfig
+
+
+class MoremoeForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = MoremoeConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+    _supports_cache_class = True              # transformers 4.x: generate() makes a DynamicCache
+
+    def __init__(self, config: MoremoeConfig, transformer: Transformer | None = None):
+        super().__init__(config)
+        self.model = transformer if transformer is not None else Transformer(
+            config.to_transformer_config())
+        self.post_init()
+
+    @classmethod
+    def from_transformer(cls, transformer: Transformer, **config_kwargs) -> "MoremoeForCausalLM":
+        """Wrap a trained Transformer; its parameters become this model's (no copy)."""
+        config = MoremoeConfig.from_transformer_config(transformer.config, **config_kwargs)
+        return cls(config, transformer)
+
+    def to_transformer(self) -> Transformer:
+        return self.model
+
+    def _init_weights(self, module):
+        """Weights come from the Transformer's own init (or the checkpoint); only the rotary
+        tables, buffers never saved, are recomputed here when loading left them unset."""
+        if isinstance(module, Transformer):
+            c = module.config
+            cos, sin = rotary_tables(c.max_seq_len, c.dim_per_head, c.rope_theta)
+            module.rope_cos.copy_(cos)
+            module.rope_sin.copy_(sin)
+
+    def get_input_embeddings(self):
+        return self.model.embed
+
+    def set_input_embeddings(self, value):
+        self.model.embed = value
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value):
+        self.model.lm_head = value
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                past_key_values=None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, logits_to_keep: int = 0, return_dict=None,
+                **kwargs) -> CausalLMOutputWithPast:
+        """labels as in transformers: the input ids themselves (shifted here), -100 ignored."""
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise ValueError("padded inputs (zeros in attention_mask) are not supported: "
+                             "generate one row at a time or with equal-length prompts")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        out = self.model(input_ids, cache=past_key_values if use_cache else None)
+        logits = out.logits if not logits_to_keep else out.logits[:, -logits_to_keep:]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(out.logits[:, :-1].float().reshape(-1, out.logits.shape[-1]),
+                                   labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
+        return CausalLMOutputWithPast(loss=loss, logits=logits,
+                                      past_key_values=past_key_values if use_cache else None)

@@ -1,0 +1,74 @@
+"""Autoregressive decoding: a prefill over the prompt, then one token per step.
+
+With the key/value cache each step runs the model on the one new token; without it each step
+reruns the whole sequence (the reference the cached path is tested against). Greedy unless
+``temperature > 0``. A row stops at eos_id, at the end of any of stop_sequences (token ids),
+or when stop_fn(row's new tokens) says so (lm-eval's stop strings, checked on decoded text);
+decoding ends when every row has stopped.
+
+Legend: B batch, T prompt length, V vocabulary.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from ..checks import check_int, check_tensor
+from .cache import KVCache
+
+
+@torch.no_grad()
+def generate(model, prompt_BT: torch.Tensor, max_new_tokens: int, *, eos_id: int | None = None,
+             stop_sequences: Sequence[Sequence[int]] | None = None,
+             stop_fn: Callable[[list[int]], bool] | None = None, temperature: float = 0.0,
+             use_cache: bool = True, generator: torch.Generator | None = None) -> list[list[int]]:
+    """The new tokens of each row (the stop token or sequence included), at most
+    max_new_tokens each. Rows share one length of prompt (no padding)."""
+    check_tensor("prompt", prompt_BT, ndim=2, integer=True)
+    check_int("max_new_tokens", max_new_tokens)
+    B, T = prompt_BT.shape
+    if T == 0:
+        raise ValueError("prompt must hold at least one token per row, got shape (B, 0)")
+    max_len = model.config.max_seq_len
+    if T + max_new_tokens > max_len:
+        raise ValueError(f"prompt length {T} + max_new_tokens {max_new_tokens} exceeds "
+                         f"max_seq_len={max_len}; truncate the prompt from the left")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    was_training = model.training
+    model.eval()
+    cache = KVCache(T + max_new_tokens) if use_cache else None
+    tokens_BT, step_BT = prompt_BT, prompt_BT
+    new: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B
+    try:
+        for _ in range(max_new_tokens):
+            logits_BV = model(step_BT if use_cache else tokens_BT, cache=cache).logits[:, -1]
+            next_B = _pick(logits_BV.float(), temperature, generator)
+            for b, tok in enumerate(next_B.tolist()):
+                if not done[b]:
+                    new[b].append(tok)
+                    done[b] = _stopped(new[b], eos_id, stop_sequences, stop_fn)
+            if all(done):
+                break
+            step_BT = next_B[:, None].to(prompt_BT.dtype)
+            tokens_BT = torch.cat([tokens_BT, step_BT], dim=1)
+    finally:
+        model.train(was_training)
+    return new
+
+
+def _pick(logits_BV: torch.Tensor, temperature: float, generator) -> torch.Tensor:
+    if temperature == 0:
+        return logits_BV.argmax(-1)
+    probs_BV = torch.softmax(logits_BV / temperature, dim=-1)
+    return torch.multinomial(probs_BV, 1, generator=generator)[:, 0]
+
+
+def _stopped(row: list[int], eos_id, stop_sequences, stop_fn) -> bool:
+    if eos_id is not None and row[-1] == eos_id:
+        return True
+    if stop_sequences and any(len(s) and row[-len(s):] == list(s) for s in stop_sequences):
+        return True
+    return bool(stop_fn and stop_fn(row))

@@ -1,0 +1,93 @@
+"""transformers interop: exact save/load round trip, generate() with the cache, shared weights."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from moremoe.hf import MoremoeConfig, MoremoeForCausalLM, export, register  # noqa: E402
+from moremoe.model import Transformer, TransformerConfig, generate  # noqa: E402
+from moremoe.nn import MoEConfig  # noqa: E402
+
+V = 64
+MODELS = [pytest.param(MoEConfig.moe(8, 2, 32, 8), None, id="moe-mha"),
+          pytest.param(MoEConfig.more(12, 2, 32, 8, 4), 2, id="more-gqa")]
+
+
+def tiny(moe, kv_heads=None):
+    cfg = TransformerConfig(vocab=V, layers=2, heads=4, kv_heads=kv_heads, moe=moe,
+                            max_seq_len=32)
+    return Transformer(cfg).eval()
+
+
+@pytest.mark.parametrize("moe,kv", MODELS)
+def test_save_and_auto_load_round_trip_exactly(tmp_path, moe, kv):
+    register()
+    model = tiny(moe, kv)
+    export(model, tmp_path / "hf")
+    files = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert "model.safetensors" in files and "config.json" in files
+    assert not any(f.endswith((".bin", ".pt")) for f in files)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert isinstance(loaded, MoremoeForCausalLM)
+    assert loaded.config.to_transformer_config() == model.config
+    want, got = model.state_dict(), loaded.to_transformer().state_dict()
+    assert want.keys() == got.keys()
+    for key in want:
+        assert want[key].dtype == got[key].dtype and torch.equal(want[key], got[key]), key
+    tokens = torch.randint(0, V, (2, 11))
+    assert torch.equal(loaded(tokens).logits, model(tokens).logits)
+    # the rotary tables are never saved: loading must rebuild them, not leave them empty
+    assert torch.equal(loaded.to_transformer().rope_cos, model.rope_cos)
+
+
+@pytest.mark.parametrize("moe,kv", MODELS)
+def test_generate_with_cache_equals_uncached_greedy(moe, kv):
+    model = tiny(moe, kv)
+    hf = MoremoeForCausalLM.from_transformer(model)
+    prompt = torch.randint(0, V, (2, 7))
+    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                      do_sample=False, use_cache=True, return_dict_in_generate=True)
+    # the cache was used: it holds every position but the last token's
+    assert out.past_key_values.get_seq_length() == 7 + 12 - 1
+    out = out.sequences
+    assert torch.equal(out[:, :7], prompt)
+    assert out[:, 7:].tolist() == generate(model, prompt, 12, use_cache=False)
+
+
+def test_forward_with_transformers_cache_equals_full_forward():
+    hf = MoremoeForCausalLM.from_transformer(tiny(MoEConfig.more(12, 2, 32, 8, 4), 2))
+    tokens = torch.randint(0, V, (2, 9))
+    full = hf(tokens, use_cache=False)
+    assert full.past_key_values is None
+    first = hf(tokens[:, :6], use_cache=True)
+    rest = hf(tokens[:, 6:], past_key_values=first.past_key_values, use_cache=True)
+    assert rest.past_key_values.get_seq_length() == 9
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), full.logits,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_wrapping_shares_the_weights_and_labels_give_the_shifted_loss():
+    model = tiny(MoEConfig.moe(8, 2, 32, 8))
+    hf = MoremoeForCausalLM.from_transformer(model)
+    assert hf.to_transformer() is model
+    assert hf.model.embed.weight.data_ptr() == model.embed.weight.data_ptr()
+    tokens = torch.randint(0, V, (2, 8))
+    labels = tokens.clone()
+    labels[0, 5:] = -100
+    out = hf(tokens, labels=labels, use_cache=False)
+    logp = torch.log_softmax(model(tokens).logits.float(), -1)
+    picked = logp[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
+    keep = labels[:, 1:] != -100
+    torch.testing.assert_close(out.loss, -picked[keep].mean())
+
+
+def test_padding_and_inconsistent_configs_are_refused():
+    hf = MoremoeForCausalLM.from_transformer(tiny(MoEConfig.moe(8, 2, 32, 8)))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[0, 0] = 0
+    with pytest.raises(ValueError, match="padded inputs"):
+        hf(torch.zeros(2, 5, dtype=torch.long), attention_mask=mask)
+    with pytest.raises(ValueError, match="hidden_size must equal"):
+        MoremoeConfig(moe=MoEConfig.moe(8, 2, 32, 8).to_dict(), hidden_size=64)
+    with pytest.raises(ValueError, match="heads must divide"):
+        MoremoeConfig(moe=MoEConfig.moe(8, 2, 32, 8).to_dict(), num_attention_heads=5)

@@ -1,0 +1,114 @@
+"""`moremoe eval` and `moremoe hf export` end to end on tiny models and local fixtures."""
+import hashlib
+import json
+import math
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moremoe.cli import main
+from moremoe.model import Transformer, TransformerConfig
+from moremoe.nn import MoEConfig
+
+FIXTURES = Path(__file__).parent / "eval" / "fixtures"
+
+
+def tiny_gpt2_model():
+    cfg = TransformerConfig(vocab=50257, layers=1, heads=2, max_seq_len=32,
+                            moe=MoEConfig.more(8, 2, 32, 8, 4))
+    return Transformer(cfg).eval()
+
+
+def hf_dir(tmp_path, model) -> Path:
+    pytest.importorskip("transformers")
+    from moremoe.hf import export
+    return Path(export(model, tmp_path / "hf"))
+
+
+def test_eval_runs_tasks_and_writes_the_table_and_json(tmp_path, capsys):
+    lm_eval = pytest.importorskip("lm_eval")
+    pytest.importorskip("datasets")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("sciq", "nq_open"):
+        template = (FIXTURES / "tasks" / f"{name}_fixture.yaml").read_text()
+        (tasks / f"{name}_fixture.yaml").write_text(string.Template(template).substitute(
+            LM_EVAL_TASKS=Path(lm_eval.__file__).parent / "tasks", FIXTURES=FIXTURES.resolve()))
+    out = tmp_path / "report.json"
+    rc = main(["eval", str(hf_dir(tmp_path, tiny_gpt2_model())), "--tasks",
+               "sciq_fixture,nq_open_fixture", "--include-path", str(tasks), "--limit", "2",
+               "--device", "cpu", "--max-gen-toks", "4", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "sciq_fixture" in text and "acc_norm" in text and "±" in text
+    report = json.loads(out.read_text())
+    assert report["perplexity"] is None
+    assert report["tasks"]["sciq_fixture"]["n"] == 2
+    assert set(report["tasks"]["nq_open_fixture"]["metrics"]) == {"exact_match", "f1"}
+
+
+def write_data_dir(path: Path, val_NT: np.ndarray) -> Path:
+    """A prepared directory in the documented format (contract of `moremoe data prepare`)."""
+    path.mkdir()
+    val = val_NT.astype("<u2")
+    train = val[:1]
+    digests = {}
+    for name, arr in (("train.bin", train), ("val.bin", val)):
+        (path / name).write_bytes(arr.tobytes())
+        digests[name] = hashlib.sha256(arr.tobytes()).hexdigest()
+    meta = {"format": "moremoe-tokens", "version": 1, "tokenizer": "gpt2", "vocab_size": 50257,
+            "eot_id": 50256, "seq_len": val.shape[1], "dtype": "uint16",
+            "train_sequences": 1, "val_sequences": val.shape[0], "seed": 0, "sources": [],
+            "documents": val.shape[0], "tokens": int(val.size + train.size), "sha256": digests}
+    (path / "meta.json").write_text(json.dumps(meta))
+    return path
+
+
+def test_eval_validation_perplexity(tmp_path, capsys):
+    pytest.importorskip("moremoe.eval.perplexity")
+    pytest.importorskip("moremoe.tasks.text")
+    model = tiny_gpt2_model()
+    val = np.random.default_rng(0).integers(0, 50257, size=(5, 16))
+    data = write_data_dir(tmp_path / "data", val)
+    rc = main(["eval", str(hf_dir(tmp_path, model)), "--data", str(data), "--tasks", "none",
+               "--val-batches", "2", "--batch-size", "2", "--device", "cpu", "--json"])
+    assert rc == 0
+    ppl = json.loads(capsys.readouterr().out)["perplexity"]
+    tokens = torch.as_tensor(val[:4])                     # 2 batches of 2
+    with torch.no_grad():
+        logits = model(tokens[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50257), tokens[:, 1:].reshape(-1))
+    assert ppl["tokens"] == 4 * 15
+    assert ppl["loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert ppl["perplexity"] == pytest.approx(math.exp(ppl["loss"]))
+
+
+def test_hf_export_of_a_checkpoint_loads_with_auto_classes(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("moremoe.training.checkpoint")
+    from safetensors.torch import save_file
+
+    from moremoe.hf import register
+    model = tiny_gpt2_model()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(ckpt / "model.safetensors"))
+    (ckpt / "config.json").write_text(json.dumps({"model": model.config.to_dict(),
+                                                  "train": {}}))
+    assert main(["hf", "export", str(ckpt), str(tmp_path / "out")]) == 0
+    register()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert loaded.config.eos_token_id == 50256
+    got = loaded.to_transformer().state_dict()
+    assert all(torch.equal(v, got[k]) for k, v in model.state_dict().items())
+
+
+def test_eval_errors_name_the_problem(tmp_path):
+    with pytest.raises(SystemExit, match="nothing to evaluate"):
+        main(["eval", str(tmp_path), "--tasks", "none"])
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["eval", str(tmp_path / "missing"), "--tasks", "sciq"])
