@@ -95,6 +95,6 @@ def test_bad_arguments():
 def test_auto_takes_the_reference_on_cpu():
     from moremoe.ops.swiglu_experts import resolve_experts_impl
     x = torch.randn(3, 32)
-    assert resolve_experts_impl("auto", x, 32, 16) == "reference"
+    assert resolve_experts_impl("auto", x) == "reference"
     with pytest.raises(ValueError, match="impl must be one of"):
-        resolve_experts_impl("fast", x, 32, 16)
+        resolve_experts_impl("fast", x)

@@ -22,7 +22,8 @@ Backward
 
 The (P, s) intermediates are the same size as the activations a plain implementation keeps;
 the (P, h) pair rows are the price of a deterministic combine (see benchmarks/NOTES.md).
-h and s must be multiples of 16 (the MMA's K); offsets and row indices are int64.
+Any h and s: the last chunk of each is masked, and the chunks BS / BH are at least 16 wide
+(the MMA's smallest K); offsets and row indices are int64.
 """
 import torch
 import triton
@@ -206,9 +207,6 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
     N, h = x.shape
     M, s, h2 = w_gate.shape
-    if h % 16 or s % 16:
-        raise ValueError(f"the fused expert kernels need h and s multiples of 16 (the MMA's "
-                         f"inner size), got h={h}, s={s}; use impl='reference' otherwise")
     if h2 != h or w_up.shape != (M, s, h) or w_down.shape != (M, h, s):
         raise ValueError(f"expert weights must be w_gate, w_up (M, s, h) = ({M}, {s}, {h}) "
                          f"and w_down (M, h, s); got {tuple(w_gate.shape)}, "
@@ -224,7 +222,8 @@ def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
 def config(h: int, s: int, overrides: dict | None = None) -> dict:
     """BM sorted rows per block (a 64-row MMA), BS / BH the s and h chunks."""
     pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
-    cfg = {"BM": 64, "BS": min(64, pow2(s)), "BH": min(64, pow2(h)), "num_warps": 4,
+    cfg = {"BM": 64, "BS": max(16, min(64, pow2(s))), "BH": max(16, min(64, pow2(h))),
+           "num_warps": 4,
            "num_stages": 2}
     cfg.update(overrides or {})
     return cfg

@@ -3,7 +3,7 @@
 M experts of width s, stored as stacked tensors: w_gate, w_up (M, s, h) and w_down (M, h, s).
 Expert e computes f_e(x) = W_down,e (silu(W_gate,e x) ⊙ W_up,e x); the layer returns
 y_n = Σ_j gates[n, j] · f_{topk_idx[n, j]}(x_n). impl: "auto" (the reference), "triton"
-(the grouped kernels; h and s multiples of 16) or "reference".
+(the grouped kernels) or "reference".
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 ``swiglu_experts(x, gates, topk_idx, w_gate, w_up, w_down, impl=...)`` runs the grouped
 Triton kernels (custom ops moremoe::swiglu_experts[_train[_bwd]], with fake tensors for
 torch.compile and autograd for x, gates and the three weights) or the plain-torch
-reference. impl="auto" takes the kernels on CUDA when h and s are multiples of 16 (and the
-dtype is one they cover), the reference elsewhere.
+reference. impl="auto" takes the kernels on CUDA (for the dtypes they cover), the reference
+elsewhere.
 """
 from __future__ import annotations
 
@@ -72,23 +72,19 @@ def _backward(ctx, dy, dact, dg, du):
 train_op.register_autograd(_backward, setup_context=_setup)
 
 
-def resolve_experts_impl(impl: str, x: Tensor, h: int, s: int) -> str:
+def resolve_experts_impl(impl: str, x: Tensor) -> str:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "triton" if resolve_impl("auto", x, 1) == "triton" and not (h % 16 or s % 16) \
-            else "reference"
+        return resolve_impl("auto", x, 1)
     if impl == "triton":
         resolve_impl("triton", x, 1)          # raises when Triton cannot run on x's device
-        if h % 16 or s % 16:
-            raise ValueError(f"impl='triton' needs h and s multiples of 16, got h={h}, s={s}")
     return impl
 
 
 def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: str = "auto"):
     """y (N, h) in x's dtype (the autocast dtype under autocast on the fused path)."""
-    M, s, h = w_gate.shape
-    if resolve_experts_impl(impl, x_NH, h, s) == "reference":
+    if resolve_experts_impl(impl, x_NH) == "reference":
         return ref.swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down)
     dt = compute_dtype(x_NH)
     x, wg, wu, wd = (t.to(dt) for t in (x_NH, w_gate, w_up, w_down))
