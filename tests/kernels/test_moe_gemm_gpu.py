@@ -47,22 +47,27 @@ def test_int64_offsets_beyond_2_pow_31():
     assert ((y[tail].float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty"])
+@pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty",
+                                  "width_56"])
 def test_auto_dispatch_edges_with_autograd(case):
-    """SwiGLUExperts(impl="auto") takes the kernels on CUDA; edge cases through autograd."""
+    """SwiGLUExperts(impl="auto") takes the kernels on CUDA; edge cases (and a width that is
+    not a multiple of 16, as the paper's MoRE-1792) through autograd."""
     from moremoe.nn.experts import SwiGLUExperts
     from moremoe.ops.reference import swiglu_experts_ref
     from moremoe.ops.swiglu_experts import resolve_experts_impl
     N, h, s, M, k = {"one_token": (1, 256, 64, 16384, 4), "all_on_one_expert": (3000, 128, 32, 64, 1),
-                     "most_experts_empty": (777, 512, 128, 4096, 2)}[case]
+                     "most_experts_empty": (777, 512, 128, 4096, 2),
+                     "width_56": (5000, 512, 56, 1792, 4)}[case]
     x, gates, idx, _ = _setup(N, h, s, 8, k, seed=2)
     if case == "all_on_one_expert":
         idx = torch.full_like(idx, 5)
     elif case == "most_experts_empty":
         idx = torch.randint(0, 3, (N, k), device="cuda").int() * 1000 + torch.arange(
             k, device="cuda", dtype=torch.int32)
-    else:
+    elif case == "one_token":
         idx = torch.tensor([[0, 9000, 16383, 77]], device="cuda", dtype=torch.int32)
+    else:
+        idx = torch.randn(N, M, device="cuda").topk(k, 1).indices.int()
     ex = SwiGLUExperts(h, s, M).cuda().bfloat16()
     assert resolve_experts_impl("auto", x) == "triton"
     xr = x.clone().requires_grad_()
