@@ -143,3 +143,4 @@ def test_schedule_and_param_groups():
     assert all(p.dim() == 1 for p in groups["no_decay"]["params"])
     n = sum(len(g["params"]) for g in groups.values())
     assert n == len(list(model.parameters()))
+

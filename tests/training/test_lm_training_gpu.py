@@ -17,7 +17,10 @@ def test_tiny_run_on_gpu_stops_and_resumes(text_data, tmp_path, preset, experts_
             "train.max_steps=80", f"model.experts_impl={experts_impl}"]
     kw = dict(preset=preset, data=str(text_data), out=str(tmp_path / "run"),
               device="cuda", peak_tflops=989.0)
+    before = torch.get_float32_matmul_precision()
     first = train(build_run_config(overrides=sets, stop_step=40, **kw), echo=print)
+    # TF32 is on for the run only: fp32 checks later in the process keep full precision
+    assert torch.get_float32_matmul_precision() == before
     assert first["stopped"] == "stop_step" and first["mfu"] is not None
     assert first["peak_memory_gib"] > 0
     done = train(build_run_config(overrides=sets, **kw), resume=True, echo=print)

@@ -150,8 +150,6 @@ class LMTrainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, cfg.optim.warmup_frac, cfg.optim.min_lr_frac))
         self.amp = torch.bfloat16 if self.dev.type == "cuda" and cfg.train.autocast else None
-        if self.dev.type == "cuda":
-            torch.set_float32_matmul_precision("high")
         m = self.model_config
         self.flops_per_token = accounting.training_flops_per_token(
             vocab=m.vocab, hidden=m.hidden, layers=m.layers, experts=m.moe.experts,
@@ -372,8 +370,14 @@ class LMTrainer:
 
 def train(cfg: RunConfig, *, resume: bool = False, echo=None) -> dict:
     """Run one pretraining job (joining torchrun's process group when launched by it)."""
-    trainer = LMTrainer(cfg, resume=resume, echo=echo)
+    precision = torch.get_float32_matmul_precision()
     try:
-        return trainer.run()
-    finally:
-        ddp.destroy(trainer.info)
+        trainer = LMTrainer(cfg, resume=resume, echo=echo)
+        if trainer.dev.type == "cuda":      # TF32 for the fp32 matmuls outside autocast
+            torch.set_float32_matmul_precision("high")
+        try:
+            return trainer.run()
+        finally:
+            ddp.destroy(trainer.info)
+    finally:      # a process that trains and then checks fp32 numerics keeps full precision
+        torch.set_float32_matmul_precision(precision)
