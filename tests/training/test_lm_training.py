@@ -144,3 +144,16 @@ def test_schedule_and_param_groups():
     n = sum(len(g["params"]) for g in groups.values())
     assert n == len(list(model.parameters()))
 
+
+
+def test_profile_steps_write_a_table(text_data, tmp_path):
+    from moremoe.training.config import build_run_config
+    from moremoe.training.lm import train
+    cfg = build_run_config(preset="tiny-moe", data=str(text_data), out=str(tmp_path / "r"),
+                           device="cpu", overrides=["model.seq_len=32", "train.max_steps=4",
+                                                    "train.batch_size=2", "train.eval_every=4",
+                                                    "train.timing_warmup=1",
+                                                    "train.profile_steps=2"])
+    train(cfg)
+    table = (tmp_path / "r" / "profile.txt").read_text()
+    assert table.startswith("2 steps after 1") and "aten::" in table

@@ -117,6 +117,8 @@ class TrainSpec:
     keep: int = 2                     # checkpoints kept in out/checkpoints
     save_on_stop: bool = True         # checkpoint when the run stops (budget, signal)
     timing_warmup: int = 5            # first steps of a process left out of step times
+    profile_steps: int = 0            # > 0: torch.profiler over that many steps after the
+                                      # warm-up; the table goes to out/profile.txt
     seed: int = 0                     # initialisation and data order
     out: str | None = None            # run directory; None: runs/train/<preset or config>
     device: str = "auto"              # "auto" | "cpu" | "cuda[:N]"
@@ -134,8 +136,9 @@ class TrainSpec:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"train.{name} must be >= 1 or null, got {v}")
-        if self.timing_warmup < 0:
-            raise ValueError(f"train.timing_warmup must be >= 0, got {self.timing_warmup}")
+        for name in ("timing_warmup", "profile_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_minutes", "peak_tflops"):
             v = getattr(self, name)
             if v is not None and not v > 0:
@@ -146,7 +149,8 @@ class TrainSpec:
 # batch split may change too as long as the global batch stays (checked by the sampler).
 RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tokens",
                        "stop_step", "max_minutes", "eval_every", "eval_batches", "log_every",
-                       "ckpt_every", "keep", "save_on_stop", "timing_warmup", "out", "device",
+                       "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps", "out",
+                       "device",
                        "compile", "tensorboard", "peak_tflops"},
              "model": {"router_impl", "experts_impl"}}
 

@@ -34,7 +34,7 @@ from ..report import write_json
 from . import checkpoint as ckpt
 from .config import RunConfig
 from .data import Batches, open_tokens, read_meta, rows_of
-from .metrics import RunLog, StepClock, echo_line, peak_tflops, printer
+from .metrics import RunLog, StepClock, StepProfiler, echo_line, peak_tflops, printer
 
 ROUTERS = (LinearRouter, LowRankRouter)
 
@@ -308,6 +308,8 @@ class LMTrainer:
     def run(self) -> dict:
         t = self.cfg.train
         clock = StepClock(self.dev, t.timing_warmup)
+        profiler = StepProfiler(self.out / "profile.txt", self.dev, t.timing_warmup,
+                                t.profile_steps if self.main else 0)
         acc = torch.zeros(4, device=self.dev)
         self._updating, reason, last_eval = False, None, None
         self.echo(f"training {self.cfg.model.name} ({self.model_config.total_params():,} "
@@ -319,6 +321,7 @@ class LMTrainer:
                 while reason is None:
                     acc += self._train_step()
                     clock.stepped()
+                    profiler.stepped(clock.steps)
                     reason = self._stop_reason(clock, signals)
                     if self.step % t.log_every == 0 or reason is not None:
                         self._log_train(acc, clock)
@@ -337,6 +340,8 @@ class LMTrainer:
                     self.save(gather=False)
                 self._finish(clock, f"error: {type(err).__name__}: {err}", last_eval)
             raise
+        finally:
+            profiler.close()        # a run that stopped inside the profiled steps
         if last_eval is None:
             last_eval = self.evaluate()
         return self._finish(clock, reason, last_eval)

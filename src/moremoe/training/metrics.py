@@ -146,6 +146,41 @@ class StepClock:
         return max(time.perf_counter() - since - paused, 1e-9) / timed
 
 
+class StepProfiler:
+    """torch.profiler over `steps` optimizer steps starting after the first `start` steps of
+    this process; on the last one it writes the operators and kernels by device time (or CPU
+    time without a GPU) to `path`. steps = 0: does nothing."""
+
+    def __init__(self, path: Path, device: torch.device, start: int, steps: int):
+        self.path, self.device, self.start, self.steps = Path(path), device, start, steps
+        self.done, self.prof = 0, None
+
+    def stepped(self, steps_run: int) -> None:
+        if not self.steps or self.path is None:
+            return
+        if self.prof is None and steps_run == self.start:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.__enter__()
+        elif self.prof is not None:
+            self.done += 1
+            if self.done == self.steps:
+                self.close()
+
+    def close(self) -> None:
+        if self.prof is None:
+            return
+        sync(self.device)
+        self.prof.__exit__(None, None, None)
+        key = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(f"{self.done} steps after {self.start}, sorted by {key}\n"
+                             + self.prof.key_averages().table(sort_by=key, row_limit=40))
+        self.prof, self.path = None, None
+
+
 def echo_line(step: int, total: int, m: dict) -> str:
     parts = [f"step {step}/{total}", f"loss {m['loss']:.4f} (lm {m['lm_loss']:.4f} "
              f"aux {m['aux_loss']:.4f})", f"lr {m['lr']:.2e}", f"gnorm {m['grad_norm']:.3f}",
