@@ -20,3 +20,21 @@ def _seed():
     # the interpreter evaluates -inf - (-inf) on padded rows; those lanes are masked
     with np.errstate(invalid="ignore", over="ignore"):
         yield
+
+
+@pytest.fixture
+def lm_eval_tasks(tmp_path):
+    """A folder of lm-eval task YAMLs that include the installed tasks and read the local
+    fixtures (tests/eval/fixtures): pass it as include_path / --include-path."""
+    import string
+    from pathlib import Path
+    lm_eval = pytest.importorskip("lm_eval")
+    pytest.importorskip("datasets")
+    fixtures = (Path(__file__).parent / "eval" / "fixtures").resolve()
+    out = tmp_path / "lm_eval_tasks"
+    out.mkdir()
+    installed = Path(lm_eval.__file__).parent / "tasks"
+    for template in (fixtures / "tasks").glob("*_fixture.yaml"):
+        (out / template.name).write_text(string.Template(template.read_text()).substitute(
+            LM_EVAL_TASKS=installed, FIXTURES=fixtures))
+    return out

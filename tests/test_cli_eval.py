@@ -2,7 +2,6 @@
 import hashlib
 import json
 import math
-import string
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,6 @@ from moremoe.cli import main
 from moremoe.model import Transformer, TransformerConfig
 from moremoe.nn import MoEConfig
 
-FIXTURES = Path(__file__).parent / "eval" / "fixtures"
 
 
 def tiny_gpt2_model():
@@ -28,18 +26,10 @@ def hf_dir(tmp_path, model) -> Path:
     return Path(export(model, tmp_path / "hf"))
 
 
-def test_eval_runs_tasks_and_writes_the_table_and_json(tmp_path, capsys):
-    lm_eval = pytest.importorskip("lm_eval")
-    pytest.importorskip("datasets")
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    for name in ("sciq", "nq_open"):
-        template = (FIXTURES / "tasks" / f"{name}_fixture.yaml").read_text()
-        (tasks / f"{name}_fixture.yaml").write_text(string.Template(template).substitute(
-            LM_EVAL_TASKS=Path(lm_eval.__file__).parent / "tasks", FIXTURES=FIXTURES.resolve()))
+def test_eval_runs_tasks_and_writes_the_table_and_json(tmp_path, capsys, lm_eval_tasks):
     out = tmp_path / "report.json"
     rc = main(["eval", str(hf_dir(tmp_path, tiny_gpt2_model())), "--tasks",
-               "sciq_fixture,nq_open_fixture", "--include-path", str(tasks), "--limit", "2",
+               "sciq_fixture,nq_open_fixture", "--include-path", str(lm_eval_tasks), "--limit", "2",
                "--device", "cpu", "--max-gen-toks", "4", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out

@@ -3,7 +3,6 @@ Python ships in pydoc_data): data prepare -> train -> interrupt and resume -> ev
 (perplexity and lm-eval on local fixtures) -> Hugging Face export and reload."""
 import json
 import math
-import string
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 
 from moremoe.cli import main
 
-FIXTURES = Path(__file__).parent / "eval" / "fixtures"
 TRAIN = ["--preset", "tiny-more", "--device", "cpu", "--set", "model.seq_len=64",
          "--set", "train.batch_size=8", "--set", "train.max_steps=160",
          "--set", "train.eval_every=80", "--set", "train.log_every=20", "--json"]
@@ -22,8 +20,7 @@ def _log_steps(run: Path) -> list[int]:
     return [r["step"] for r in rows if r.get("event") == "train"]
 
 
-def test_prepare_train_resume_eval_export(tmp_path, capsys):
-    lm_eval = pytest.importorskip("lm_eval")
+def test_prepare_train_resume_eval_export(tmp_path, capsys, lm_eval_tasks):
     transformers = pytest.importorskip("transformers")
     from moremoe.tasks.text import open_tokens, stdlib_corpus
     corpus, data, run = tmp_path / "corpus", tmp_path / "data", tmp_path / "run"
@@ -45,15 +42,9 @@ def test_prepare_train_resume_eval_export(tmp_path, capsys):
     losses = [r["loss"] for r in log if r.get("event") == "train"]
     assert losses[-1] < losses[0] - 2.0                          # it learns the prose
 
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    for name in ("hellaswag", "sciq"):
-        template = (FIXTURES / "tasks" / f"{name}_fixture.yaml").read_text()
-        (tasks / f"{name}_fixture.yaml").write_text(string.Template(template).substitute(
-            LM_EVAL_TASKS=Path(lm_eval.__file__).parent / "tasks", FIXTURES=FIXTURES.resolve()))
     report = tmp_path / "eval.json"
     assert main(["eval", str(run), "--data", str(data), "--val-batches", "2", "--tasks",
-                 "hellaswag_fixture,sciq_fixture", "--include-path", str(tasks), "--limit", "2",
+                 "hellaswag_fixture,sciq_fixture", "--include-path", str(lm_eval_tasks), "--limit", "2",
                  "--device", "cpu", "--out", str(report)]) == 0
     got = json.loads(report.read_text())
     assert math.isfinite(got["perplexity"]["perplexity"])

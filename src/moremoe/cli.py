@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from . import __version__, accounting
+from .cli_args import _add_json, _float_list, _int_list, _positive_float, _positive_int
 from .cli_bench import add_bench_parser
 from .cli_data import add_data_parser
 from .cli_train import add_train_parser
@@ -18,47 +19,6 @@ from .cli_eval import add_eval_parser
 from .report import emit, human, table, write_json
 
 EPILOG = "Letters: M experts, k active experts, h hidden, s expert width, r router rank."
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
-    return v
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(float(t)) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers like 1000,3000,10000, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
 
 
 _emit = emit
@@ -246,10 +206,6 @@ def cmd_demo(args) -> int:
 
 
 # ---------------------------------------------------------------- parser
-
-def _add_json(p) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of a table")
-
 
 def _add_phonebook_args(p, *, sizes: bool) -> None:
     if sizes:

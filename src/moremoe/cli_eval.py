@@ -2,6 +2,7 @@
 and ``moremoe.hf``."""
 from __future__ import annotations
 
+from .cli_args import _add_json, _positive_int
 from .report import emit as _emit
 from .report import table, write_json
 
@@ -90,7 +91,6 @@ def cmd_hf_export(args) -> int:
 
 
 def add_eval_parser(sub) -> None:
-    from .cli import _add_json, _positive_int     # cli imports this module first
     from .eval.harness import PAPER_TASKS
     p = sub.add_parser("eval", help="validation perplexity and zero-shot lm-eval tasks",
                        description="Validation perplexity on a prepared data directory (--data) "

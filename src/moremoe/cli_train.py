@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cli_args import _positive_float, _positive_int
 from .report import emit, human, table
 
 DESCRIPTION = """\
@@ -25,26 +26,6 @@ examples:
       --set train.grad_accum=1 --set model.experts_impl=triton --set train.save_on_stop=false
   moremoe train --preset h512-s64-more1792 --data data/fw --out runs/more --resume
   moremoe train --config my.yaml --set optim.lr=3e-4 --set optim.router_lr=1e-3"""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
-    return v
 
 
 def _presets_table(rows: list[dict]) -> str:

@@ -1,10 +1,7 @@
 """The lm-eval adapter: log-likelihoods equal the model's log-softmax summed by hand, rolling
 windows cover a short text exactly, generation stops at the stop string, and the six paper
 tasks (local fixtures, the installed prompts) produce each metric with its standard error."""
-import json
 import math
-import string
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +17,6 @@ from moremoe.eval.lm_eval_adapter import EOT_ID, MoremoeLM  # noqa: E402
 from moremoe.model import Transformer, TransformerConfig  # noqa: E402
 from moremoe.nn import MoEConfig  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def tiny_gpt2_model(max_seq_len=64):
@@ -97,25 +93,14 @@ def test_generate_until_stops_at_the_stop_string(lm):
     assert len(lm.tok_encode(two)) <= 2 and free.startswith(two)
 
 
-def write_fixture_tasks(tmp_path) -> Path:
-    out = tmp_path / "tasks"
-    out.mkdir()
-    installed = Path(lm_eval.__file__).parent / "tasks"
-    for template in (FIXTURES / "tasks").glob("*_fixture.yaml"):
-        text = string.Template(template.read_text()).substitute(
-            LM_EVAL_TASKS=installed, FIXTURES=FIXTURES.resolve())
-        (out / template.name).write_text(text)
-    return out
-
-
 EXPECTED = {"triviaqa": {"exact_match", "f1"}, "nq_open": {"exact_match", "f1"},
             "hellaswag": {"acc", "acc_norm"}, "arc_easy": {"acc", "acc_norm"},
             "sciq": {"acc", "acc_norm"}, "winogrande": {"acc"}}
 
 
-def test_the_six_paper_tasks_give_metrics_with_standard_errors(lm, tmp_path):
+def test_the_six_paper_tasks_give_metrics_with_standard_errors(lm, lm_eval_tasks):
     tasks = [f"{t}_fixture" for t in PAPER_TASKS]
-    summary = run_harness(lm, tasks, include_path=str(write_fixture_tasks(tmp_path)),
+    summary = run_harness(lm, tasks, include_path=str(lm_eval_tasks),
                           include_defaults=False)
     assert sorted(summary) == sorted(tasks)
     for task in PAPER_TASKS:

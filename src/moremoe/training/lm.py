@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
