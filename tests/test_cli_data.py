@@ -90,3 +90,14 @@ def test_killed_run_resumes_to_the_same_bytes(corpus, tmp_path, capsys):
     assert 3 <= summary["shards_reused"] < summary["shards"]
     for name in ("train.bin", "val.bin", "meta.json"):
         assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+
+
+def test_corpus_writes_python_docs_and_optionally_its_source(tmp_path, capsys):
+    from moremoe.cli import main
+    assert main(["data", "corpus", str(tmp_path / "docs"), "--json"]) == 0
+    docs = json.loads(capsys.readouterr().out)
+    assert docs["files"] == len(list((tmp_path / "docs").glob("*.txt"))) > 50
+    assert main(["data", "corpus", str(tmp_path / "all"), "--python-source", "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["files"] > docs["files"] + 100 and both["bytes"] > 10 * docs["bytes"]
+    assert (tmp_path / "all" / "source" / "json" / "decoder.txt").is_file()

@@ -56,6 +56,16 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_corpus(args) -> int:
+    from .tasks.text import stdlib_corpus
+    paths = stdlib_corpus(args.out, format=args.format, source=args.python_source)
+    nbytes = sum(p.stat().st_size for p in paths)
+    emit(args, {"out": str(args.out), "files": len(paths), "bytes": nbytes},
+         f"{len(paths):,} files, {nbytes / 2**20:,.1f} MiB of text in {args.out}\n"
+         f"next: moremoe data prepare {args.out} --out DIR")
+    return 0
+
+
 PREPARE_DESCRIPTION = """\
 Tokenise text with the GPT-2 BPE (50,257 ids; the ranks ship with moremoe, no download) into
 DIR/train.bin and DIR/val.bin: uint16 arrays of --seq-len token sequences, documents joined by
@@ -114,3 +124,17 @@ def add_data_parser(sub) -> None:
     pv.add_argument("dir", metavar="DIR", help="a folder written by `moremoe data prepare`")
     pv.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pv.set_defaults(func=cmd_verify)
+
+    pc = dsub.add_parser("corpus", help="write a corpus of text that ships with Python",
+                         description="Write text that needs no download: the documentation "
+                         "topics of Python's pydoc_data (79 documents, 139K GPT-2 tokens), and "
+                         "with --python-source every .py file of the standard library (tens of "
+                         "MB), as a corpus for `moremoe data prepare` on a machine with no "
+                         "network (tests, demos, throughput runs).")
+    pc.add_argument("out", metavar="OUT", help="folder to write into")
+    pc.add_argument("--python-source", action="store_true",
+                    help="also the standard library's source files, one document each")
+    pc.add_argument("--format", choices=("txt", "jsonl"), default="txt",
+                    help="the topics as .txt files (default) or one topics.jsonl")
+    pc.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pc.set_defaults(func=cmd_corpus)

@@ -93,11 +93,14 @@ def verify_tokens(dir: str | Path) -> dict:
     return report
 
 
-def stdlib_corpus(out_dir: str | Path, *, format: str = "txt") -> list[Path]:
-    """Write the Python documentation topics shipped in the standard library
-    (``pydoc_data.topics``, about 465K characters, 139K GPT-2 tokens in 79 documents) as a
-    corpus that needs no download: one ``<topic>.txt`` per document, or one ``topics.jsonl``
-    with a "text" field. Returns the files written."""
+def stdlib_corpus(out_dir: str | Path, *, format: str = "txt",
+                  source: bool = False) -> list[Path]:
+    """Write text that ships with Python, so a corpus needs no download: the documentation
+    topics (``pydoc_data.topics``, about 465K characters, 139K GPT-2 tokens in 79 documents)
+    as one ``<topic>.txt`` per document, or one ``topics.jsonl`` with a "text" field; with
+    ``source`` also every ``.py`` file of the standard library (site-packages left out) as
+    ``source/<path>.txt``, tens of MB of code and docstrings, enough for a throughput run.
+    Returns the files written."""
     if format not in ("txt", "jsonl"):
         raise ValueError(f"format must be 'txt' or 'jsonl', got {format!r}")
     try:
@@ -108,13 +111,32 @@ def stdlib_corpus(out_dir: str | Path, *, format: str = "txt") -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if format == "jsonl":
-        path = out / "topics.jsonl"
-        path.write_text("".join(json.dumps({"topic": k, "text": topics[k]}) + "\n"
-                                for k in sorted(topics)), encoding="utf-8")
-        return [path]
-    paths = [out / f"{k}.txt" for k in sorted(topics)]
-    for path, k in zip(paths, sorted(topics)):
-        path.write_text(topics[k], encoding="utf-8")
+        paths = [out / "topics.jsonl"]
+        paths[0].write_text("".join(json.dumps({"topic": k, "text": topics[k]}) + "\n"
+                                    for k in sorted(topics)), encoding="utf-8")
+    else:
+        paths = [out / f"{k}.txt" for k in sorted(topics)]
+        for path, k in zip(paths, sorted(topics)):
+            path.write_text(topics[k], encoding="utf-8")
+    return paths + (_stdlib_source(out / "source") if source else [])
+
+
+def _stdlib_source(out: Path) -> list[Path]:
+    import sysconfig
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paths = []
+    for src in sorted(root.rglob("*.py")):
+        rel = src.relative_to(root)
+        if "site-packages" in rel.parts or "dist-packages" in rel.parts:
+            continue
+        try:
+            text = src.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue          # a few test files are deliberately not UTF-8
+        dst = out / rel.with_suffix(".txt")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text, encoding="utf-8")
+        paths.append(dst)
     return paths
 
 
