@@ -17,10 +17,10 @@ COMMON = ["model.seq_len=64", "train.log_every=1", "train.eval_every=6", "train.
           "train.max_steps=6", "train.ckpt_every=100"]
 
 
-def run_torchrun(data, out, sets, nproc=2):
+def run_torchrun(data, out, sets, nproc=2, device="cpu"):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", "-m", "moremoe.cli", "train", "--preset", "tiny-moe",
-            "--data", str(data), "--out", str(out), "--device", "cpu", "--json"]
+            "--data", str(data), "--out", str(out), "--device", device, "--json"]
     for s in COMMON + sets:
         argv += ["--set", s]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
