@@ -47,8 +47,11 @@ def test_generate_with_cache_equals_uncached_greedy(moe, kv):
     prompt = torch.randint(0, V, (2, 7))
     out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
                       do_sample=False, use_cache=True, return_dict_in_generate=True)
-    # the cache was used: it holds every position but the last token's
-    assert out.past_key_values.get_seq_length() == 7 + 12 - 1
+    # the cache was used: it holds every position but the last token's (transformers 4.x
+    # hands back the legacy tuple of per-layer (k, v), 5.x the DynamicCache itself)
+    cache = out.past_key_values
+    length = cache.get_seq_length() if hasattr(cache, "get_seq_length") else cache[0][0].shape[-2]
+    assert length == 7 + 12 - 1
     out = out.sequences
     assert torch.equal(out[:, :7], prompt)
     assert out[:, 7:].tolist() == generate(model, prompt, 12, use_cache=False)
