@@ -4,8 +4,12 @@ the kernels can be used, ``INTERPRET`` whether they run in Triton's CPU interpre
 import importlib.util
 import os
 
+import torch
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # what the kernels take
+MAX_K = 64                                                 # top-k the router sweep keeps
 
 
 def usable_on(device) -> bool:

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import DTYPES
 from .routing_meta import routing_meta
 
 
@@ -200,9 +201,6 @@ def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, C, D, K, sa_r, sb_r, sw_e, sw_c,
 
 
 # ---------------------------------------------------------------- launchers
-
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
 
 def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
     N, h = x.shape

@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import DTYPES, MAX_K
 from .router_topk import (LINEAR, MODE_LINEAR, NEG_INF, _load_rows, _logits, _z_rows,
-                          dot_precision, sweep_config)
+                          dot_precision, launch_sweep, sweep_config)
 
 
 @triton.jit
@@ -161,6 +162,33 @@ def _bwd_cols_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT,
 
 
 # ---------------------------------------------------------------- launchers
+
+def check_rows(x, w, k: int, *, x_name: str = "x", w_name: str = "W", rows: str = "M",
+               width: str = "h") -> None:
+    """x (N, width) scored against w (rows, width): both 2-D, one kernel dtype, 1 <= k <=
+    min(rows, MAX_K); errors name the tensors and sizes as the caller does."""
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"{x_name} and {w_name} must be 2-D, got shapes {tuple(x.shape)}, "
+                         f"{tuple(w.shape)}")
+    M = w.shape[0]
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"{w_name} must have shape ({rows}, {width}) = ({M}, {x.shape[1]}), "
+                         f"got {tuple(w.shape)}")
+    if not 1 <= k <= min(M, MAX_K):
+        raise ValueError(f"k must be in [1, min(M={M}, {MAX_K})] for the fused kernel, got {k}")
+    if x.dtype not in DTYPES or w.dtype != x.dtype:
+        raise TypeError(f"{x_name} and {w_name} must share one dtype of {DTYPES}, got "
+                        f"{x.dtype}, {w.dtype}")
+
+
+def train_forward(x, w, k: int, *, mode: int, with_psum: bool = True,
+                  config: dict | None = None, psum_splits: int | None = None):
+    """(val, idx, gates, m, Z, psum | None): the sweep with row statistics, then psum."""
+    val, idx, gates, m, zs = launch_sweep(x, None, w, k, mode=mode, stats=True, config=config)
+    psum = launch_psum(x, w, m, zs, mode=mode, splits=psum_splits,
+                       config=config) if with_psum else None
+    return val, idx, gates, m, zs, psum
+
 
 def _token_splits(device, tiles: int, N: int, BN: int, splits: int | None) -> int:
     """Split the tokens of a column-wise kernel so that the grid fills the GPU."""

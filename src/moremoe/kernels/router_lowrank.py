@@ -15,29 +15,20 @@ experts per tile so that keys keep 16 exact mantissa bits).
 """
 from __future__ import annotations
 
-import torch
-
-from .router_dense import launch_backward, launch_psum
+from .router_dense import check_rows, launch_backward
+from .router_dense import train_forward as _train_forward
 from .router_topk import LOWRANK, ZGIVEN, launch_sweep
 
-MAX_K, MAX_RANK = 64, 512
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_RANK = 512
 
 
 def check_inputs(x, R1, R2, k: int) -> None:
-    if x.dim() != 2 or R1.dim() != 2 or R2.dim() != 2:
-        raise ValueError(f"x, R1, R2 must be 2-D, got shapes {tuple(x.shape)}, "
-                         f"{tuple(R1.shape)}, {tuple(R2.shape)}")
-    M, r = R1.shape
-    if R2.shape != (r, x.shape[1]):
-        raise ValueError(f"R2 must have shape (r, h) = ({r}, {x.shape[1]}), got {tuple(R2.shape)}")
+    """x (N, h), R2 (r, h), R1 (M, r)."""
+    check_rows(x, R2, 1, w_name="R2", rows="r")
+    r = R2.shape[0]
     if not 1 <= r <= MAX_RANK:
         raise ValueError(f"rank r must be in [1, {MAX_RANK}] for the fused kernel, got {r}")
-    if not 1 <= k <= min(M, MAX_K):
-        raise ValueError(f"k must be in [1, min(M={M}, {MAX_K})] for the fused kernel, got {k}")
-    if x.dtype not in DTYPES or R1.dtype != x.dtype or R2.dtype != x.dtype:
-        raise TypeError(f"x, R1, R2 must share one dtype of {DTYPES}, got "
-                        f"{x.dtype}, {R1.dtype}, {R2.dtype}")
+    check_rows(R2.T, R1, k, x_name="R2", w_name="R1", width="r")   # R1 (M, r) against R2ᵀ (h, r)
 
 
 def infer(x, R1, R2, k: int, *, splits: int | None = None, config: dict | None = None):
@@ -48,14 +39,11 @@ def infer(x, R1, R2, k: int, *, splits: int | None = None, config: dict | None =
     return val, idx, gates
 
 
-def train_forward(z, R1, k: int, *, with_psum: bool = True, config: dict | None = None,
-                  psum_splits: int | None = None):
-    """(val, idx, gates, m, Z, psum | None) from z = x R2ᵀ (N, r)."""
-    check_inputs(z, R1, R1.new_empty(R1.shape[1], z.shape[1]), k)
-    val, idx, gates, m, zs = launch_sweep(z, None, R1, k, mode=ZGIVEN, stats=True, config=config)
-    psum = launch_psum(z, R1, m, zs, mode=ZGIVEN, splits=psum_splits,
-                       config=config) if with_psum else None
-    return val, idx, gates, m, zs, psum
+def train_forward(z, R1, k: int, **kw):
+    """(val, idx, gates, m, Z, psum | None) from z = x R2ᵀ (N, r); kw: with_psum, config,
+    psum_splits."""
+    check_rows(z, R1, k, x_name="z", w_name="R1", width="r")
+    return _train_forward(z, R1, k, mode=ZGIVEN, **kw)
 
 
 def train_backward(z, R1, m, zs, pbar, idx, dval, *, splits: int | None = None,

@@ -6,8 +6,6 @@ import torch
 from .. import kernels
 
 IMPLS = ("auto", "triton", "reference")
-KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-KERNEL_MAX_K = 64
 
 
 def resolve_impl(impl: str, x: torch.Tensor, k: int) -> str:
@@ -17,7 +15,7 @@ def resolve_impl(impl: str, x: torch.Tensor, k: int) -> str:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "reference":
         return impl
-    ok = kernels.usable_on(x.device) and x.dtype in KERNEL_DTYPES and k <= KERNEL_MAX_K
+    ok = kernels.usable_on(x.device) and x.dtype in kernels.DTYPES and k <= kernels.MAX_K
     if impl == "triton":
         if not kernels.usable_on(x.device):
             raise RuntimeError(f"impl='triton' needs Triton and a CUDA tensor (or "
