@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .cli_args import _add_json
 from .report import emit as _emit
 from .report import table
 
@@ -148,6 +149,5 @@ def add_bench_parser(sub) -> None:
         pb.add_argument("--out", default=None, help="JSON-lines file to append to")
         pb.add_argument("--plot-only", default=None, metavar="JSONL",
                         help="only render the plots of an existing results file")
-        pb.add_argument("--json", action="store_true",
-                        help="print JSON (for scripts) instead of a table")
+        _add_json(pb)
         pb.set_defaults(func=cmd_bench)

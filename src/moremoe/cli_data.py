@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from .cli_args import _add_json
 from .report import emit, human, table
 
 
@@ -114,7 +115,7 @@ def add_data_parser(sub) -> None:
     pp.add_argument("--force", action="store_true",
                     help="replace a finished output in DIR (kept until the new one is ready)")
     pp.add_argument("--no-progress", action="store_true", help="no progress bar")
-    pp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json(pp)
     pp.set_defaults(func=cmd_prepare)
 
     pv = dsub.add_parser("verify", help="check a prepared folder (sizes, sha256, token ids)",
@@ -122,7 +123,7 @@ def add_data_parser(sub) -> None:
                          "meta.json, sha256 recomputed, every id below the vocabulary size. "
                          "Exits with an error naming the file on the first problem.")
     pv.add_argument("dir", metavar="DIR", help="a folder written by `moremoe data prepare`")
-    pv.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json(pv)
     pv.set_defaults(func=cmd_verify)
 
     pc = dsub.add_parser("corpus", help="write a corpus of text that ships with Python",
@@ -136,5 +137,5 @@ def add_data_parser(sub) -> None:
                     help="also the standard library's source files, one document each")
     pc.add_argument("--format", choices=("txt", "jsonl"), default="txt",
                     help="the topics as .txt files (default) or one topics.jsonl")
-    pc.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json(pc)
     pc.set_defaults(func=cmd_corpus)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from .layer import HS, MS
-from .router_plots import _pyplot
+from .router_plots import _log_axes, _pyplot
 
 
 def _grid(rows, variant, key="ms", **fixed):
@@ -83,13 +83,7 @@ def render_decode(rows: list[dict], out_dir) -> list[Path]:
                          and r["B"] == B and r["h"] == h and r.get("ms"))
             if pts:
                 ax.plot(*zip(*pts), style, marker="o", label=variant)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("M")
-        ax.set_ylabel("ms per step")
-        ax.set_title(f"decode, h={h}, B={B}", fontsize=9)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        _log_axes(ax, "M", "ms per step", f"decode, h={h}, B={B}")
     fig.tight_layout()
     fig.savefig(out_dir / "decode.png", dpi=110)
     plt.close(fig)

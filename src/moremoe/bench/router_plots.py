@@ -29,6 +29,18 @@ def _series(rows, sweep, phase, x_key, **fixed):
     return {key: sorted(v, key=lambda t: t[0]) for key, v in out.items()}
 
 
+def _log_axes(ax, x_label, y_label, title, *, logx=True) -> None:
+    """The benchmarks' panel style: log y (log2 x), labels, a grid and a small legend."""
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+
+
 def _panel(ax, series, x_label, title, *, speedup=("lowrank",), logx=True):
     for key, pts in series.items():
         color, ls = STYLE[key]
@@ -40,14 +52,7 @@ def _panel(ax, series, x_label, title, *, speedup=("lowrank",), logx=True):
             if x in fused:
                 ax.annotate(f"{ms / fused[x]:.1f}x", (x, fused[x]), textcoords="offset points",
                             xytext=(0, -12), ha="center", fontsize=7, color=STYLE[(router, "triton")][0])
-    if logx:
-        ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(x_label)
-    ax.set_ylabel("ms (median)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    _log_axes(ax, x_label, "ms (median)", title, logx=logx)
 
 
 def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
@@ -81,13 +86,8 @@ def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
                 color, ls = STYLE[key]
                 ax.plot([p[0] for p in pts], [p[2].get("peak_bytes", 0) / 2 ** 30 for p in pts],
                         color=color, linestyle=ls, marker="o", label=LABELS[key])
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("M")
-            ax.set_ylabel("peak memory, forward + backward (GiB)")
-            ax.set_title(f"training peak memory (h={h})", fontsize=9)
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
+            _log_axes(ax, "M", "peak memory, forward + backward (GiB)",
+                      f"training peak memory (h={h})")
         fig.suptitle(device)
         fig.tight_layout()
         fig.savefig(out_dir / "router_M.png", dpi=110)
