@@ -29,3 +29,15 @@ def logits_lowrank(x, R1, R2, *, z_dtype=None):
     if z_dtype is not None and z_dtype != torch.float32:
         z = z.to(z_dtype).double()
     return z @ R1.double().T
+
+
+def dense_router_grads(a, w, idx, dval, pbar=None):
+    """float64 autograd of the router backward's loss for logits a wᵀ: the gathered top-k
+    values times dval, plus the softmax column sums times pbar (when given); (da, dw)."""
+    a64, w64 = a.double().requires_grad_(), w.double().requires_grad_()
+    L = a64 @ w64.T
+    loss = (L.gather(1, idx.long()) * dval.double()).sum()
+    if pbar is not None:
+        loss = loss + (torch.softmax(L, 1).sum(0) * pbar.double()).sum()
+    loss.backward()
+    return a64.grad, w64.grad
