@@ -10,7 +10,8 @@ from moremoe.model import Transformer, TransformerConfig
 from moremoe.nn.moe import MoEConfig
 from moremoe.training import checkpoint as ck
 from moremoe.training.config import build_run_config
-from moremoe.training.data import Batches, open_tokens, rows_of
+from moremoe.tasks.text import open_tokens
+from moremoe.training.data import Batches, rows_of
 from moremoe.training.lm import train
 
 

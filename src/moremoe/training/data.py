@@ -8,60 +8,12 @@ step i of an epoch takes rows [i G, (i + 1) G) of it, G = the global batch in ro
 (batch_size × world × grad_accum). Micro-step j of rank r takes chunk c = j · world + r of
 b = batch_size rows, so DDP over R ranks sees exactly the rows one process sees with R
 accumulation micro-steps, and its global batch is the one process's batch of G rows. The
-position (epoch, step within the epoch) is all the state; it goes into checkpoints.
+position (epoch, step within the epoch) is all the state; it goes into checkpoints. The files
+are read with moremoe.tasks.text (open_tokens, read_meta).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
-
-FORMAT = "moremoe-tokens"
-
-
-def read_meta(data_dir: str | Path) -> dict:
-    try:
-        from ..tasks.text import read_meta as _read
-    except ImportError:
-        return _read_meta(data_dir)
-    return _read(data_dir)
-
-
-def open_tokens(data_dir: str | Path, split: str) -> np.ndarray:
-    """(n, seq_len) uint16 memmap of one split; moremoe.tasks.text's reader when present."""
-    try:
-        from ..tasks.text import open_tokens as _open
-    except ImportError:
-        return _open_tokens(data_dir, split)
-    return _open(data_dir, split)
-
-
-def _read_meta(data_dir) -> dict:
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        raise ValueError(f"data directory {str(data_dir)!r} has no meta.json; prepare it "
-                         f"with `moremoe data prepare`")
-    meta = json.loads(path.read_text())
-    if meta.get("format") != FORMAT or meta.get("dtype") != "uint16":
-        raise ValueError(f"{path} is not a {FORMAT} uint16 directory: format="
-                         f"{meta.get('format')!r}, dtype={meta.get('dtype')!r}")
-    return meta
-
-
-def _open_tokens(data_dir, split: str) -> np.ndarray:
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    meta = _read_meta(data_dir)
-    path, T = Path(data_dir) / f"{split}.bin", int(meta["seq_len"])
-    n = int(meta[f"{split}_sequences"])
-    size = path.stat().st_size if path.is_file() else None
-    if size != 2 * n * T:
-        raise ValueError(f"{path}: expected {n} sequences of {T} uint16 tokens "
-                         f"({2 * n * T} bytes), found {size if size is not None else 'no file'}")
-    if n == 0:
-        return np.zeros((0, T), dtype=np.uint16)
-    return np.memmap(path, dtype="<u2", mode="r", shape=(n, T))
 
 
 def rows_of(seqs_NL: np.ndarray, seq_len: int) -> np.ndarray:

@@ -30,9 +30,10 @@ from ..model import Transformer
 from ..nn.router import LinearRouter, LowRankRouter
 from ..parallel import ddp
 from ..report import write_json
+from ..tasks.text import open_tokens, read_meta
 from . import checkpoint as ckpt
 from .config import RunConfig
-from .data import Batches, open_tokens, read_meta, rows_of
+from .data import Batches, rows_of
 from .metrics import RunLog, StepClock, StepProfiler, echo_line, peak_tflops, printer
 
 ROUTERS = (LinearRouter, LowRankRouter)
