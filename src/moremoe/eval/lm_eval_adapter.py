@@ -15,9 +15,6 @@ module lazily (the ``eval`` extra).
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
@@ -29,35 +26,9 @@ except ImportError as err:
     raise ImportError(f"lm-eval is needed: pip install 'moremoe[eval]' ({err})") from err
 
 from ..model.generate import generate
-from .harness import load_eval_model
+from ..tasks.tokenizer import EOT_ID, gpt2_encoding
 from ..training.common import autocast_dtype, resolve_device
-
-EOT_ID = 50256
-R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def gpt2_encoding():
-    """moremoe.tasks.tokenizer's encoding where that module exists; otherwise one built from
-    $MOREMOE_GPT2_RANKS or the package's assets/gpt2.tiktoken."""
-    try:
-        from ..tasks.tokenizer import gpt2_encoding as packaged
-    except ImportError:
-        return _gpt2_encoding()
-    return packaged(os.environ.get("MOREMOE_GPT2_RANKS"))
-
-
-def _gpt2_encoding():
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    path = os.environ.get("MOREMOE_GPT2_RANKS") or (
-        Path(__file__).resolve().parent.parent / "assets" / "gpt2.tiktoken")
-    if not Path(path).is_file():
-        raise ValueError(f"GPT-2 ranks file {path} not found: set MOREMOE_GPT2_RANKS to a "
-                         f"gpt2.tiktoken file")
-    return tiktoken.Encoding("gpt2", pat_str=R50K_PATTERN,
-                             mergeable_ranks=load_tiktoken_bpe(str(path)),
-                             special_tokens={"<|endoftext|>": EOT_ID}, explicit_n_vocab=EOT_ID + 1)
-
+from .harness import load_eval_model
 
 @register_model("moremoe")
 class MoremoeLM(TemplateLM):

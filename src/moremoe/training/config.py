@@ -16,6 +16,7 @@ from typing import Union, get_args, get_origin, get_type_hints
 
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
+from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more")
 SECTIONS = ("model", "optim", "train")
@@ -35,7 +36,7 @@ class ModelSpec:
     top_k: int = 4                    # k
     rank: int | None = None           # r, MoRE only
     seq_len: int = 1024               # T, tokens per training sequence
-    vocab: int | None = 50257         # None: the data's vocab_size (meta.json)
+    vocab: int | None = VOCAB_SIZE    # GPT-2's; None: the data's vocab_size (meta.json)
     balance_coef: float = 0.001
     router_impl: str = "auto"         # "auto" | "triton" | "reference"
     experts_impl: str = "auto"

@@ -14,6 +14,7 @@ tiny-more is matched in active FLOPs to tiny-moe (6·k·h·s + 6·router at k = 
 """
 from __future__ import annotations
 
+from ..tasks.tokenizer import VOCAB_SIZE
 from .config import ModelSpec, OptimSpec, RunConfig, TrainSpec
 
 PAPER_TOKENS = 40_000_000_000
@@ -23,7 +24,7 @@ def _paper(kind: str, hidden: int, experts: int, width: int) -> RunConfig:
     heads, kv = (16, 4) if hidden == 1024 else (8, 2)
     model = ModelSpec(kind=kind, hidden=hidden, layers=12, heads=heads, kv_heads=kv,
                       experts=experts, width=width, top_k=4,
-                      rank=64 if kind == "more" else None, seq_len=1024, vocab=50257)
+                      rank=64 if kind == "more" else None, seq_len=1024, vocab=VOCAB_SIZE)
     train = TrainSpec(batch_size=16, grad_accum=4, max_tokens=PAPER_TOKENS, eval_every=2000,
                       eval_batches=16, log_every=50, ckpt_every=2000)
     return RunConfig(model=model, optim=OptimSpec(lr=1e-3), train=train)
@@ -64,7 +65,7 @@ def get_preset(name: str) -> RunConfig:
     return RunConfig(model=cfg.model, optim=cfg.optim, train=cfg.train, preset=name)
 
 
-def preset_rows(vocab_default: int = 50257) -> list[dict]:
+def preset_rows(vocab_default: int = VOCAB_SIZE) -> list[dict]:
     """One dict per preset: shape, total parameters and FLOPs (via moremoe.accounting)."""
     from .. import accounting
     rows = []
