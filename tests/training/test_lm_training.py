@@ -154,6 +154,7 @@ def test_profile_steps_write_a_table(text_data, tmp_path):
                                                     "train.batch_size=2", "train.eval_every=4",
                                                     "train.timing_warmup=1",
                                                     "train.profile_steps=2"])
-    train(cfg)
+    summary = train(cfg)
+    assert summary["env_torch"] == torch.__version__ and summary["env_commit"]
     table = (tmp_path / "r" / "profile.txt").read_text()
     assert table.startswith("2 steps after 1") and "aten::" in table

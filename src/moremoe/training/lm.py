@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .. import accounting
+from ..bench.harness import environment
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
@@ -365,6 +366,7 @@ class LMTrainer:
             "hnorm": last_eval["hnorm"] if last_eval else None,
             "peak_memory_gib": (torch.cuda.max_memory_allocated(self.dev) / 2**30
                                 if self.dev.type == "cuda" else None),
+            **{f"env_{k}": v for k, v in environment(self.dev).items()},
         }
         if self.main:
             self.log.write("end", **summary)
