@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Training throughput of a matched MoE / MoRE pair on the same local text: each preset trains
 # for MINUTES of wall clock (after its set-up) on one GPU, or with DDP over NPROC GPUs, and
-# its summary (mean step time after warm-up, tokens/s, MFU, peak memory), the log and a
-# profiler table of 10 steps land in OUT. The text is Python's docs and standard library
+# its summary (mean step time after warm-up, tokens/s, MFU, peak memory), the stderr log, the
+# JSONL metrics and a profiler table of 10 steps land in OUT. The text is Python's docs and standard library
 # (`moremoe data corpus --python-source`, 15M GPT-2 tokens), so it runs with no network.
 #
 #   MINUTES=4 NPROC=1 OUT=/tmp/pair benchmarks/train_pair.sh        (RUNS= for the run dirs)
@@ -15,14 +15,15 @@ OUT=${OUT:-runs/pair}        # summaries, logs, profiles
 RUNS=${RUNS:-$OUT}           # run directories, corpus and prepared data
 DEVICE=${DEVICE:-auto}
 PRESETS=${PRESETS:-"h512-s64-moe256 h512-s64-more1792"}
-DATA=${DATA:-$RUNS/data}
+DATA=${DATA:-$RUNS/data}      # an existing prepared folder is used as it is
+VAL=${VAL:-500}               # validation sequences when the data is prepared here
 EXTRA=${EXTRA:-}
 PY=${PYTHON:-python3}
 
 mkdir -p "$OUT" "$RUNS"
 if [ ! -f "$DATA/meta.json" ]; then
     $PY -m moremoe.cli data corpus "$RUNS/corpus" --python-source
-    $PY -m moremoe.cli data prepare "$RUNS/corpus" --out "$DATA" --no-progress
+    $PY -m moremoe.cli data prepare "$RUNS/corpus" --out "$DATA" --val-sequences "$VAL" --no-progress
 fi
 if [ "$NPROC" -gt 1 ]; then
     LAUNCH=(torchrun --standalone --nproc_per_node "$NPROC" -m moremoe.cli)
@@ -38,6 +39,7 @@ for preset in $PRESETS; do
         --set train.eval_every=1000000 --json $EXTRA > "$OUT/${preset}_x$NPROC.json" \
         2> "$OUT/${preset}_x$NPROC.log" || { tail -20 "$OUT/${preset}_x$NPROC.log"; exit 1; }
     cp "$run/profile.txt" "$OUT/${preset}_x${NPROC}_profile.txt" 2>/dev/null || true
+    cp "$run/log.jsonl" "$OUT/${preset}_x${NPROC}_log.jsonl" 2>/dev/null || true
     $PY - "$OUT/${preset}_x$NPROC.json" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
