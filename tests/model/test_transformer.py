@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from moremoe.model import IGNORE_INDEX, Transformer, TransformerConfig
-from moremoe.model.transformer import apply_rotary, rotary_tables
+from moremoe.model.transformer import apply_rotary, padded_linear, rotary_tables
 from moremoe.nn import MoEConfig
 
 
@@ -84,3 +84,21 @@ def test_config_errors():
 def test_config_round_trips_through_dict():
     cfg = tiny(kv_heads=2)
     assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("V,multiple", [(37, 8), (40, 8), (1, 64)])
+def test_padded_linear_equals_linear_in_values_and_gradients(V, multiple):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, 16, dtype=torch.float64, requires_grad=True)
+    out = padded_linear(x, w, multiple)
+    ref = torch.nn.functional.linear(x, w)
+    assert out.shape == ref.shape
+    assert out.stride(-2) == V + (-V % multiple)          # rows of the padded product
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    dx, dw = torch.autograd.grad(out, (x, w), g)
+    rx, rw = torch.autograd.grad(ref, (x, w), g)
+    torch.testing.assert_close(dx, rx)
+    torch.testing.assert_close(dw, rw)
+    assert dw.shape == w.shape
