@@ -150,7 +150,7 @@ def test_profile_steps_write_a_table(text_data, tmp_path):
     from moremoe.training.config import build_run_config
     from moremoe.training.lm import train
     cfg = build_run_config(preset="tiny-moe", data=str(text_data), out=str(tmp_path / "r"),
-                           device="cpu", overrides=["model.seq_len=32", "train.max_steps=4",
+                           device="cpu", overrides=["model.seq_len=32", "train.max_steps=5",
                                                     "train.batch_size=2", "train.eval_every=4",
                                                     "train.timing_warmup=1",
                                                     "train.profile_steps=2"])
@@ -158,3 +158,7 @@ def test_profile_steps_write_a_table(text_data, tmp_path):
     assert summary["env_torch"] == torch.__version__ and summary["env_commit"]
     table = (tmp_path / "r" / "profile.txt").read_text()
     assert table.startswith("2 steps after 1") and "aten::" in table
+    assert "sorted by self_cpu_time_total" in table
+    # the profiled steps 2-3 are left out of the step times with the warm-up step
+    assert summary["timing_warmup_steps"] == 3 and summary["steps_this_run"] == 5
+    assert summary["mean_step_ms"] > 0

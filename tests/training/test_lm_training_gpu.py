@@ -25,3 +25,17 @@ def test_tiny_run_on_gpu_stops_and_resumes(text_data, tmp_path, preset, experts_
     assert first["peak_memory_gib"] > 0
     done = train(build_run_config(overrides=sets, **kw), resume=True, echo=print)
     assert done["step"] == 80 and done["val_loss"] < first["val_loss"] < 5.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_blocks_train_like_eager(text_data, tmp_path):
+    """train.compile (each block through torch.compile, the custom ops inside) follows the
+    eager loss curve to bf16 rounding; the lm head's padded GEMM runs in both."""
+    runs = {}
+    for comp in (False, True):
+        sets = ["model.seq_len=64", "train.log_every=5", "train.eval_every=20",
+                "train.max_steps=20", f"train.compile={str(comp).lower()}"]
+        runs[comp] = train(build_run_config(preset="tiny-more", data=str(text_data),
+                                            out=str(tmp_path / f"c{comp}"), device="cuda",
+                                            overrides=sets), echo=print)
+    assert abs(runs[True]["val_loss"] - runs[False]["val_loss"]) < 0.05

@@ -124,7 +124,7 @@ class TrainSpec:
     out: str | None = None            # run directory; None: runs/train/<preset or config>
     device: str = "auto"              # "auto" | "cpu" | "cuda[:N]"
     autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
-    compile: bool = False             # torch.compile the model
+    compile: bool = False             # torch.compile each transformer block
     tensorboard: bool = False         # also write TensorBoard events to out/tb
     peak_tflops: float | None = None  # per-GPU peak for MFU; None: known device or no MFU
 

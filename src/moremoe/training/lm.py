@@ -160,8 +160,10 @@ class LMTrainer:
         self.step, self.tokens = 0, 0
 
     def _wrapped(self) -> None:
-        model = torch.compile(self.model) if self.cfg.train.compile else self.model
-        self.ddp_model = ddp.wrap(model, self.info)
+        if self.cfg.train.compile:        # block by block: the 12 blocks share one compiled graph
+            for block in self.model.blocks:
+                block.compile()
+        self.ddp_model = ddp.wrap(self.model, self.info)
 
     def _resume_or_start(self, resume: bool) -> None:
         latest = ckpt.latest_checkpoint(self.out)
@@ -308,9 +310,11 @@ class LMTrainer:
 
     def run(self) -> dict:
         t = self.cfg.train
-        clock = StepClock(self.dev, t.timing_warmup)
+        # the profiled steps follow the warm-up and are left out of the timing (the profiler
+        # slows them and writing its table takes seconds)
+        clock = StepClock(self.dev, t.timing_warmup + t.profile_steps)
         profiler = StepProfiler(self.out / "profile.txt", self.dev, t.timing_warmup,
-                                t.profile_steps if self.main else 0)
+                                t.profile_steps if self.main else 0, pause=clock.paused)
         acc = torch.zeros(4, device=self.dev)
         self._updating, reason, last_eval = False, None, None
         self.echo(f"training {self.cfg.model.name} ({self.model_config.total_params():,} "
@@ -321,8 +325,8 @@ class LMTrainer:
                 reason = self._stop_reason(clock, signals)
                 while reason is None:
                     acc += self._train_step()
+                    profiler.stepped(clock.steps + 1)
                     clock.stepped()
-                    profiler.stepped(clock.steps)
                     reason = self._stop_reason(clock, signals)
                     if self.step % t.log_every == 0 or reason is not None:
                         self._log_train(acc, clock)
@@ -356,7 +360,7 @@ class LMTrainer:
             "step": self.step, "planned_steps": self.total, "tokens": self.tokens,
             "steps_this_run": clock.steps, "wall_s": clock.elapsed(),
             "mean_step_ms": 1000 * step_s if step_s else None,
-            "timing_warmup_steps": min(clock.steps, self.cfg.train.timing_warmup),
+            "timing_warmup_steps": min(clock.steps, clock.warmup),   # + profiled steps
             "tokens_per_s": tok_s, "mfu": self._mfu(tok_s) if tok_s else None,
             "peak_tflops": self.peak, "flops_per_token": self.flops_per_token,
             "params": self.model_config.total_params(),

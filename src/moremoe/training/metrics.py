@@ -2,6 +2,7 @@
 leaves out warm-up steps, evaluations and checkpoints, and MFU against a peak rate."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -149,10 +150,13 @@ class StepClock:
 class StepProfiler:
     """torch.profiler over `steps` optimizer steps starting after the first `start` steps of
     this process; on the last one it writes the operators and kernels by device time (or CPU
-    time without a GPU) to `path`. steps = 0: does nothing."""
+    time without a GPU) to `path`, inside `pause()` (a StepClock's, to keep that out of the
+    step times). steps = 0: does nothing."""
 
-    def __init__(self, path: Path, device: torch.device, start: int, steps: int):
+    def __init__(self, path: Path, device: torch.device, start: int, steps: int, *,
+                 pause=contextlib.nullcontext):
         self.path, self.device, self.start, self.steps = Path(path), device, start, steps
+        self.pause = pause
         self.done, self.prof = 0, None
 
     def stepped(self, steps_run: int) -> None:
@@ -172,13 +176,22 @@ class StepProfiler:
     def close(self) -> None:
         if self.prof is None:
             return
-        sync(self.device)
-        self.prof.__exit__(None, None, None)
-        key = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(f"{self.done} steps after {self.start}, sorted by {key}\n"
-                             + self.prof.key_averages().table(sort_by=key, row_limit=40))
+        with self.pause():
+            sync(self.device)
+            self.prof.__exit__(None, None, None)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(self._tables())
         self.prof, self.path = None, None
+
+    def _tables(self) -> str:
+        """By device time (the kernels) and by host time (what launches them), with the
+        totals: a step whose host time exceeds its device time is bound by the host."""
+        avg = self.prof.key_averages()
+        keys = ["self_cpu_time_total"]
+        if self.device.type == "cuda":
+            keys.insert(0, "self_cuda_time_total")
+        return "".join(f"{self.done} steps after {self.start}, sorted by {key}\n"
+                       f"{avg.table(sort_by=key, row_limit=40)}\n" for key in keys)
 
 
 def echo_line(step: int, total: int, m: dict) -> str:
