@@ -260,8 +260,9 @@ class LMTrainer:
         if self.val_rows.shape[0] == 0:
             return None
         shard = self.val_rows[self.info.rank::self.info.world]
-        r = evaluate_perplexity(self.model, shard, batch_size=self.cfg.train.batch_size,
-                                device=self.dev, return_counts=True)
+        with _eager():
+            r = evaluate_perplexity(self.model, shard, batch_size=self.cfg.train.batch_size,
+                                    device=self.dev, return_counts=True)
         totals = torch.tensor([r["loss"] * r["tokens"] if r["tokens"] else 0.0, r["tokens"]],
                               dtype=torch.float64, device=self.dev)
         ddp.all_reduce(totals, self.info)
@@ -377,6 +378,13 @@ class LMTrainer:
             write_json(self.out / "summary.json", summary)
         self.log.close()
         return summary
+
+
+def _eager():
+    """Compiled blocks run eagerly inside: a few evaluation batches do not pay for compiling
+    the no-grad graphs (torch < 2.6 has no stance and compiles them)."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("force_eager") if stance else contextlib.nullcontext()
 
 
 def train(cfg: RunConfig, *, resume: bool = False, echo=None) -> dict:
