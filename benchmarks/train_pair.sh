@@ -7,6 +7,7 @@
 #
 #   MINUTES=4 NPROC=1 OUT=/tmp/pair benchmarks/train_pair.sh        (RUNS= for the run dirs)
 #   MINUTES=4 NPROC=2 OUT=/tmp/pair benchmarks/train_pair.sh          # DDP through torchrun
+#   python benchmarks/train_pair_table.py OUT                          # the table
 #   PRESETS="tiny-moe tiny-more" DEVICE=cpu MINUTES=0.2 EXTRA="--set model.seq_len=64" ...
 set -euo pipefail
 MINUTES=${MINUTES:-10}
