@@ -2,8 +2,8 @@
 # Training throughput of a matched MoE / MoRE pair on the same local text: each preset trains
 # for MINUTES of wall clock (after its set-up) on one GPU, or with DDP over NPROC GPUs, and
 # its summary (mean step time after warm-up, tokens/s, MFU, peak memory), the stderr log, the
-# JSONL metrics and a profiler table of 10 steps land in OUT. The text is Python's docs and standard library
-# (`moremoe data corpus --python-source`, 15M GPT-2 tokens), so it runs with no network.
+# JSONL metrics and a profiler table of 10 steps land in OUT. The text is Python's docs and
+# standard library (`moremoe data corpus --python-source`, 15M GPT-2 tokens): no network.
 #
 #   MINUTES=4 NPROC=1 OUT=/tmp/pair benchmarks/train_pair.sh        (RUNS= for the run dirs)
 #   MINUTES=4 NPROC=2 OUT=/tmp/pair benchmarks/train_pair.sh          # DDP through torchrun

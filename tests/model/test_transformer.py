@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from moremoe.model import IGNORE_INDEX, Transformer, TransformerConfig
-from moremoe.model.transformer import apply_rotary, padded_linear, rotary_tables
+from moremoe.model.transformer import apply_rotary, padded_linear, repeat_kv, rotary_tables
 from moremoe.nn import MoEConfig
 
 
@@ -102,3 +102,13 @@ def test_padded_linear_equals_linear_in_values_and_gradients(V, multiple):
     torch.testing.assert_close(dx, rx)
     torch.testing.assert_close(dw, rw)
     assert dw.shape == w.shape
+
+
+@pytest.mark.parametrize("rep", [1, 2, 3])
+def test_repeat_kv_is_repeat_interleave_in_values_and_gradients(rep):
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    got, want = repeat_kv(x, rep), x.repeat_interleave(rep, dim=1)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, x, g)[0],
+                               torch.autograd.grad(want, x, g)[0])

@@ -121,6 +121,15 @@ def apply_rotary(x_BHTD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tenso
     return out.to(x_BHTD.dtype)
 
 
+def repeat_kv(x_BGSD: torch.Tensor, rep: int) -> torch.Tensor:
+    """x.repeat_interleave(rep, dim=1) (query head i reads key/value head i // rep) as a
+    broadcast: its backward is a sum over the copies, where repeat_interleave's is an indexed
+    scatter (under torch.compile a sort-based index_put, 1.3 ms per layer and micro-batch of
+    16K tokens on an H100)."""
+    B, G, S, D = x_BGSD.shape
+    return x_BGSD[:, :, None].expand(B, G, rep, S, D).reshape(B, G * rep, S, D)
+
+
 def _causal(T: int, S: int, device) -> dict:
     """SDPA arguments for T queries that are the last T of S positions: query i sees keys
     <= S - T + i. SDPA's is_causal aligns its mask to the top left, right only when T == S."""
@@ -152,7 +161,7 @@ class Attention(nn.Module):
             k, v = cache.update(k, v, self.layer_idx)
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            k, v = repeat_kv(k, rep), repeat_kv(v, rep)
         out = F.scaled_dot_product_attention(q, k, v, **_causal(T, k.shape[2], q.device))
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
