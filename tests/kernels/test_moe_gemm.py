@@ -132,3 +132,20 @@ def test_custom_ops_opcheck_and_autograd_through_the_module():
     compiled = torch.compile(lambda t: fused(t, gates, idx), backend="aot_eager",
                              fullgraph=True)
     torch.testing.assert_close(compiled(xs), fused(xs, gates, idx))
+    g3 = torch.autograd.grad(compiled(xs).square().sum(), list(fused.parameters()))
+    for a, b in zip(g3, g1):            # through the fake routing-metadata outputs too
+        torch.testing.assert_close(a, b)
+
+
+def test_backward_reuses_the_forwards_routing_metadata():
+    x, gates, idx, ws = make(13, 32, 16, 7, 3)
+    meta = routing_meta(idx, 7, mg.config(32, 16)["BM"])
+    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True, meta=meta)
+    dy = torch.randn_like(y)
+    for a, b in zip(mg.backward(dy, x, gates, idx, *ws, act, g, u, meta=meta),
+                    mg.backward(dy, x, gates, idx, *ws, act, g, u)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="meta was built for BM=32"):
+        mg.forward(x, gates, idx, *ws, meta=routing_meta(idx, 7, 32))
+    with pytest.raises(ValueError, match=r"\(N, k\) = \(12, 3\)"):
+        mg.forward(x, gates, idx, *ws, meta=routing_meta(idx[:12], 7, 64))

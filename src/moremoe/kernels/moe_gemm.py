@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from . import DTYPES
-from .routing_meta import routing_meta
+from .routing_meta import RoutingMeta, routing_meta
 
 
 @triton.jit
@@ -236,17 +236,29 @@ def _combine(pair_rows, N, k, h, dtype):
     return y
 
 
+def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, **kw) -> RoutingMeta:
+    if meta is None:
+        return routing_meta(idx, M, c["BM"], **kw)
+    if meta.block_rows != c["BM"] or (meta.tokens, meta.top_k) != tuple(idx.shape):
+        raise ValueError(f"meta was built for BM={meta.block_rows} and (N, k) = "
+                         f"({meta.tokens}, {meta.top_k}); this call has BM={c['BM']} and "
+                         f"{tuple(idx.shape)}")
+    return meta
+
+
 def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
-            cfg: dict | None = None, walk_experts: bool = False):
+            cfg: dict | None = None, walk_experts: bool = False,
+            meta: RoutingMeta | None = None):
     """y (N, h) in x's dtype; with save also (act, g, u) (P, s) in sorted-row order.
-    walk_experts: the benchmarks' baseline schedule (routing_meta)."""
+    meta: routing_meta(idx, M, BM) when the caller has it (the backward reuses the
+    forward's); walk_experts: the benchmarks' baseline schedule (routing_meta)."""
     check_inputs(x, gates, idx, w_gate, w_up, w_down)
     x = x.contiguous()
     N, h = x.shape
     M, s, _ = w_gate.shape
     k = idx.shape[1]
     c = config(h, s, cfg)
-    meta = routing_meta(idx, M, c["BM"], walk_experts=walk_experts)
+    meta = _meta(meta, idx, M, c, walk_experts=walk_experts)
     P, dev, dt = N * k, x.device, x.dtype
     act = torch.empty(P, s, device=dev, dtype=dt)
     g = torch.empty(P if save else 1, s, device=dev, dtype=dt)
@@ -267,14 +279,16 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     return (y, act, g, u) if save else y
 
 
-def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | None = None):
-    """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, g, u."""
+def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | None = None,
+             meta: RoutingMeta | None = None):
+    """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, g, u
+    (and the forward's routing metadata when given)."""
     x, dy = x.contiguous(), dy.contiguous().to(x.dtype)
     N, h = x.shape
     M, s, _ = w_gate.shape
     k = idx.shape[1]
     c = config(h, s, cfg)
-    meta = routing_meta(idx, M, c["BM"])
+    meta = _meta(meta, idx, M, c)
     P, dev, dt = N * k, x.device, x.dtype
     B = meta.max_blocks
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)

@@ -31,30 +31,53 @@ def _(x, gates, idx, w_gate, w_up, w_down):
     return x.new_empty(x.shape)
 
 
+def _block_rows(w_gate: Tensor) -> int:
+    M, s, h = w_gate.shape
+    return _kernels().config(h, s)["BM"]
+
+
 @torch.library.custom_op("moremoe::swiglu_experts_train", mutates_args=())
 def train_op(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-             w_down: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _kernels().forward(x, gates, idx, w_gate, w_up, w_down, save=True)
+             w_down: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                      Tensor]:
+    """y, the saved act, g, u, and the routing metadata (order, offsets, block_expert,
+    block_start) that the backward reuses."""
+    from ..kernels.routing_meta import routing_meta
+    meta = routing_meta(idx, w_gate.shape[0], _block_rows(w_gate))
+    y, act, g, u = _kernels().forward(x, gates, idx, w_gate, w_up, w_down, save=True,
+                                      meta=meta)
+    return y, act, g, u, meta.order, meta.offsets, meta.block_expert, meta.block_start
 
 
 @train_op.register_fake
 def _(x, gates, idx, w_gate, w_up, w_down):
-    P, s = idx.numel(), w_gate.shape[1]
+    from ..kernels.routing_meta import max_blocks
+    P, (M, s, _) = idx.numel(), w_gate.shape
+    B = max_blocks(P, M, _block_rows(w_gate))
+    i64 = torch.int64
     return (x.new_empty(x.shape), x.new_empty((P, s)), x.new_empty((P, s)),
-            x.new_empty((P, s)))
+            x.new_empty((P, s)), idx.new_empty((P,), dtype=i64),
+            idx.new_empty((M + 1,), dtype=i64), idx.new_empty((B,), dtype=torch.int32),
+            idx.new_empty((B,), dtype=i64))
 
 
 @torch.library.custom_op("moremoe::swiglu_experts_train_bwd", mutates_args=())
 def bwd_op(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-           w_down: Tensor, act: Tensor, g: Tensor,
-           u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+           w_down: Tensor, act: Tensor, g: Tensor, u: Tensor, order: Tensor, offsets: Tensor,
+           block_expert: Tensor,
+           block_start: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    from ..kernels.routing_meta import RoutingMeta
+    meta = RoutingMeta(order=order, offsets=offsets, block_expert=block_expert,
+                       block_start=block_start, block_rows=_block_rows(w_gate),
+                       tokens=idx.shape[0], top_k=idx.shape[1])
     dx, dgates, dwg, dwu, dwd = _kernels().backward(dy, x, gates, idx, w_gate, w_up, w_down,
-                                                    act, g, u)
+                                                    act, g, u, meta=meta)
     return dx, dgates.to(gates.dtype), dwg, dwu, dwd
 
 
 @bwd_op.register_fake
-def _(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u):
+def _(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, order, offsets, block_expert,
+      block_start):
     return (x.new_empty(x.shape), gates.new_empty(gates.shape), w_gate.new_empty(w_gate.shape),
             w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape))
 
@@ -63,9 +86,8 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs, *output[1:])
 
 
-def _backward(ctx, dy, dact, dg, du):
-    x, gates, idx, w_gate, w_up, w_down, act, g, u = ctx.saved_tensors
-    dx, dgates, dwg, dwu, dwd = bwd_op(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u)
+def _backward(ctx, dy, *_unused):
+    dx, dgates, dwg, dwu, dwd = bwd_op(dy, *ctx.saved_tensors)
     return dx, dgates, None, dwg, dwu, dwd
 
 
