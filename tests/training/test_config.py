@@ -48,6 +48,8 @@ def test_layers_preset_file_set_and_flags(tmp_path):
     ("optim.betas=[0.9]", TypeError, r"optim\.betas must be a list of 2 numbers"),
     ("train.autocast=maybe", TypeError, r"train\.autocast must be true/false"),
     ("train.batch_size=0", ValueError, r"train\.batch_size must be >= 1, got 0"),
+    ("train.compile_mode=fast", ValueError,
+     r"train\.compile_mode must be one of default, reduce-overhead, .*got 'fast'"),
     ("model.kind=dense", ValueError, r"model\.kind must be one of \('moe', 'more'\)"),
     ("model.rank=8", ValueError, r"model\.rank must be null when model\.kind='moe'"),
     ("optim.lr=-1", ValueError, r"optim\.lr must be > 0, got -1"),

@@ -28,13 +28,16 @@ def test_tiny_run_on_gpu_stops_and_resumes(text_data, tmp_path, preset, experts_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_blocks_train_like_eager(text_data, tmp_path):
-    """train.compile (each block through torch.compile, the custom ops inside) follows the
-    eager loss curve to bf16 rounding; the lm head's padded GEMM runs in both."""
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_blocks_train_like_eager(text_data, tmp_path, mode):
+    """train.compile (each block through torch.compile, the custom ops inside; with CUDA
+    graphs in reduce-overhead, over 2 accumulation micro-steps) follows the eager loss curve
+    to bf16 rounding; the lm head's padded GEMM runs in both."""
     runs = {}
     for comp in (False, True):
         sets = ["model.seq_len=64", "train.log_every=5", "train.eval_every=20",
-                "train.max_steps=20", f"train.compile={str(comp).lower()}"]
+                "train.max_steps=20", "train.grad_accum=2", f"train.compile={str(comp).lower()}",
+                f"train.compile_mode={mode}"]
         runs[comp] = train(build_run_config(preset="tiny-more", data=str(text_data),
                                             out=str(tmp_path / f"c{comp}"), device="cuda",
                                             overrides=sets), echo=print)

@@ -100,6 +100,9 @@ class OptimSpec:
                 raise ValueError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """Data, batch, budget, evaluation, logging and checkpointing."""
@@ -125,6 +128,7 @@ class TrainSpec:
     device: str = "auto"              # "auto" | "cpu" | "cuda[:N]"
     autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
     compile: bool = False             # torch.compile each transformer block
+    compile_mode: str = "default"     # torch.compile's mode; "reduce-overhead": CUDA graphs
     tensorboard: bool = False         # also write TensorBoard events to out/tb
     peak_tflops: float | None = None  # per-GPU peak for MFU; None: known device or no MFU
 
@@ -144,15 +148,18 @@ class TrainSpec:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"train.{name} must be > 0 or null, got {v}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, "
+                             f"got {self.compile_mode!r}")
 
 
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
 # batch split may change too as long as the global batch stays (checked by the sampler).
 RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tokens",
                        "stop_step", "max_minutes", "eval_every", "eval_batches", "log_every",
-                       "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps", "out",
-                       "device",
-                       "compile", "tensorboard", "peak_tflops"},
+                       "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps",
+                       "out", "device", "compile", "compile_mode", "tensorboard",
+                       "peak_tflops"},
              "model": {"router_impl", "experts_impl"}}
 
 

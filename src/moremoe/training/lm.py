@@ -160,9 +160,13 @@ class LMTrainer:
         self.step, self.tokens = 0, 0
 
     def _wrapped(self) -> None:
-        if self.cfg.train.compile:        # block by block: the 12 blocks share one compiled graph
+        t = self.cfg.train
+        if t.compile:        # block by block: the 12 blocks share one compiled graph
             for block in self.model.blocks:
-                block.compile()
+                block.compile(mode=t.compile_mode)
+        # CUDA graphs (reduce-overhead, max-autotune) reuse their outputs' memory: each
+        # micro-step starts a new generation, after the previous one's outputs are consumed
+        self._graph_steps = t.compile and t.compile_mode in ("reduce-overhead", "max-autotune")
         self.ddp_model = ddp.wrap(self.model, self.info)
 
     def _resume_or_start(self, resume: bool) -> None:
@@ -213,6 +217,8 @@ class LMTrainer:
         """One optimizer step; returns (loss, lm_loss, aux_loss, grad_norm) on the device."""
         accum, sums = self.cfg.train.grad_accum, torch.zeros(3, device=self.dev)
         for j in range(accum):
+            if self._graph_steps:
+                torch.compiler.cudagraph_mark_step_begin()
             x_BT = self._micro_batch(j)
             last = j == accum - 1
             no_sync = self.ddp_model.no_sync if self.info.enabled and not last else \
