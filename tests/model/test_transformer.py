@@ -112,3 +112,25 @@ def test_repeat_kv_is_repeat_interleave_in_values_and_gradients(rep):
     g = torch.randn_like(want)
     torch.testing.assert_close(torch.autograd.grad(got, x, g)[0],
                                torch.autograd.grad(want, x, g)[0])
+
+
+def test_compiled_blocks_and_loss_match_eager():
+    torch.manual_seed(0)
+    model = Transformer(tiny(kv_heads=2))
+    tokens = torch.randint(0, 50, (2, 9))
+    targets = tokens.clone()
+    targets[0, :3] = IGNORE_INDEX
+
+    def run():
+        out = model(tokens, targets)
+        grads = torch.autograd.grad(out.loss, list(model.parameters()))
+        return out, grads
+    want, want_g = run()
+    names = [n for n, _ in model.named_parameters()]
+    model.compile_blocks(backend="aot_eager")
+    got, got_g = run()
+    assert [n for n, _ in model.named_parameters()] == names
+    torch.testing.assert_close(got.loss, want.loss)
+    torch.testing.assert_close(got.logits, want.logits)
+    for a, b in zip(got_g, want_g):
+        torch.testing.assert_close(a, b)

@@ -190,10 +190,17 @@ class TransformerOutput:
     expert_counts: list = field(default_factory=list)   # (M,) int64 per layer, when asked
 
 
+def lm_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """Mean fp32 cross-entropy over the positions whose target is not IGNORE_INDEX."""
+    return F.cross_entropy(logits_BTV.float().reshape(-1, logits_BTV.shape[-1]),
+                           targets_BT.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.config = cfg
+        self._lm_loss = lm_loss
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
@@ -202,6 +209,15 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+
+    def compile_blocks(self, mode: str = "default", backend: str = "inductor") -> None:
+        """torch.compile each block in place (the blocks share one compiled graph; `mode` is
+        torch.compile's) and the loss (default mode: the log-softmax reads the bf16 logits
+        and needs no fp32 copy of them; CUDA graphs would copy its input). The parameters and
+        their names are unchanged."""
+        for block in self.blocks:
+            block.compile(mode=mode, backend=backend)
+        self._lm_loss = torch.compile(lm_loss, backend=backend)
 
     def reset_parameters(self) -> None:
         """N(0, σ²) everywhere; residual output projections σ / sqrt(2 L) (GPT-2)."""
@@ -247,8 +263,7 @@ class Transformer(nn.Module):
             result.aux_loss = torch.stack([o.aux_loss for o in outs]).sum()
         if targets_BT is not None:
             check_tensor("targets", targets_BT, integer=True, shape=tokens_BT.shape)
-            result.lm_loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab),
-                                             targets_BT.reshape(-1), ignore_index=IGNORE_INDEX)
+            result.lm_loss = self._lm_loss(logits, targets_BT)
             result.loss = result.lm_loss + (result.aux_loss if result.aux_loss is not None
                                             else 0.0)
         return result

@@ -161,9 +161,8 @@ class LMTrainer:
 
     def _wrapped(self) -> None:
         t = self.cfg.train
-        if t.compile:        # block by block: the 12 blocks share one compiled graph
-            for block in self.model.blocks:
-                block.compile(mode=t.compile_mode)
+        if t.compile:
+            self.model.compile_blocks(t.compile_mode)
         # CUDA graphs (reduce-overhead, max-autotune) reuse their outputs' memory: each
         # micro-step starts a new generation, after the previous one's outputs are consumed
         self._graph_steps = t.compile and t.compile_mode in ("reduce-overhead", "max-autotune")
