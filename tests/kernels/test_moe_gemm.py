@@ -64,6 +64,33 @@ def test_fp16_within_fp16_error():
     assert (y.float() - ref32).norm() / ref32.norm() < 1e-2
 
 
+def test_fp32_weights_with_half_x_equal_the_cast_weights():
+    """fp32 weights are rounded to x's dtype as loaded: the same products as casting them
+    first, and fp32 weight gradients that round to the half ones."""
+    x, gates, idx, ws32 = make(37, 40, 24, 7, 3)
+    x = x.half()
+    ws16 = [w.half() for w in ws32]
+    y32, act32, g32, u32 = mg.forward(x, gates, idx, *ws32, save=True)
+    y16, act16, g16, u16 = mg.forward(x, gates, idx, *ws16, save=True)
+    assert y32.dtype == torch.float16
+    for a, b in ((y32, y16), (act32, act16), (g32, g16), (u32, u16)):
+        assert torch.equal(a, b)
+    dy = torch.randn_like(y16)
+    got = mg.backward(dy, x, gates, idx, *ws32, act32, g32, u32)
+    want = mg.backward(dy, x, gates, idx, *ws16, act16, g16, u16)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])     # dx, dgates
+    for dw32, dw16 in zip(got[2:], want[2:]):
+        assert dw32.dtype == torch.float32
+        assert torch.equal(dw32.half(), dw16)
+
+
+def test_no_pairs_give_zero_weight_gradients():
+    x, gates, idx, ws = make(0, 16, 16, 4, 2)
+    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    dx, dgates, *dws = mg.backward(torch.zeros_like(y), x, gates, idx, *ws, act, g, u)
+    assert dx.shape == (0, 16) and all(torch.count_nonzero(d) == 0 for d in dws)
+
+
 def test_deterministic_run_to_run():
     x, gates, idx, ws = make(64, 32, 16, 5, 3)
     y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
@@ -113,7 +140,7 @@ def test_requirements_are_checked():
     with pytest.raises(ValueError, match="w_gate, w_up"):
         mg.forward(x, gates, idx, ws[0], ws[1], ws[1])
     x, gates, idx, ws = make(4, 16, 16, 3, 2)
-    with pytest.raises(TypeError, match="share one dtype"):
+    with pytest.raises(TypeError, match="expert weights all x's dtype or all float32"):
         mg.forward(x, gates, idx, ws[0].double(), ws[1], ws[2])
 
 

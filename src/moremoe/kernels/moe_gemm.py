@@ -23,7 +23,11 @@ Backward
 The (P, s) intermediates are the same size as the activations a plain implementation keeps;
 the (P, h) pair rows are the price of a deterministic combine (see benchmarks/NOTES.md).
 Any h and s: the last chunk of each is masked, and the chunks BS / BH are at least 16 wide
-(the MMA's smallest K); offsets and row indices are int64.
+(the MMA's smallest K); offsets and row indices are int64. The weights are x's dtype or fp32
+(a model's fp32 master weights under autocast): fp32 tiles are rounded to x's dtype as they
+are loaded (round to nearest even, as torch's cast), so the products are those of the cast
+weights, with no cast copy of the weights in memory, and the weight gradients come out in
+fp32, ready to accumulate.
 """
 import torch
 import triton
@@ -69,8 +73,10 @@ def _gate_up_kernel(X, WG, WU, ACT, G, U, BLOCK_EXPERT, BLOCK_START, OFFSETS, OR
             hh = h0 + tl.arange(0, BH)
             h_ok = hh < H
             x = _tile2(X, tok, ok, sx_n, hh, h_ok, 1)
-            acc_g = tl.dot(x, tl.trans(_tile2(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h)), acc_g)
-            acc_u = tl.dot(x, tl.trans(_tile2(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h)), acc_u)
+            wg = _tile2(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            wu = _tile2(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            acc_g = tl.dot(x, tl.trans(wg), acc_g)
+            acc_u = tl.dot(x, tl.trans(wu), acc_u)
         act = acc_g * tl.sigmoid(acc_g) * acc_u
         offs = rows[:, None] * S + ss[None, :]
         mask = ok[:, None] & s_ok[None, :]
@@ -94,7 +100,8 @@ def _down_kernel(ACT, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
             ss = s0 + tl.arange(0, BS)
             s_ok = ss < S
             a = _tile2(ACT, rows, ok, S, ss, s_ok, 1)
-            acc = tl.dot(a, tl.trans(_tile2(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s)), acc)
+            wd = _tile2(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(a.dtype)
+            acc = tl.dot(a, tl.trans(wd), acc)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         tl.store(OUT + pair[:, None] * H + hh[None, :], (acc * gate[:, None]).to(
             OUT.dtype.element_ty), mask=ok[:, None] & h_ok[None, :])
@@ -209,9 +216,11 @@ def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
         raise ValueError(f"expert weights must be w_gate, w_up (M, s, h) = ({M}, {s}, {h}) "
                          f"and w_down (M, h, s); got {tuple(w_gate.shape)}, "
                          f"{tuple(w_up.shape)}, {tuple(w_down.shape)}")
-    if x.dtype not in DTYPES or any(w.dtype != x.dtype for w in (w_gate, w_up, w_down)):
-        raise TypeError(f"x and the expert weights must share one dtype of {DTYPES}, got "
-                        f"{x.dtype}, {w_gate.dtype}, {w_up.dtype}, {w_down.dtype}")
+    wdt = {w.dtype for w in (w_gate, w_up, w_down)}
+    if x.dtype not in DTYPES or len(wdt) != 1 or not wdt <= {x.dtype, torch.float32}:
+        raise TypeError(f"x must have a dtype of {DTYPES} and the expert weights all x's "
+                        f"dtype or all float32, got {x.dtype}, {w_gate.dtype}, "
+                        f"{w_up.dtype}, {w_down.dtype}")
     if idx.shape != gates.shape or idx.shape[0] != N:
         raise ValueError(f"topk_idx and gates must both be (N, k) with N={N}, got "
                          f"{tuple(idx.shape)} and {tuple(gates.shape)}")
@@ -298,7 +307,10 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | 
     du = torch.empty_like(dg)
     dgate = torch.zeros(n_s, max(P, 1), device=dev, dtype=torch.float32)
     dx_pairs = torch.empty(P, h, device=dev, dtype=dt)
-    dws = [torch.zeros_like(w) for w in (w_gate, w_up, w_down)]
+    # the dW kernels write every element (experts with no rows get zeros); with no pairs
+    # they do not run
+    new = torch.empty_like if P else torch.zeros_like
+    dws = [new(w) for w in (w_gate, w_up, w_down)]
     if P:
         blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
                    num_stages=c["num_stages"])

@@ -109,7 +109,10 @@ def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: s
     if resolve_experts_impl(impl, x_NH) == "reference":
         return ref.swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down)
     dt = compute_dtype(x_NH)
-    x, wg, wu, wd = (t.to(dt) for t in (x_NH, w_gate, w_up, w_down))
+    x, ws = x_NH.to(dt), (w_gate, w_up, w_down)
+    if any(w.dtype != torch.float32 for w in ws):     # fp32 weights are read as they are
+        ws = tuple(w.to(dt) for w in ws)
+    wg, wu, wd = ws
     gates = gates_NK.float()
     if needs_grad(x_NH, gates_NK, w_gate, w_up, w_down):
         return train_op(x, gates, topk_idx_NK, wg, wu, wd)[0]
