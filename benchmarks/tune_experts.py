@@ -5,6 +5,11 @@ backward at several (h, s) with N = 262,144, k = 4, M = 8,192, bf16, against the
 each output written once), and the combine kernel alone.
 
     python benchmarks/tune_experts.py [--out results.jsonl]
+
+--dw instead times the backward at the training shapes of the h = 512 pair (16,384 tokens a
+micro-batch, k = 4, MoE-256 s = 64 and MoRE-1792 s = 56, bf16 activations, fp32 weights as
+under autocast) over the weight-gradient kernel's own tiles (config keys dw_*), the rest of
+the backward fixed: the row with the default dw_* is the baseline.
 """
 import argparse
 import json
@@ -35,15 +40,60 @@ def setup(N, h, s, M, k, dev):
     return x, gates, idx.int(), ws
 
 
+DW_CONFIGS = [None] + [dict(dw_BR=br, dw_BS=bs, dw_BH=bh, dw_warps=w, dw_stages=st)
+                       for br in (32, 64, 128) for bs, bh in ((64, 64), (64, 128), (32, 128),
+                                                              (64, 256))
+                       for w in (4, 8) for st in (2, 3)]
+DW_SHAPES = [(16384, 512, 64, 256), (16384, 512, 56, 1792)]      # N tokens, h, s, M
+
+
+def tune_dw(out, env, dev):
+    k = 4
+    for N, h, s, M in DW_SHAPES:
+        x, gates, idx, ws = setup(N, h, s, M, k, dev)
+        ws = [w.float() for w in ws]
+        y, act, g, u = moe_gemm.forward(x, gates, idx, *ws, save=True)
+        dy = torch.randn_like(y)
+        base, best = None, None
+        for cfg in DW_CONFIGS:
+            row = {"phase": "dw", "h": h, "s": s, "N": N, "M": M, "k": k,
+                   **moe_gemm.config(h, s, cfg), "default": cfg is None, **env}
+            try:
+                row["bwd_ms"] = time_ms(lambda: moe_gemm.backward(dy, x, gates, idx, *ws, act,
+                                                                  g, u, cfg=cfg), device=dev)
+            except Exception as err:               # out of shared memory / registers
+                row["error"] = f"{type(err).__name__}: {str(err)[:120]}"
+            if out:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+            if "bwd_ms" not in row:
+                print(f"M={M} s={s} {cfg}: {row['error']}", flush=True)
+                continue
+            base = row["bwd_ms"] if cfg is None else base
+            if best is None or row["bwd_ms"] < best[0]:
+                best = (row["bwd_ms"], cfg)
+            print(f"M={M} s={s} {cfg or 'default'}: backward {row['bwd_ms']:.3f} ms "
+                  f"({row['bwd_ms'] / base:.2f}x default)", flush=True)
+        print(f"BEST dw M={M} s={s}: {best[0]:.3f} ms vs default {base:.3f} ms: {best[1]}",
+              flush=True)
+        del x, gates, idx, ws, y, act, g, u, dy
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="append JSON rows to this file")
     ap.add_argument("--N", type=int, default=262144)
     ap.add_argument("--M", type=int, default=8192)
+    ap.add_argument("--dw", action="store_true",
+                    help="sweep the weight-gradient tiles at the training shapes instead")
     args = ap.parse_args()
     dev = torch.device("cuda")
     ceil, env = ceilings(dev), environment(dev)
     out = open(args.out, "a") if args.out else None
+    if args.dw:
+        tune_dw(out, env, dev)
+        return 0
     N, M, k = args.N, args.M, 4
     for h, s in SHAPES:
         x, gates, idx, ws = setup(N, h, s, M, k, dev)

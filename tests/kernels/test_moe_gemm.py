@@ -176,3 +176,21 @@ def test_backward_reuses_the_forwards_routing_metadata():
         mg.forward(x, gates, idx, *ws, meta=routing_meta(idx, 7, 32))
     with pytest.raises(ValueError, match=r"\(N, k\) = \(12, 3\)"):
         mg.forward(x, gates, idx, *ws, meta=routing_meta(idx[:12], 7, 64))
+
+
+def test_weight_gradient_tiles_are_their_own_config():
+    c = mg.config(512, 56)
+    assert (c["dw_BR"], c["dw_BS"], c["dw_BH"], c["dw_warps"]) == (c["BM"], c["BS"], c["BH"],
+                                                                   c["num_warps"])
+    c = mg.config(512, 56, {"BM": 128, "dw_BR": 32, "dw_BH": 128})
+    assert (c["BM"], c["dw_BR"], c["dw_BS"], c["dw_BH"]) == (128, 32, 64, 128)
+    with pytest.raises(ValueError, match=r"unknown expert kernel config keys \['BX'\]"):
+        mg.config(512, 56, {"BX": 1})
+    x, gates, idx, ws = make(29, 40, 24, 5, 3)
+    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    dy = torch.randn_like(y)
+    want = mg.backward(dy, x, gates, idx, *ws, act, g, u)
+    got = mg.backward(dy, x, gates, idx, *ws, act, g, u,
+                      cfg={"dw_BR": 16, "dw_BS": 16, "dw_BH": 32})
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

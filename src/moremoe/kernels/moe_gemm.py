@@ -227,12 +227,20 @@ def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
 
 
 def config(h: int, s: int, overrides: dict | None = None) -> dict:
-    """BM sorted rows per block (a 64-row MMA), BS / BH the s and h chunks."""
+    """BM sorted rows per block (a 64-row MMA), BS / BH the s and h chunks; dw_* the weight
+    gradients' own tiles (rows summed per step, the two weight dimensions), warps and
+    stages, by default the same as the blocks'."""
     pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
     cfg = {"BM": 64, "BS": max(16, min(64, pow2(s))), "BH": max(16, min(64, pow2(h))),
-           "num_warps": 4,
-           "num_stages": 2}
-    cfg.update(overrides or {})
+           "num_warps": 4, "num_stages": 2}
+    cfg.update({k: v for k, v in (overrides or {}).items() if not k.startswith("dw_")})
+    cfg.update({"dw_BR": cfg["BM"], "dw_BS": cfg["BS"], "dw_BH": cfg["BH"],
+                "dw_warps": cfg["num_warps"], "dw_stages": cfg["num_stages"]})
+    cfg.update({k: v for k, v in (overrides or {}).items() if k.startswith("dw_")})
+    unknown = set(cfg) - {"BM", "BS", "BH", "num_warps", "num_stages", "dw_BR", "dw_BS",
+                          "dw_BH", "dw_warps", "dw_stages"}
+    if unknown:
+        raise ValueError(f"unknown expert kernel config keys {sorted(unknown)}")
     return cfg
 
 
@@ -318,14 +326,17 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | 
                                    h, s, P, k, dy.stride(0), *w_down.stride(), **blk)
         _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dg, du, w_gate, w_up, dx_pairs, *args, h, s,
                                                  *w_gate.stride(), **blk)
-        dwk = dict(BR=c["BM"], BC=c["BS"], BD=c["BH"], num_warps=c["num_warps"])
+        bs, bh = c["dw_BS"], c["dw_BH"]
+        dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"])
         for a, dw in ((dg, dws[0]), (du, dws[1])):       # dW = aᵀ x: (s, h) per expert
-            _dw_kernel[(M, triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"]))](
+            _dw_kernel[(M, triton.cdiv(s, bs), triton.cdiv(h, bh))](
                 a, x, gates_flat, dw, meta.offsets, meta.order, s, h, k, s, x.stride(0),
-                *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, **dwk)
-        _dw_kernel[(M, triton.cdiv(h, c["BS"]), triton.cdiv(s, c["BH"]))](   # (gate dy)ᵀ act
+                *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, BC=bs, BD=bh,
+                **dwk)
+        _dw_kernel[(M, triton.cdiv(h, bh), triton.cdiv(s, bs))](   # (gate dy)ᵀ act: (h, s)
             dy, act, gates_flat, dws[2], meta.offsets, meta.order, h, s, k, dy.stride(0), s,
-            *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False, SCALE_A=True, **dwk)
+            *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False, SCALE_A=True, BC=bh, BD=bs,
+            **dwk)
     dx = _combine(dx_pairs, N, k, h, dt)
     dgates = dgate.sum(0)[:P].reshape(N, k)
     return (dx, dgates, *dws)
