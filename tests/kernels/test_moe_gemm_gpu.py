@@ -80,3 +80,22 @@ def test_auto_dispatch_edges_with_autograd(case):
     used = torch.zeros(M, dtype=torch.bool, device="cuda")
     used[idx.long().flatten()] = True
     assert (ex.w_up.grad[~used] == 0).all() and (ex.w_up.grad[used].abs().sum() > 0)
+
+
+def test_fp32_weights_with_bf16_x_equal_the_cast_weights_at_training_size():
+    """The MoRE-1792 layer of the h = 512 pair at one micro-batch: fp32 master weights read by
+    the kernels give the products of the bf16-cast weights bit for bit, and fp32 weight
+    gradients that round to the bf16 ones."""
+    from moremoe.kernels import moe_gemm as mg
+    x, gates, idx, ws16 = _setup(16384, 512, 56, 1792, 4, seed=2)
+    ws32 = [w.float() for w in ws16]
+    out32 = mg.forward(x, gates, idx, *ws32, save=True)
+    out16 = mg.forward(x, gates, idx, *ws16, save=True)
+    for a, b in zip(out32, out16):
+        assert torch.equal(a, b)
+    dy = torch.randn_like(out16[0])
+    got = mg.backward(dy, x, gates, idx, *ws32, *out32[1:])
+    want = mg.backward(dy, x, gates, idx, *ws16, *out16[1:])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for dw32, dw16 in zip(got[2:], want[2:]):
+        assert dw32.dtype == torch.float32 and torch.equal(dw32.bfloat16(), dw16)
