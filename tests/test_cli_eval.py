@@ -76,6 +76,22 @@ def test_eval_validation_perplexity(tmp_path, capsys):
     assert ppl["perplexity"] == pytest.approx(math.exp(ppl["loss"]))
 
 
+def test_eval_cuts_longer_rows_to_the_models_length(tmp_path, capsys):
+    model = tiny_gpt2_model()                                   # max_seq_len 32
+    val = np.random.default_rng(1).integers(0, 50257, size=(3, 64))
+    data = write_data_dir(tmp_path / "data", val)
+    rc = main(["eval", str(hf_dir(tmp_path, model)), "--data", str(data), "--tasks", "none",
+               "--batch-size", "4", "--device", "cpu", "--json"])
+    assert rc == 0
+    ppl = json.loads(capsys.readouterr().out)["perplexity"]
+    rows = torch.as_tensor(val.reshape(6, 32))                 # as training reads them
+    with torch.no_grad():
+        logits = model(rows[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50257), rows[:, 1:].reshape(-1))
+    assert ppl["tokens"] == 6 * 31
+    assert ppl["loss"] == pytest.approx(float(loss), rel=1e-5)
+
+
 def test_hf_export_of_a_checkpoint_loads_with_auto_classes(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("moremoe.training.checkpoint")
@@ -102,3 +118,9 @@ def test_eval_errors_name_the_problem(tmp_path):
         main(["eval", str(tmp_path), "--tasks", "none"])
     with pytest.raises(SystemExit, match="does not exist"):
         main(["eval", str(tmp_path / "missing"), "--tasks", "sciq"])
+    small = Transformer(TransformerConfig(vocab=1000, layers=1, heads=2, max_seq_len=32,
+                                          moe=MoEConfig.more(8, 2, 32, 8, 4))).eval()
+    data = write_data_dir(tmp_path / "data", np.zeros((2, 16), dtype=np.int64))
+    with pytest.raises(SystemExit, match="vocab_size=50257 exceeds the model's vocab=1000"):
+        main(["eval", str(hf_dir(tmp_path, small)), "--data", str(data), "--tasks", "none",
+              "--device", "cpu"])

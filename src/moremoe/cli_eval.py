@@ -19,6 +19,19 @@ def _model_and_device(args):
         raise SystemExit(f"error: cannot load {args.model!r}: {err}") from None
 
 
+def _val_rows(data: str, config):
+    """The validation rows of a prepared directory, cut to the model's max_seq_len when they
+    are longer (as training reads them), after checking the vocabulary fits the model."""
+    from .tasks.text import open_tokens, read_meta
+    from .training.data import rows_of
+    vocab = int(read_meta(data)["vocab_size"])
+    if vocab > config.vocab:
+        raise ValueError(f"the data's vocab_size={vocab} exceeds the model's vocab="
+                         f"{config.vocab}")
+    rows = open_tokens(data, "val")
+    return rows_of(rows, config.max_seq_len) if rows.shape[1] > config.max_seq_len else rows
+
+
 def cmd_eval(args) -> int:
     from .eval.harness import run_harness
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
@@ -28,9 +41,8 @@ def cmd_eval(args) -> int:
     result = {"model": str(args.model), "device": str(device), "perplexity": None, "tasks": {}}
     if args.data:
         from .eval.perplexity import evaluate_perplexity
-        from .tasks.text import open_tokens
         try:
-            seqs = open_tokens(args.data, "val")
+            seqs = _val_rows(args.data, model.config)
         except ValueError as err:
             raise SystemExit(f"error: --data {args.data}: {err}") from None
         result["perplexity"] = evaluate_perplexity(model, seqs, batch_size=args.batch_size,

@@ -13,9 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-def _unwrap(model):
-    return getattr(model, "module", model)
+from ..parallel.ddp import unwrap
+from ..training.common import autocast_dtype
 
 
 @torch.no_grad()
@@ -28,9 +27,9 @@ def evaluate_perplexity(model, seqs_NT: np.ndarray | torch.Tensor, *, batch_size
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if seqs_NT.ndim != 2 or seqs_NT.shape[1] < 2:
         raise ValueError(f"seqs_NT must be (N, T) with T >= 2, got shape {tuple(seqs_NT.shape)}")
-    model = _unwrap(model)
+    model = unwrap(model)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    amp = torch.bfloat16 if device.type == "cuda" else None
+    amp = autocast_dtype(device)
     n = seqs_NT.shape[0] if max_batches is None else min(seqs_NT.shape[0], max_batches * batch_size)
     was_training = model.training
     model.eval()
