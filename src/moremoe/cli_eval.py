@@ -93,11 +93,7 @@ def cmd_hf_export(args) -> int:
         model = load_model(args.checkpoint)
     except (ValueError, OSError) as err:
         raise SystemExit(f"error: {err}") from None
-    # the GPT-2 vocabulary of `moremoe data prepare`: <|endoftext|> ends generation
-    from .tasks.tokenizer import EOT_ID, VOCAB_SIZE
-    eot = {"eos_token_id": EOT_ID, "bos_token_id": EOT_ID} if model.config.vocab == VOCAB_SIZE \
-        else {}
-    export(model, args.out_dir, **eot)
+    export(model, args.out_dir)
     out = {"checkpoint": str(args.checkpoint), "out_dir": str(args.out_dir)}
     _emit(args, out, f"wrote {args.out_dir} (config.json, model.safetensors); load it with "
           f"moremoe.hf.register() and AutoModelForCausalLM.from_pretrained")

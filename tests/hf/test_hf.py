@@ -94,3 +94,17 @@ def test_padding_and_inconsistent_configs_are_refused():
         MoremoeConfig(moe=MoEConfig.moe(8, 2, 32, 8).to_dict(), hidden_size=64)
     with pytest.raises(ValueError, match="heads must divide"):
         MoremoeConfig(moe=MoEConfig.moe(8, 2, 32, 8).to_dict(), num_attention_heads=5)
+
+
+def test_gpt2_vocabulary_sets_end_of_text_as_eos_and_bos():
+    moe = MoEConfig.more(8, 2, 32, 8, 4)
+    gpt2 = MoremoeConfig.from_transformer_config(TransformerConfig(vocab=50257, layers=1,
+                                                                   heads=2, moe=moe))
+    assert gpt2.eos_token_id == gpt2.bos_token_id == 50256
+    other = MoremoeConfig.from_transformer_config(TransformerConfig(vocab=300, layers=1,
+                                                                    heads=2, moe=moe))
+    assert getattr(other, "eos_token_id", None) is None
+    given = MoremoeConfig.from_transformer_config(TransformerConfig(vocab=50257, layers=1,
+                                                                    heads=2, moe=moe),
+                                                  eos_token_id=7)
+    assert given.eos_token_id == 7

@@ -53,6 +53,12 @@ class MoremoeConfig(PretrainedConfig):
 
     @classmethod
     def from_transformer_config(cls, cfg: TransformerConfig, **kwargs) -> "MoremoeConfig":
+        """With the GPT-2 vocabulary of `moremoe data prepare`, <|endoftext|> is the eos and
+        bos token (generation stops there) unless kwargs say otherwise."""
+        from ..tasks.tokenizer import EOT_ID, VOCAB_SIZE
+        if cfg.vocab == VOCAB_SIZE:
+            kwargs.setdefault("eos_token_id", EOT_ID)
+            kwargs.setdefault("bos_token_id", EOT_ID)
         d = cfg.to_dict()
         fields = {attr: d[name] for name, attr in _NAMES.items()}
         return cls(moe=d["moe"], **fields, **kwargs)
