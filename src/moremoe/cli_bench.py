@@ -55,8 +55,9 @@ def _run_bench(args, name: str, runner, render) -> int:
     for row in runner(device, progress=progress, **args.runner_kwargs):
         rows.append(row)
         harness.append_jsonl(out, [row])
-    paths = render(harness.read_jsonl(out), out.parent)
-    extra = args.summarize(harness.read_jsonl(out)) if args.summarize else ""
+    all_rows = harness.read_jsonl(out)               # this run's and earlier runs' rows
+    paths = render(all_rows, out.parent)
+    extra = args.summarize(all_rows) if args.summarize else ""
     _emit(args, {"rows": rows, "file": str(out), "plots": [str(p) for p in paths]},
           args.table(rows) + extra + f"\nrows: {out}\nplots: " + ", ".join(map(str, paths)))
     return 0

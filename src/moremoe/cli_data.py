@@ -59,7 +59,10 @@ def cmd_verify(args) -> int:
 
 def cmd_corpus(args) -> int:
     from .tasks.text import stdlib_corpus
-    paths = stdlib_corpus(args.out, format=args.format, source=args.python_source)
+    try:
+        paths = stdlib_corpus(args.out, format=args.format, source=args.python_source)
+    except (ValueError, RuntimeError, OSError) as err:
+        raise SystemExit(f"error: {err}") from None
     nbytes = sum(p.stat().st_size for p in paths)
     emit(args, {"out": str(args.out), "files": len(paths), "bytes": nbytes},
          f"{len(paths):,} files, {nbytes / 2**20:,.1f} MiB of text in {args.out}\n"

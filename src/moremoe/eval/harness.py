@@ -77,9 +77,12 @@ def _float(x):
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
+_PUNCT = frozenset(string.punctuation)
+
+
 def _normalize(text: str) -> list[str]:
     """SQuAD's answer normalisation: lower case, no punctuation, no articles."""
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
     return re.sub(r"\b(a|an|the)\b", " ", text).split()
 
 

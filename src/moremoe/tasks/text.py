@@ -76,6 +76,12 @@ def verify_tokens(dir: str | Path) -> dict:
     """Check every file of a prepared directory in full (sizes, sha256, id range); returns
     a per-split report and raises ValueError on the first problem."""
     meta = read_meta(dir)
+    n_total = (meta["train_sequences"] + meta["val_sequences"]) * meta["seq_len"]
+    if "tokens" in meta and "dropped_tokens" in meta and \
+            n_total + meta["dropped_tokens"] != meta["tokens"]:     # before reading the arrays
+        raise ValueError(f"{Path(dir) / 'meta.json'}: train + val + dropped tokens = "
+                         f"{n_total + meta['dropped_tokens']:,}, but tokens = "
+                         f"{meta['tokens']:,}: the file is inconsistent")
     report = {"dir": str(dir), "seq_len": meta["seq_len"], "splits": {}}
     for split in SPLITS:
         path, n, seq_len = _checked_path(Path(dir), split, meta)
@@ -83,12 +89,6 @@ def verify_tokens(dir: str | Path) -> dict:
         report["splits"][split] = {"sequences": n, "bytes": n * seq_len * DTYPE.itemsize,
                                    "sha256": meta["sha256"][f"{split}.bin"],
                                    "max_id": top if n else None}
-    n_total = (meta["train_sequences"] + meta["val_sequences"]) * meta["seq_len"]
-    if "tokens" in meta and "dropped_tokens" in meta and \
-            n_total + meta["dropped_tokens"] != meta["tokens"]:
-        raise ValueError(f"{Path(dir) / 'meta.json'}: train + val + dropped tokens = "
-                         f"{n_total + meta['dropped_tokens']:,}, but tokens = "
-                         f"{meta['tokens']:,}: the file is inconsistent")
     report["ok"] = True
     return report
 
