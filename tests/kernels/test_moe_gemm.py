@@ -142,6 +142,9 @@ def test_requirements_are_checked():
     x, gates, idx, ws = make(4, 16, 16, 3, 2)
     with pytest.raises(TypeError, match="expert weights all x's dtype or all float32"):
         mg.forward(x, gates, idx, ws[0].double(), ws[1], ws[2])
+    w_up_t = ws[1].transpose(1, 2).contiguous().transpose(1, 2)       # same shape, strides differ
+    with pytest.raises(ValueError, match="w_up must have w_gate's strides"):
+        mg.forward(x, gates, idx, ws[0], w_up_t, ws[2])
 
 
 def test_custom_ops_opcheck_and_autograd_through_the_module():

@@ -1,1 +1,1 @@
-"""Benchmarks: one timing harness (``timing``) and one small module per benchmark."""
+"""Benchmarks: one timing harness (``harness``) and one small module per benchmark."""

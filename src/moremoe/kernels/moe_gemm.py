@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from . import DTYPES
+from .router_topk import _load_rows, next_pow2
 from .routing_meta import RoutingMeta, routing_meta
 
 
@@ -48,12 +49,6 @@ def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM: tl.constexpr):
     ok = rows < end
     pair = tl.load(ORDER + rows, mask=ok, other=0)
     return e, rows, ok, pair
-
-
-@triton.jit
-def _tile2(PTR, r64, r_ok, stride_r, c, c_ok, stride_c):
-    return tl.load(PTR + r64[:, None] * stride_r + c[None, :] * stride_c,
-                   mask=r_ok[:, None] & c_ok[None, :], other=0.0)
 
 
 @triton.jit
@@ -72,9 +67,9 @@ def _gate_up_kernel(X, WG, WU, ACT, G, U, BLOCK_EXPERT, BLOCK_START, OFFSETS, OR
         for h0 in range(0, H, BH):
             hh = h0 + tl.arange(0, BH)
             h_ok = hh < H
-            x = _tile2(X, tok, ok, sx_n, hh, h_ok, 1)
-            wg = _tile2(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-            wu = _tile2(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            x = _load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
+            wg = _load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            wu = _load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
             acc_g = tl.dot(x, tl.trans(wg), acc_g)
             acc_u = tl.dot(x, tl.trans(wu), acc_u)
         act = acc_g * tl.sigmoid(acc_g) * acc_u
@@ -99,8 +94,8 @@ def _down_kernel(ACT, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
         for s0 in range(0, S, BS):
             ss = s0 + tl.arange(0, BS)
             s_ok = ss < S
-            a = _tile2(ACT, rows, ok, S, ss, s_ok, 1)
-            wd = _tile2(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(a.dtype)
+            a = _load_rows(ACT, rows, ok, S, ss, s_ok, 1)
+            wd = _load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(a.dtype)
             acc = tl.dot(a, tl.trans(wd), acc)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         tl.store(OUT + pair[:, None] * H + hh[None, :], (acc * gate[:, None]).to(
@@ -115,7 +110,7 @@ def _combine_kernel(IN, Y, N, H, K: tl.constexpr, BN: tl.constexpr, BH: tl.const
     h_ok = hh < H
     acc = tl.zeros((BN, BH), tl.float32)
     for j in tl.static_range(K):
-        acc += _tile2(IN, n * K + j, n_ok, H, hh, h_ok, 1).to(tl.float32)
+        acc += _load_rows(IN, n * K + j, n_ok, H, hh, h_ok, 1).to(tl.float32)
     tl.store(Y + n[:, None] * H + hh[None, :], acc.to(Y.dtype.element_ty),
              mask=n_ok[:, None] & h_ok[None, :])
 
@@ -134,8 +129,8 @@ def _down_bwd_kernel(DY, WD, ACT, G, U, GATES, DG, DU, DGATE, BLOCK_EXPERT, BLOC
         for h0 in range(0, H, BH):
             hh = h0 + tl.arange(0, BH)
             h_ok = hh < H
-            dy = _tile2(DY, tok, ok, sdy_n, hh, h_ok, 1)
-            t = tl.dot(dy, _tile2(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(dy.dtype), t)
+            dy = _load_rows(DY, tok, ok, sdy_n, hh, h_ok, 1)
+            t = tl.dot(dy, _load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(dy.dtype), t)
         offs = rows[:, None] * S + ss[None, :]
         mask = ok[:, None] & s_ok[None, :]
         act = tl.load(ACT + offs, mask=mask, other=0.0).to(tl.float32)
@@ -164,10 +159,10 @@ def _dx_kernel(DG, DU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
         for s0 in range(0, S, BS):
             ss = s0 + tl.arange(0, BS)
             s_ok = ss < S
-            dg = _tile2(DG, rows, ok, S, ss, s_ok, 1)
-            du = _tile2(DU, rows, ok, S, ss, s_ok, 1)
-            acc = tl.dot(dg, _tile2(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dg.dtype), acc)
-            acc = tl.dot(du, _tile2(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(du.dtype), acc)
+            dg = _load_rows(DG, rows, ok, S, ss, s_ok, 1)
+            du = _load_rows(DU, rows, ok, S, ss, s_ok, 1)
+            acc = tl.dot(dg, _load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dg.dtype), acc)
+            acc = tl.dot(du, _load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(du.dtype), acc)
         tl.store(OUT + pair[:, None] * H + hh[None, :], acc.to(OUT.dtype.element_ty),
                  mask=ok[:, None] & h_ok[None, :])
 
@@ -197,11 +192,11 @@ def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, C, D, K, sa_r, sb_r, sw_e, sw_c,
             ra = pair // K
         if B_BY_TOKEN:
             rb = pair // K
-        a = _tile2(A, ra, ok, sa_r, cc, c_ok, 1)
+        a = _load_rows(A, ra, ok, sa_r, cc, c_ok, 1)
         if SCALE_A:
             gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
             a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
-        b = _tile2(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
+        b = _load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
         acc = tl.dot(tl.trans(a), b, acc)
     tl.store(DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d,
              acc.to(DW.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
@@ -221,6 +216,9 @@ def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
         raise TypeError(f"x must have a dtype of {DTYPES} and the expert weights all x's "
                         f"dtype or all float32, got {x.dtype}, {w_gate.dtype}, "
                         f"{w_up.dtype}, {w_down.dtype}")
+    if w_up.stride() != w_gate.stride():        # the kernels take one set of strides for both
+        raise ValueError(f"w_up must have w_gate's strides {w_gate.stride()}, got "
+                         f"{w_up.stride()}")
     if idx.shape != gates.shape or idx.shape[0] != N:
         raise ValueError(f"topk_idx and gates must both be (N, k) with N={N}, got "
                          f"{tuple(idx.shape)} and {tuple(gates.shape)}")
@@ -230,8 +228,7 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
     """BM sorted rows per block (a 64-row MMA), BS / BH the s and h chunks; dw_* the weight
     gradients' own tiles (rows summed per step, the two weight dimensions), warps and
     stages, by default the same as the blocks'."""
-    pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
-    cfg = {"BM": 64, "BS": max(16, min(64, pow2(s))), "BH": max(16, min(64, pow2(h))),
+    cfg = {"BM": 64, "BS": max(16, min(64, next_pow2(s))), "BH": max(16, min(64, next_pow2(h))),
            "num_warps": 4, "num_stages": 2}
     cfg.update({k: v for k, v in (overrides or {}).items() if not k.startswith("dw_")})
     cfg.update({"dw_BR": cfg["BM"], "dw_BS": cfg["BS"], "dw_BH": cfg["BH"],
@@ -247,7 +244,7 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
 def _combine(pair_rows, N, k, h, dtype):
     y = torch.empty(N, h, device=pair_rows.device, dtype=dtype)
     if N:
-        BN, BH = 32, min(128, 1 << (h - 1).bit_length())
+        BN, BH = 32, min(128, next_pow2(h))
         _combine_kernel[(triton.cdiv(N, BN), triton.cdiv(h, BH))](pair_rows, y, N, h, K=k,
                                                                   BN=BN, BH=BH)
     return y

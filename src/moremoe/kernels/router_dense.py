@@ -227,7 +227,7 @@ def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 
         x, w, m_row, z_row, pbar, idx, dval, g, g, N, H, M, H, *strides, idx.stride(0), 0,
         K=k, MODE=LINEAR, BN=BN, BM=BM, BR=16, BH=cfg["BH"],
         PREC=dot_precision(x.dtype), G_ONLY=True, num_warps=cfg["num_warps"])
-    dl_dtype = torch.float32 if x.dtype == torch.float32 else x.dtype
+    dl_dtype = x.dtype                  # check_rows: w has x's dtype
     mc_max = max(BM, (chunk_bytes // (max(N, 1) * dl_dtype.itemsize)) // BM * BM)
     dx = torch.zeros(N, H, device=x.device, dtype=torch.float32)
     dw = torch.empty(M, H, device=x.device, dtype=torch.float32)
@@ -238,8 +238,8 @@ def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 
             x, w, m_row, z_row, pbar, g, idx, dval, dl, N, H, m0, mc, *strides, idx.stride(0),
             K=k, BN=BN, BM=BM, BH=cfg["BH"], PREC=dot_precision(x.dtype),
             num_warps=cfg["num_warps"])
-        dx += (dl @ w[m0:m0 + mc].to(dl_dtype)).float()
-        dw[m0:m0 + mc] = (dl.T @ x.to(dl_dtype)).float()
+        dx += (dl @ w[m0:m0 + mc]).float()
+        dw[m0:m0 + mc] = (dl.T @ x).float()
     return dx, dw
 
 

@@ -2,8 +2,8 @@
 
 M experts of width s, stored as stacked tensors: w_gate, w_up (M, s, h) and w_down (M, h, s).
 Expert e computes f_e(x) = W_down,e (silu(W_gate,e x) ⊙ W_up,e x); the layer returns
-y_n = Σ_j gates[n, j] · f_{topk_idx[n, j]}(x_n). impl: "auto" (the reference), "triton"
-(the grouped kernels) or "reference".
+y_n = Σ_j gates[n, j] · f_{topk_idx[n, j]}(x_n). impl: "auto" (the grouped Triton kernels
+on CUDA, else the reference), "triton" or "reference".
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ class MoEConfig:
     init_std: float = 0.02
     balance_coef: float = 0.001
     router_impl: str = "auto"         # "auto" | "triton" | "reference"
-    experts_impl: str = "auto"        # "auto" (reference) | "triton" | "reference"
+    experts_impl: str = "auto"        # "auto" (Triton on CUDA) | "triton" | "reference"
 
     def __post_init__(self):
         check_int("experts", self.experts)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from . import reference as ref
-from .dispatch import IMPLS, compute_dtype, needs_grad, resolve_impl
+from .dispatch import compute_dtype, needs_grad, resolve_impl
 
 
 def _kernels():
@@ -95,13 +95,8 @@ train_op.register_autograd(_backward, setup_context=_setup)
 
 
 def resolve_experts_impl(impl: str, x: Tensor) -> str:
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return resolve_impl("auto", x, 1)
-    if impl == "triton":
-        resolve_impl("triton", x, 1)          # raises when Triton cannot run on x's device
-    return impl
+    """resolve_impl for the experts (no top-k limit applies)."""
+    return resolve_impl(impl, x, 1)
 
 
 def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: str = "auto"):
