@@ -52,7 +52,8 @@ def tune_dw(out, env, dev):
     for N, h, s, M in DW_SHAPES:
         x, gates, idx, ws = setup(N, h, s, M, k, dev)
         ws = [w.float() for w in ws]
-        y, act, g, u = moe_gemm.forward(x, gates, idx, *ws, save=True)
+        meta = moe_gemm.routing_meta(idx, M, moe_gemm.config(h, s)["BM"])
+        y, act, g, u = moe_gemm.forward(x, gates, idx, *ws, save=True, meta=meta)
         dy = torch.randn_like(y)
         base, best = None, None
         for cfg in DW_CONFIGS:
@@ -60,7 +61,8 @@ def tune_dw(out, env, dev):
                    **moe_gemm.config(h, s, cfg), "default": cfg is None, **env}
             try:
                 row["bwd_ms"] = time_ms(lambda: moe_gemm.backward(dy, x, gates, idx, *ws, act,
-                                                                  g, u, cfg=cfg), device=dev)
+                                                                  g, u, cfg=cfg, meta=meta),
+                                        device=dev)
             except Exception as err:               # out of shared memory / registers
                 row["error"] = f"{type(err).__name__}: {str(err)[:120]}"
             if out:
@@ -106,12 +108,16 @@ def main():
                 continue
             row = {"h": h, "s": s, "N": N, "M": M, "k": k, **cfg, **env}
             try:
-                y, act, g, u = moe_gemm.forward(x, gates, idx, *ws, save=True, cfg=cfg)
+                # the backward reuses the forward's routing metadata, as in training
+                meta = moe_gemm.routing_meta(idx, M, moe_gemm.config(h, s, cfg)["BM"])
+                y, act, g, u = moe_gemm.forward(x, gates, idx, *ws, save=True, cfg=cfg,
+                                                meta=meta)
                 dy = torch.randn_like(y)
                 row["fwd_ms"] = time_ms(lambda: moe_gemm.forward(x, gates, idx, *ws, cfg=cfg),
                                         device=dev)
                 row["bwd_ms"] = time_ms(lambda: moe_gemm.backward(dy, x, gates, idx, *ws, act,
-                                                                  g, u, cfg=cfg), device=dev)
+                                                                  g, u, cfg=cfg, meta=meta),
+                                        device=dev)
                 row["fwd_floor"] = floor_ms(fwd_flops, fwd_bytes, ceil)
                 row["bwd_floor"] = floor_ms(2 * fwd_flops, bwd_bytes, ceil)
                 del y, act, g, u, dy

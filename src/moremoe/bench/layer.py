@@ -250,12 +250,14 @@ def run_experts(device, *, quick=False, progress=None):
         # backward dy, x, W, the saved (act, g, u) -> dx, dW
         nbytes = 2 * (2 * p.N * p.h) + 2 * (3 * p.M * p.h * s)
         bwd_bytes = 2 * (3 * p.N * p.h) + 2 * (2 * 3 * p.M * p.h * s) + 2 * (3 * p.N * p.k * s)
-        y, act, g, u = moe_gemm.forward(*args, save=True)
+        # the backward reuses the forward's routing metadata, as in training
+        meta = moe_gemm.routing_meta(routed.topk_idx, p.M, moe_gemm.config(p.h, s)["BM"])
+        y, act, g, u = moe_gemm.forward(*args, save=True, meta=meta)
         dy = torch.randn_like(y)
         for phase, fn, flops, byts in (
                 ("forward", lambda: moe_gemm.forward(*args), fwd, nbytes),
-                ("backward", lambda: moe_gemm.backward(dy, *args, act, g, u), 2 * fwd,
-                 bwd_bytes)):
+                ("backward", lambda: moe_gemm.backward(dy, *args, act, g, u, meta=meta),
+                 2 * fwd, bwd_bytes)):
             ms = time_ms(fn, device=device)
             fl = floor_ms(flops, byts, ceil)
             row = _row("experts", p, "experts", env, ceil, phase=phase, ms=ms, flops=flops,
