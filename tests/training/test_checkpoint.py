@@ -48,6 +48,10 @@ def test_save_load_round_trip_and_keep(tmp_path):
     assert ck.load_state(tmp_path)["step"] == 3
     with pytest.raises(FileNotFoundError, match="neither a checkpoint directory"):
         ck.load_model(tmp_path / "nothing")
+    assert (tmp_path / "checkpoints" / ".step_00000009.tmp-1").exists()   # step 3 kept as is
+    save(tmp_path, 4, model)                                 # a new save clears torn writes
+    assert not (tmp_path / "checkpoints" / ".step_00000009.tmp-1").exists()
+    assert [p.name for p in ck.checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
 
 
 def test_rng_state_round_trip():

@@ -81,22 +81,23 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
                     model_config: TransformerConfig, run_config: dict, state: dict,
                     keep: int) -> Path:
-    """Write checkpoint `step` atomically, then drop all but the newest `keep`."""
+    """Write checkpoint `step` atomically, then drop all but the newest `keep`. A step that is
+    already saved (a stop right after a periodic save) is the same state and is kept as it
+    is; what a killed save left half-written is removed first."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
+    if final.exists():
+        return final
+    for partial in root.glob(".step_*"):        # one writer (rank 0): none is in progress
+        shutil.rmtree(partial, ignore_errors=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     _safetensors().save_file(_flat_tensors(model), str(tmp / MODEL_FILE),
                              metadata={"format": "pt"})
     (tmp / CONFIG_FILE).write_text(json.dumps(
         {"model": model_config.to_dict(), "train": run_config}, indent=2) + "\n")
     torch.save(state, tmp / STATE_FILE)
-    if final.exists():            # the same step saved again (a stop right after a save)
-        old = root / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-        shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, final)
     for stale in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
