@@ -162,3 +162,16 @@ def test_profile_steps_write_a_table(text_data, tmp_path):
     # the profiled steps 2-3 are left out of the step times with the warm-up step
     assert summary["timing_warmup_steps"] == 3 and summary["steps_this_run"] == 5
     assert summary["mean_step_ms"] > 0
+
+
+def test_profiling_from_the_first_step(text_data, tmp_path):
+    from moremoe.training.config import build_run_config
+    from moremoe.training.lm import train
+    cfg = build_run_config(preset="tiny-moe", data=str(text_data), out=str(tmp_path / "r"),
+                           device="cpu", overrides=["model.seq_len=32", "train.max_steps=3",
+                                                    "train.batch_size=2", "train.eval_every=3",
+                                                    "train.timing_warmup=0",
+                                                    "train.profile_steps=2"])
+    summary = train(cfg)
+    assert (tmp_path / "r" / "profile.txt").read_text().startswith("2 steps after 0")
+    assert summary["timing_warmup_steps"] == 2

@@ -35,6 +35,7 @@ from ..tasks.text import open_tokens, read_meta
 from . import checkpoint as ckpt
 from .config import RunConfig
 from .data import Batches, rows_of
+from .common import autocast_dtype
 from .metrics import RunLog, StepClock, StepProfiler, echo_line, peak_tflops, printer
 
 ROUTERS = (LinearRouter, LowRankRouter)
@@ -138,7 +139,9 @@ class LMTrainer:
         self.batches = Batches(train_rows, batch_size=t.batch_size, world=self.info.world,
                                grad_accum=t.grad_accum, seed=t.seed)
         val = rows_of(open_tokens(t.data, "val"), m.seq_len)
-        self.val_rows = val[:t.eval_batches * t.batch_size * self.info.world]
+        world = self.info.world         # every rank gets the same number of rows (or none)
+        n = min(val.shape[0], t.eval_batches * t.batch_size * world) // world * world
+        self.val_rows = val[:n]
         self.total = planned_steps(self.cfg, self.batches.global_batch)
         self.tokens_per_step = self.batches.global_batch * m.seq_len
 
@@ -150,7 +153,7 @@ class LMTrainer:
         self.opt = make_optimizer(self.model, cfg.optim, self.dev)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, cfg.optim.warmup_frac, cfg.optim.min_lr_frac))
-        self.amp = torch.bfloat16 if self.dev.type == "cuda" and cfg.train.autocast else None
+        self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
         m = self.model_config
         self.flops_per_token = accounting.training_flops_per_token(
             vocab=m.vocab, hidden=m.hidden, layers=m.layers, experts=m.moe.experts,
@@ -241,9 +244,9 @@ class LMTrainer:
         return torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
 
     def _log_train(self, acc: torch.Tensor, clock: StepClock) -> dict:
-        ddp.all_reduce(acc, self.info, "mean")
+        totals = ddp.all_reduce(acc, self.info, "mean").tolist()    # waits for the GPU
         steps, seconds = clock.window()
-        vals = (acc / max(steps, 1)).tolist()
+        vals = [v / max(steps, 1) for v in totals]
         tok_s = steps * self.tokens_per_step / seconds
         lrs = self._lrs
         m = {"loss": vals[0], "lm_loss": vals[1], "aux_loss": vals[2], "grad_norm": vals[3],
@@ -307,7 +310,9 @@ class LMTrainer:
             return "stop_step"
         flags = [float(t.max_minutes is not None and clock.elapsed() >= 60 * t.max_minutes),
                  float(signals.requested)]
-        if self.info.enabled:             # every rank must stop at the same step
+        if self.info.enabled:   # every rank must stop at the same step: the ranks agree at
+            if self.step % t.log_every:      # log steps, which sync anyway (a collective read
+                return None                  # back every step would stall the host each step)
             flags = ddp.all_reduce(torch.tensor(flags, device=self.dev), self.info,
                                    "max").tolist()
         if flags[0] > 0:
@@ -329,6 +334,7 @@ class LMTrainer:
         try:
             with _Signals() as signals:
                 reason = self._stop_reason(clock, signals)
+                profiler.stepped(clock.steps)          # starts here when timing_warmup = 0
                 while reason is None:
                     acc += self._train_step()
                     profiler.stepped(clock.steps + 1)
