@@ -86,6 +86,14 @@ class TransformerConfig:
                                        kv_heads=self.n_kv_heads, rank=m.rank,
                                        head_dim=self.dim_per_head)
 
+    def training_flops_per_token(self, seq_len: int) -> int:
+        """Forward + backward FLOPs per token at sequence length seq_len (for MFU)."""
+        m = self.moe
+        return accounting.training_flops_per_token(
+            vocab=self.vocab, hidden=m.hidden, layers=self.layers, experts=m.experts,
+            top_k=m.top_k, width=m.width, rank=m.rank, heads=self.heads,
+            kv_heads=self.n_kv_heads, head_dim=self.dim_per_head, seq_len=seq_len)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import accounting
 from ..bench.harness import environment
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
@@ -154,11 +153,7 @@ class LMTrainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, cfg.optim.warmup_frac, cfg.optim.min_lr_frac))
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
-        m = self.model_config
-        self.flops_per_token = accounting.training_flops_per_token(
-            vocab=m.vocab, hidden=m.hidden, layers=m.layers, experts=m.moe.experts,
-            top_k=m.moe.top_k, width=m.moe.width, rank=m.moe.rank, heads=m.heads,
-            kv_heads=m.n_kv_heads, head_dim=m.dim_per_head, seq_len=cfg.model.seq_len)
+        self.flops_per_token = self.model_config.training_flops_per_token(cfg.model.seq_len)
         self.peak = peak_tflops(self.dev, cfg.train.peak_tflops)
         self.step, self.tokens = 0, 0
 

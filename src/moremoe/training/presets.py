@@ -69,7 +69,6 @@ def get_preset(name: str) -> RunConfig:
 
 def preset_rows(vocab_default: int = VOCAB_SIZE) -> list[dict]:
     """One dict per preset: shape, total parameters and FLOPs (via moremoe.accounting)."""
-    from .. import accounting
     rows = []
     for name in PRESETS:
         m = get_preset(name).model
@@ -81,8 +80,5 @@ def preset_rows(vocab_default: int = VOCAB_SIZE) -> list[dict]:
                      "params_total": tc.total_params(),
                      "moe_flops_inference": tc.moe.active_flops(),
                      "moe_flops_training": tc.moe.active_flops(training=True),
-                     "train_flops_per_token": accounting.training_flops_per_token(
-                         vocab=tc.vocab, hidden=m.hidden, layers=m.layers, experts=m.experts,
-                         top_k=m.top_k, width=m.width, rank=m.rank, heads=m.heads,
-                         kv_heads=tc.n_kv_heads, head_dim=tc.dim_per_head, seq_len=m.seq_len)})
+                     "train_flops_per_token": tc.training_flops_per_token(m.seq_len)})
     return rows
