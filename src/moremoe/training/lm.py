@@ -43,9 +43,8 @@ ROUTERS = (LinearRouter, LowRankRouter)
 def param_groups(model: torch.nn.Module, optim) -> list[dict]:
     """decay (matrices), no_decay (norm scales), router (router matrices, at router_lr)."""
     router = {id(p) for m in model.modules() if isinstance(m, ROUTERS) for p in m.parameters()}
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = {"decay": [], "no_decay": [], "router": []}
-    for _, p in named:
+    for p in (p for p in model.parameters() if p.requires_grad):
         key = "router" if id(p) in router else ("decay" if p.dim() >= 2 else "no_decay")
         groups[key].append(p)
     lrs = {"decay": optim.lr, "no_decay": optim.lr,
