@@ -116,3 +116,19 @@ def test_resume_refuses_a_changed_config(text_data, tmp_path):
     done = train(build_run_config(overrides=sets + ["train.log_every=1"], **kw), resume=True,
                  echo=lambda t: None)
     assert done["step"] == 4 and done["steps_this_run"] == 2
+
+
+def test_run_log_truncation_drops_later_steps_and_a_cut_line(tmp_path):
+    import json
+
+    from moremoe.training.metrics import RunLog
+    log = tmp_path / "log.jsonl"
+    rows = [{"event": "start", "step": 0}, {"event": "train", "step": 5},
+            {"event": "train", "step": 10}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "tra')
+    run = RunLog(tmp_path, enabled=True, tensorboard=False)
+    run.truncate_after(5)
+    assert [json.loads(ln)["step"] for ln in log.read_text().splitlines()] == [0, 5]
+    run.truncate_after(-1)                                   # a fresh start keeps nothing
+    assert log.read_text() == ""
+    run.close()

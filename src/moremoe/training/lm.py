@@ -173,7 +173,7 @@ class LMTrainer:
         if resume and latest is not None:
             self._resume(latest)
         else:
-            self.log.truncate_after(0)
+            self.log.truncate_after(-1)
             self.log.write("start", step=0, config=self.cfg.to_dict(), world=self.info.world,
                            device=str(self.dev), planned_steps=self.total,
                            params=self.model_config.total_params(),

@@ -30,6 +30,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _event(line: str) -> dict | None:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
 class RunLog:
     """One JSON object per event in RUN/log.jsonl (flushed), optional TensorBoard scalars.
 
@@ -49,12 +56,13 @@ class RunLog:
         self._f = open(self.path, "a")
 
     def truncate_after(self, step: int) -> None:
-        """Drop events past `step` (the steps a killed run did after its last checkpoint)."""
+        """Drop events past `step` (the steps a killed run did after its last checkpoint) and a
+        line the kill cut short; step -1 drops every event (a fresh start)."""
         if not self.enabled:
             return
         self._f.close()
         lines = self.path.read_text().splitlines() if self.path.exists() else []
-        kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        kept = [ln for ln in lines if (ev := _event(ln)) is not None and ev.get("step", 0) <= step]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(ln + "\n" for ln in kept))
         tmp.replace(self.path)
