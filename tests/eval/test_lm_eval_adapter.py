@@ -77,9 +77,17 @@ def test_rolling_loglikelihood_of_a_short_text_is_the_full_sum(lm):
     assert len(tokens) < lm.max_length
     got, = lm.loglikelihood_rolling([req("loglikelihood_rolling", text)])
     assert got == pytest.approx(logprob_by_hand(lm.model, [EOT_ID], tokens), rel=1e-5)
-    # a text longer than max_seq_len: every token predicted once, the sum stays finite
+    # a text longer than max_seq_len: lm-eval's disjoint windows predict every token once,
+    # and the total is the sum of each window's log-probability computed by hand
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    long_tokens = lm.tok_encode(text * 8)
+    assert len(long_tokens) > lm.max_length
+    windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+        token_list=long_tokens, prefix_token=EOT_ID, max_seq_len=lm.max_length, context_len=1)]
+    assert sum(len(cont) for _, cont in windows) == len(long_tokens)
     long, = lm.loglikelihood_rolling([req("loglikelihood_rolling", text * 8)])
-    assert math.isfinite(long) and long < got
+    want = sum(logprob_by_hand(lm.model, ctx, cont) for ctx, cont in windows)
+    assert long == pytest.approx(want, rel=1e-5)
 
 
 def test_generate_until_stops_at_the_stop_string(lm):

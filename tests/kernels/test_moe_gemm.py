@@ -31,7 +31,12 @@ def make(N, h, s, M, k, *, one_expert=None, dtype=torch.float32, scale=0.3):
                                        (70, 16, 48, 5, 5), (9, 32, 16, 200, 2),
                                        (23, 40, 56, 9, 4), (6, 24, 8, 4, 2), (11, 8, 52, 5, 3)])
 def test_forward_and_gradients_match_reference(N, h, s, M, k):
-    x, gates, idx, ws = make(N, h, s, M, k)
+    check_against_reference(*make(N, h, s, M, k))
+
+
+def check_against_reference(x, gates, idx, ws):
+    """Forward against the fp64 reference, every gradient against fp64 autograd."""
+    N, h = x.shape
     y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
     ref = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
@@ -46,14 +51,8 @@ def test_forward_and_gradients_match_reference(N, h, s, M, k):
 
 
 def test_all_tokens_on_one_expert_and_empty_experts():
-    x, gates, idx, ws = make(150, 32, 16, 40, 1, one_expert=17)   # 3 blocks of one expert
-    y = mg.forward(x, gates, idx, *ws)
-    torch.testing.assert_close(y, swiglu_experts_ref(x, gates, idx, *ws), rtol=1e-5, atol=1e-5)
-
-
-def test_empty_batch():
-    x, gates, idx, ws = make(0, 16, 16, 4, 2)
-    assert mg.forward(x, gates, idx, *ws).shape == (0, 16)
+    # 3 blocks of one expert (its weight gradients sum over all of them), 39 empty experts
+    check_against_reference(*make(150, 32, 16, 40, 1, one_expert=17))
 
 
 def test_fp16_within_fp16_error():
@@ -61,7 +60,9 @@ def test_fp16_within_fp16_error():
     ref32 = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
     y = mg.forward(x, gates, idx, *ws)
     assert y.dtype == torch.float16
-    assert (y.float() - ref32).norm() / ref32.norm() < 1e-2
+    torch_fp16 = swiglu_experts_ref(x, gates, idx, *ws)         # torch in the same dtype
+    err = (y.float() - ref32).norm() / ref32.norm()
+    assert err <= 2 * (torch_fp16.float() - ref32).norm() / ref32.norm() + 1e-4
 
 
 def test_fp32_weights_with_half_x_equal_the_cast_weights():
@@ -84,11 +85,13 @@ def test_fp32_weights_with_half_x_equal_the_cast_weights():
         assert torch.equal(dw32.half(), dw16)
 
 
-def test_no_pairs_give_zero_weight_gradients():
+def test_empty_batch_gives_empty_outputs_and_zero_weight_gradients():
     x, gates, idx, ws = make(0, 16, 16, 4, 2)
+    assert mg.forward(x, gates, idx, *ws).shape == (0, 16)
     y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
     dx, dgates, *dws = mg.backward(torch.zeros_like(y), x, gates, idx, *ws, act, g, u)
-    assert dx.shape == (0, 16) and all(torch.count_nonzero(d) == 0 for d in dws)
+    assert dx.shape == (0, 16) and dgates.shape == (0, 2)
+    assert all(torch.equal(d, torch.zeros_like(w)) for d, w in zip(dws, ws))
 
 
 def test_deterministic_run_to_run():
@@ -129,8 +132,8 @@ def test_decoding_schedule_touches_only_the_experts_present():
 
 def test_walking_schedule_gives_the_same_result():
     x, gates, idx, ws = make(9, 32, 16, 50, 3)
-    torch.testing.assert_close(mg.forward(x, gates, idx, *ws, walk_experts=True),
-                               mg.forward(x, gates, idx, *ws))
+    assert torch.equal(mg.forward(x, gates, idx, *ws, walk_experts=True),   # same rows, same
+                       mg.forward(x, gates, idx, *ws))                      # arithmetic
     meta = routing_meta(idx, 50, 64, walk_experts=True)
     assert meta.max_blocks == 50                         # one program per expert id
 
