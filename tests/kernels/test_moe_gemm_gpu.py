@@ -70,16 +70,22 @@ def test_auto_dispatch_edges_with_autograd(case):
         idx = torch.randn(N, M, device="cuda").topk(k, 1).indices.int()
     ex = SwiGLUExperts(h, s, M).cuda().bfloat16()
     assert resolve_experts_impl("auto", x) == "triton"
-    xr = x.clone().requires_grad_()
-    y = ex(xr, gates, idx)
-    ref = swiglu_experts_ref(x.float(), gates, idx, ex.w_gate.float(), ex.w_up.float(),
-                             ex.w_down.float())
+    xr, gr = x.clone().requires_grad_(), gates.clone().requires_grad_()
+    y = ex(xr, gr, idx)
+    xf, gf = x.float().requires_grad_(), gates.clone().requires_grad_()
+    wf = [w.detach().float().requires_grad_() for w in (ex.w_gate, ex.w_up, ex.w_down)]
+    ref = swiglu_experts_ref(xf, gf, idx, *wf)
     assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
-    y.float().sum().backward()
-    assert torch.isfinite(xr.grad).all() and torch.isfinite(ex.w_gate.grad).all()
+    dy = torch.randn_like(y)
+    (y * dy).sum().backward()
+    (ref * dy.float()).sum().backward()
+    for got, want in ((xr.grad, xf.grad), (gr.grad, gf.grad), (ex.w_gate.grad, wf[0].grad),
+                      (ex.w_up.grad, wf[1].grad), (ex.w_down.grad, wf[2].grad)):
+        assert ((got.float() - want).norm() / want.norm()).item() < 2e-2
     used = torch.zeros(M, dtype=torch.bool, device="cuda")
     used[idx.long().flatten()] = True
-    assert (ex.w_up.grad[~used] == 0).all() and (ex.w_up.grad[used].abs().sum() > 0)
+    assert (ex.w_up.grad[~used] == 0).all()
+    assert (ex.w_up.grad[used].flatten(1).abs().sum(1) > 0).all()      # every used expert
 
 
 def test_fp32_weights_with_bf16_x_equal_the_cast_weights_at_training_size():

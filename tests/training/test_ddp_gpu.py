@@ -1,6 +1,7 @@
 """DDP over 2 GPUs (NCCL, launched by torchrun) against one GPU at the same global batch, with
 the fused router and expert kernels (run on a 2-GPU device machine: pytest -m gpu). fp32 with
-autocast off, so the only difference is the order of the gradient all-reduce."""
+autocast off; the differences are the order of the gradient all-reduce and TF32 rounding
+(train() turns TF32 on for CUDA runs) in different batch splits."""
 import pytest
 import torch
 

@@ -24,7 +24,8 @@ def test_tiny_run_on_gpu_stops_and_resumes(text_data, tmp_path, preset, experts_
     assert first["stopped"] == "stop_step" and first["mfu"] is not None
     assert first["peak_memory_gib"] > 0
     done = train(build_run_config(overrides=sets, **kw), resume=True, echo=print)
-    assert done["step"] == 80 and done["val_loss"] < first["val_loss"] < 5.0
+    assert done["step"] == 80 and done["steps_this_run"] == 40          # resumed at 40
+    assert done["val_loss"] < first["val_loss"] < 5.0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
