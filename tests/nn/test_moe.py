@@ -35,6 +35,23 @@ def test_switch_loss_formula_and_coefficient():
     torch.testing.assert_close(out.router.psum.grad, 10 * f / 30)
 
 
+def test_expert_counts_equal_bincount_and_compile_to_no_index_put():
+    """int64 counts, exact; compiled, no sort-based index_put fallback (the int64 scatter's)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from moremoe.ops.reference import expert_counts
+    idx = torch.randint(0, 37, (301, 3), dtype=torch.int32)
+    idx[:50] = 5                                             # many duplicates of one expert
+    want = torch.bincount(idx.reshape(-1).long(), minlength=37)
+    got = expert_counts(idx, 37)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert torch.equal(expert_counts(idx[:0], 37), torch.zeros(37, dtype=torch.int64))
+    torch._dynamo.reset()
+    compiled, code = run_and_get_code(torch.compile(expert_counts), idx, 37)
+    assert torch.equal(compiled, want)
+    assert not any("index_put" in c for c in code)
+
+
 def test_switch_loss_is_one_when_balanced():
     from moremoe.ops.reference import switch_loss
     M, N, k = 8, 64, 2

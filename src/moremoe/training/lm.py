@@ -27,6 +27,7 @@ from ..bench.harness import environment
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
+from ..model.transformer import CUDA_GRAPH_MODES
 from ..nn.router import LinearRouter, LowRankRouter
 from ..parallel import ddp
 from ..report import write_json
@@ -162,7 +163,7 @@ class LMTrainer:
             self.model.compile_blocks(t.compile_mode)
         # CUDA graphs (reduce-overhead, max-autotune) reuse their outputs' memory: each
         # micro-step starts a new generation, after the previous one's outputs are consumed
-        self._graph_steps = t.compile and t.compile_mode in ("reduce-overhead", "max-autotune")
+        self._graph_steps = t.compile and t.compile_mode in CUDA_GRAPH_MODES
         self.ddp_model = ddp.wrap(self.model, self.info)
 
     def _resume_or_start(self, resume: bool) -> None:
