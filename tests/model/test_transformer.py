@@ -114,10 +114,7 @@ def test_repeat_kv_is_repeat_interleave_in_values_and_gradients(rep):
                                torch.autograd.grad(want, x, g)[0])
 
 
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compiled_blocks_and_loss_match_eager(mode):
-    """Per-block compile, or (CUDA-graph modes) the training pass of the whole stack as one
-    compiled function: the same loss, logits, Switch losses and gradients as eager."""
+def test_compiled_blocks_and_loss_match_eager():
     torch.manual_seed(0)
     model = Transformer(tiny(kv_heads=2))
     tokens = torch.randint(0, 50, (2, 9))
@@ -130,13 +127,10 @@ def test_compiled_blocks_and_loss_match_eager(mode):
         return out, grads
     want, want_g = run()
     names = [n for n, _ in model.named_parameters()]
-    model.compile_blocks(mode, backend="aot_eager")
-    assert (model._train_trunk is not None) == (mode == "reduce-overhead")
+    model.compile_blocks(backend="aot_eager")
     got, got_g = run()
     assert [n for n, _ in model.named_parameters()] == names
     torch.testing.assert_close(got.loss, want.loss)
-    torch.testing.assert_close(torch.stack(got.switch_losses), torch.stack(want.switch_losses))
-    assert len(got.switch_losses) == model.config.layers
     torch.testing.assert_close(got.logits, want.logits)
     for a, b in zip(got_g, want_g):
         torch.testing.assert_close(a, b)

@@ -22,7 +22,6 @@ from ..checks import check_int, check_tensor
 from ..nn.moe import MoEConfig, MoELayer
 
 IGNORE_INDEX = -100
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")   # torch.compile modes with CUDA graphs
 HEAD_ROWS_MULTIPLE = 64       # the output head's rows are padded to this on CUDA (see padded_linear)
 
 
@@ -210,7 +209,6 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self._lm_loss = lm_loss
-        self._train_trunk = None          # the compiled blocks under CUDA graphs
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
@@ -224,28 +222,10 @@ class Transformer(nn.Module):
         """torch.compile each block in place (the blocks share one compiled graph; `mode` is
         torch.compile's) and the loss (default mode: the log-softmax reads the bf16 logits
         and needs no fp32 copy of them; CUDA graphs would copy its input). The parameters and
-        their names are unchanged.
-
-        The CUDA-graph modes (reduce-overhead, max-autotune) compile the training pass of the
-        whole stack of blocks as one graph instead: CUDA graph trees cannot feed one compiled
-        function its own output (each block's input is the previous block's output, so a
-        per-block graph overwrites the activations the backward still needs)."""
-        if mode in CUDA_GRAPH_MODES:
-            self._train_trunk = torch.compile(self._blocks_train, mode=mode, backend=backend)
-        else:
-            for block in self.blocks:
-                block.compile(mode=mode, backend=backend)
-        self._lm_loss = torch.compile(lm_loss, backend=backend)
-
-    def _blocks_train(self, x_BTh, cos_TD, sin_TD):
-        """The blocks in training (no cache, no counts): x and the per-layer (L,) balancing
-        and Switch losses."""
-        aux, switch = [], []
+        their names are unchanged."""
         for block in self.blocks:
-            x_BTh, out = block(x_BTh, cos_TD, sin_TD, False)
-            aux.append(out.aux_loss)
-            switch.append(out.switch_loss)
-        return x_BTh, torch.stack(aux), torch.stack(switch)
+            block.compile(mode=mode, backend=backend)
+        self._lm_loss = torch.compile(lm_loss, backend=backend)
 
     def reset_parameters(self) -> None:
         """N(0, σ²) everywhere; residual output projections σ / sqrt(2 L) (GPT-2)."""
@@ -277,27 +257,18 @@ class Transformer(nn.Module):
                              f"max_seq_len={cfg.max_seq_len}")
         x = self.embed(tokens_BT)
         cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        if self._train_trunk is not None and self.training and cache is None \
-                and not return_counts:
-            x, aux_L, switch_L = self._train_trunk(x, cos, sin)
-            counts, switch_losses = [], list(switch_L.unbind())
-        else:
-            outs = []
-            for block in self.blocks:
-                x, out = block(x, cos, sin, return_counts, cache)
-                outs.append(out)
-            counts = [o.counts for o in outs if o.counts is not None]
-            if self.training:
-                switch_losses = [o.switch_loss for o in outs]
-                aux_L = torch.stack([o.aux_loss for o in outs])
+        outs = []
+        for block in self.blocks:
+            x, out = block(x, cos, sin, return_counts, cache)
+            outs.append(out)
         x = self.norm(x)
         logits = (padded_linear(x, self.lm_head.weight, HEAD_ROWS_MULTIPLE) if x.is_cuda
                   else self.lm_head(x))
         result = TransformerOutput(logits=logits)
-        result.expert_counts = counts
+        result.expert_counts = [o.counts for o in outs if o.counts is not None]
         if self.training:
-            result.switch_losses = switch_losses
-            result.aux_loss = aux_L.sum()
+            result.switch_losses = [o.switch_loss for o in outs]
+            result.aux_loss = torch.stack([o.aux_loss for o in outs]).sum()
         if targets_BT is not None:
             check_tensor("targets", targets_BT, integer=True, shape=tokens_BT.shape)
             result.lm_loss = self._lm_loss(logits, targets_BT)

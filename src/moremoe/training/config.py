@@ -100,7 +100,10 @@ class OptimSpec:
                 raise ValueError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# Refused: with the blocks compiled one by one, or the stack as one function, CUDA graph
+# trees overwrote activations the backward still needed (H100, torch 2.11; benchmarks/NOTES.md)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ class TrainSpec:
     device: str = "auto"              # "auto" | "cpu" | "cuda[:N]"
     autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
     compile: bool = False             # torch.compile each transformer block
-    compile_mode: str = "default"     # torch.compile's mode; "reduce-overhead": CUDA graphs
+    compile_mode: str = "default"     # torch.compile's mode, without CUDA graphs
     tensorboard: bool = False         # also write TensorBoard events to out/tb
     peak_tflops: float | None = None  # per-GPU peak for MFU; None: known device or no MFU
 
@@ -148,6 +151,10 @@ class TrainSpec:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"train.{name} must be > 0 or null, got {v}")
+        if self.compile_mode in CUDA_GRAPH_MODES:
+            raise ValueError(f"train.compile_mode={self.compile_mode!r} uses CUDA graphs, which "
+                             f"break training here (see benchmarks/NOTES.md); use one of "
+                             f"{', '.join(COMPILE_MODES)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, "
                              f"got {self.compile_mode!r}")

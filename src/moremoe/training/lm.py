@@ -27,7 +27,6 @@ from ..bench.harness import environment
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
-from ..model.transformer import CUDA_GRAPH_MODES
 from ..nn.router import LinearRouter, LowRankRouter
 from ..parallel import ddp
 from ..report import write_json
@@ -161,9 +160,6 @@ class LMTrainer:
         t = self.cfg.train
         if t.compile:
             self.model.compile_blocks(t.compile_mode)
-        # CUDA graphs (reduce-overhead, max-autotune) reuse their outputs' memory: each
-        # micro-step starts a new generation, after the previous one's outputs are consumed
-        self._graph_steps = t.compile and t.compile_mode in CUDA_GRAPH_MODES
         self.ddp_model = ddp.wrap(self.model, self.info)
 
     def _resume_or_start(self, resume: bool) -> None:
@@ -214,8 +210,6 @@ class LMTrainer:
         """One optimizer step; returns (loss, lm_loss, aux_loss, grad_norm) on the device."""
         accum, sums = self.cfg.train.grad_accum, torch.zeros(3, device=self.dev)
         for j in range(accum):
-            if self._graph_steps:
-                torch.compiler.cudagraph_mark_step_begin()
             x_BT = self._micro_batch(j)
             last = j == accum - 1
             no_sync = self.ddp_model.no_sync if self.info.enabled and not last else \
