@@ -96,6 +96,21 @@ def test_stop_then_resume_matches_uninterrupted(text_data, tmp_path, reference_r
     assert_same_run(out, reference_run)
 
 
+def test_resume_with_a_longer_schedule_warns(text_data, tmp_path):
+    out, said = str(tmp_path / "run"), []
+    short = [o for o in SMALL if not o.startswith("train.max_steps")] + ["train.max_steps=8"]
+    train(build_run_config(preset="tiny-moe", data=str(text_data), out=out, device="cpu",
+                           overrides=short), echo=quiet)
+    longer = short[:-1] + ["train.max_steps=12"]
+    done = train(build_run_config(preset="tiny-moe", data=str(text_data), out=out,
+                                  device="cpu", overrides=longer), resume=True, echo=said.append)
+    assert done["step"] == 12
+    warned = [t for t in said if t.startswith("warning: the schedule now has 12 steps")]
+    assert len(warned) == 1 and "planned 8" in warned[0]
+    [resume] = events(out, "resume")
+    assert (resume["planned_steps_before"], resume["planned_steps"]) == (8, 12)
+
+
 def test_sigkill_then_resume_matches_uninterrupted(text_data, tmp_path, reference_run,
                                                    one_thread):
     out = tmp_path / "run"

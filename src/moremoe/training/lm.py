@@ -196,8 +196,14 @@ class LMTrainer:
         if rngs:
             ckpt.set_rng_state(rngs[self.info.rank % len(rngs)])
         self.log.truncate_after(self.step)
-        self.log.write("resume", step=self.step, checkpoint=str(path))
+        before = planned_steps(saved, self.batches.global_batch)
+        self.log.write("resume", step=self.step, checkpoint=str(path),
+                       planned_steps_before=before, planned_steps=self.total)
         self.echo(f"resumed from {path} at step {self.step}/{self.total}")
+        if before != self.total:
+            self.echo(f"warning: the schedule now has {self.total} steps, the checkpoint's "
+                      f"run planned {before}: the learning rate from step {self.step} on "
+                      f"follows the new cosine, so this is not the run that was started")
 
     # ------------------------------------------------------------------ training
     def _micro_batch(self, micro: int) -> torch.Tensor:
