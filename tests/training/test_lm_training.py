@@ -161,15 +161,19 @@ def test_schedule_and_param_groups():
 
 
 
+def profiled_run(text_data, out, *, steps, warmup):
+    """A tiny run that profiles 2 steps after `warmup`, evaluating one step before the end
+    and at it."""
+    return train(build_run_config(preset="tiny-moe", data=str(text_data), out=str(out),
+                                  device="cpu", overrides=[
+                                      "model.seq_len=32", f"train.max_steps={steps}",
+                                      "train.batch_size=2", f"train.eval_every={steps - 1}",
+                                      f"train.timing_warmup={warmup}", "train.profile_steps=2"]),
+                 echo=quiet)
+
+
 def test_profile_steps_write_a_table(text_data, tmp_path):
-    from moremoe.training.config import build_run_config
-    from moremoe.training.lm import train
-    cfg = build_run_config(preset="tiny-moe", data=str(text_data), out=str(tmp_path / "r"),
-                           device="cpu", overrides=["model.seq_len=32", "train.max_steps=5",
-                                                    "train.batch_size=2", "train.eval_every=4",
-                                                    "train.timing_warmup=1",
-                                                    "train.profile_steps=2"])
-    summary = train(cfg)
+    summary = profiled_run(text_data, tmp_path / "r", steps=5, warmup=1)
     assert summary["env_torch"] == torch.__version__ and summary["env_commit"]
     table = (tmp_path / "r" / "profile.txt").read_text()
     assert table.startswith("2 steps after 1") and "aten::" in table
@@ -180,13 +184,6 @@ def test_profile_steps_write_a_table(text_data, tmp_path):
 
 
 def test_profiling_from_the_first_step(text_data, tmp_path):
-    from moremoe.training.config import build_run_config
-    from moremoe.training.lm import train
-    cfg = build_run_config(preset="tiny-moe", data=str(text_data), out=str(tmp_path / "r"),
-                           device="cpu", overrides=["model.seq_len=32", "train.max_steps=3",
-                                                    "train.batch_size=2", "train.eval_every=3",
-                                                    "train.timing_warmup=0",
-                                                    "train.profile_steps=2"])
-    summary = train(cfg)
+    summary = profiled_run(text_data, tmp_path / "r", steps=3, warmup=0)
     assert (tmp_path / "r" / "profile.txt").read_text().startswith("2 steps after 0")
     assert summary["timing_warmup_steps"] == 2
