@@ -6,6 +6,7 @@ k = M, ties, NaN / -inf rows, N = 0, expert splits, strides.
 import pytest
 import torch
 
+from numerics import reduction_tol
 from routing_checks import assert_valid_topk, dense_router_grads, logits_lowrank
 
 triton = pytest.importorskip("triton")
@@ -189,8 +190,10 @@ def test_bad_arguments():
 @pytest.mark.parametrize("rounds,warm", [(1, 1), (2, 1), (2, 3), (3, 2)])
 @pytest.mark.parametrize("negative", [False, True])
 def test_bounded_rounds_with_exact_redo_equal_the_exact_sweep(rounds, warm, negative):
-    """Bounded steps per tile plus the redo of the rows that may have needed more give the
-    exact sweep's answer, also when the logits are negative (those rows are redone)."""
+    """Bounded steps per tile plus the redo of the rows that may have needed more select
+    exactly what the exact sweep selects, also when the logits are negative (those rows are
+    redone). The redo recomputes a row's z and values in another block of rows, so the
+    values agree to the rounding of an h-term and an r-term sum, not bit for bit."""
     x, R1, R2 = make(150, 32, 700, 16)
     if negative:
         R1 = R1 - 3.0 * R1.abs().max()       # most logits negative, some exactly tied
@@ -200,8 +203,10 @@ def test_bounded_rounds_with_exact_redo_equal_the_exact_sweep(rounds, warm, nega
     # one split: a split sweep always runs the exact rounds, so this compares two sweeps
     exact = kr.infer(x, R1, R2, 6, splits=1, config={"rounds": 0})
     bounded = kr.infer(x, R1, R2, 6, splits=1, config={"rounds": rounds, "warm": warm})
-    for a, b in zip(exact, bounded):
-        assert torch.equal(a, b)
+    assert torch.equal(exact[1], bounded[1])
+    tol = reduction_tol(torch.float32, 32 + 16)
+    torch.testing.assert_close(bounded[0], exact[0], **tol)
+    torch.testing.assert_close(bounded[2], exact[2], **tol)
     logits = logits_lowrank(x, R1, R2)
     assert_valid_topk(exact[0], exact[1], logits, 6, tol=1e-6 * logits.abs().max().item())
 
@@ -211,5 +216,6 @@ def test_training_forward_with_bounded_rounds():
     z = x @ R2.T
     exact = kr.train_forward(z, R1, 5, config={"rounds": 0})
     bounded = kr.train_forward(z, R1, 5, config={"rounds": 2, "warm": 1})
-    for a, b in zip(exact, bounded):
-        assert torch.equal(a, b)
+    assert torch.equal(exact[1], bounded[1])                      # the same experts
+    for a, b in zip(exact[:1] + exact[2:], bounded[:1] + bounded[2:]):
+        torch.testing.assert_close(b, a, **reduction_tol(torch.float32, 16))
