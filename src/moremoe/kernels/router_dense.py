@@ -31,7 +31,8 @@ def _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW):
     zs = tl.load(Z_ROW + rows64, mask=row_ok, other=1.0)
     m = tl.where(m == NEG_INF, 0.0, m)
     p = tl.exp(logits - m[:, None]) / zs[:, None]
-    return tl.where(row_ok[:, None] & col_ok[None, :], p, 0.0)
+    # NaN or inf exactly where the logit is not finite (or the row has no finite one): 0
+    return tl.where(row_ok[:, None] & col_ok[None, :] & (p < float("inf")), p, 0.0)
 
 
 @triton.jit

@@ -12,22 +12,25 @@ S splits the experts when there are too few token blocks to fill the GPU (small 
 each split writes its own exact top-k and the merge keeps the best k.
 
 Selection (documented in docs/design.md, "Selection semantics"):
-  * keys: the low log2(BM) bits of each fp32 logit are replaced by a code of its column
+  * keys: the low log2(BM) + 1 bits of each fp32 logit are replaced by the code BM - column
     (sign-aware), so one float max yields value and position and, among equal keys, the
     lower column; the running buffer keeps keys with those bits cleared and only a strictly
     larger candidate enters, so ties across tiles keep the lower expert index. Logits that
-    differ by less than 2^(log2(BM) - 23) relative may therefore be ordered by index rather
+    differ by less than 2^(log2(BM) - 22) relative may therefore be ordered by index rather
     than by value; returned values are recomputed exactly for the winners.
-  * NaN and ±inf logits are never selected (their keys are NaN, and a NaN never compares
-    larger). A row with fewer than k selectable logits fills the remaining slots with the
-    lowest expert indices not yet chosen; values are always the logits of the returned
-    indices, sorted descending (NaN last), ties by lower index.
+  * NaN and ±inf logits are never selected: no code is 0, so their keys are NaN, and a NaN
+    never compares larger. A row with fewer than k selectable logits fills the remaining
+    slots with the lowest expert indices not yet chosen; values are always the logits of the
+    returned indices: the finite ones descending, then the others, ties by lower index.
+    Gates are the softmax over the finite values (0 for the fillers; NaN for a row with no
+    finite logit). The training statistics (m, Z, psum) count the finite logits only.
 Index arithmetic on rows and experts is done in int64 (N·h and M·h pass 2^31).
 """
 import torch
 import triton
 import triton.language as tl
 
+from . import INTERPRET
 
 LOWRANK, ZGIVEN, LINEAR = 0, 1, 2   # launch modes (Python side)
 MODE_LOWRANK = tl.constexpr(LOWRANK)  # x, R2, R1: z = x R2ᵀ computed on chip, never stored
@@ -36,35 +39,40 @@ MODE_LINEAR = tl.constexpr(LINEAR)    # x, W: the standard router; "z" = x, R1 =
 
 NEG_INF = tl.constexpr(float("-inf"))
 BIG_IDX = tl.constexpr(2 ** 30)
+# Triton's CPU interpreter reduces with numpy, whose SIMD fmax mishandles signalling NaNs
+# (the keys of ±inf logits): there, and only there, they are made -inf before the max.
+QUIET_KEYS = tl.constexpr(INTERPRET)
 
 
 @triton.jit
-def _pack(logits, ncol, LOW: tl.constexpr):
-    """(BN, BM) fp32 -> keys whose low bits hold LOW - column: one float max yields value
-    and column, the lower column among equal non-negative keys (one LOP3 per logit)."""
+def _pack(logits, code, MASK: tl.constexpr):
+    """(BN, BM) fp32 -> keys whose low bits (MASK = 2 BM - 1) hold the code BM - column:
+    one float max yields value and column, the lower column among equal non-negative keys
+    (one LOP3 per logit). No code is 0, so every ±inf logit becomes a NaN key, which a max
+    never returns: non-finite logits are never selected, at no cost per logit."""
     bits = logits.to(tl.int32, bitcast=True)
-    return ((bits & ~LOW) | ncol[None, :]).to(tl.float32, bitcast=True)
+    return ((bits & ~MASK) | code[None, :]).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _trunc(keys, LOW: tl.constexpr):
-    return (keys.to(tl.int32, bitcast=True) & ~LOW).to(tl.float32, bitcast=True)
+def _trunc(keys, MASK: tl.constexpr):
+    return (keys.to(tl.int32, bitcast=True) & ~MASK).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _column(keys, LOW: tl.constexpr):
-    return LOW - (keys.to(tl.int32, bitcast=True) & LOW)
+def _column(keys, MASK: tl.constexpr, BM: tl.constexpr):
+    return BM - (keys.to(tl.int32, bitcast=True) & MASK)
 
 
 @triton.jit
-def _lowest_tied(keys, top, neg, LOW: tl.constexpr, BM: tl.constexpr):
+def _lowest_tied(keys, top, neg, MASK: tl.constexpr, BM: tl.constexpr):
     """For negative maxima the code order is reversed (a larger code is more negative):
     among keys tied with top after truncation, return the key of the lowest column."""
-    tt = _trunc(top, LOW)
+    tt = _trunc(top, MASK)
     cols = tl.arange(0, BM)
-    same = _trunc(keys, LOW) == tt[:, None]
+    same = _trunc(keys, MASK) == tt[:, None]
     cmin = tl.min(tl.where(same, cols[None, :], BM), axis=1)
-    fixed = (tt.to(tl.int32, bitcast=True) | (LOW - cmin)).to(tl.float32, bitcast=True)
+    fixed = (tt.to(tl.int32, bitcast=True) | (BM - cmin)).to(tl.float32, bitcast=True)
     return tl.where(neg, fixed, top)
 
 
@@ -199,35 +207,37 @@ def _store_topk(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
     offs = rows64[:, None] * so_n + slots[None, :]
     tl.store(OUT_VAL + offs, out_v, mask=mask)
     tl.store(OUT_IDX + offs, out_i, mask=mask)
-    if GATES:
-        top = tl.max(tl.where(live, out_v, NEG_INF), axis=1)
-        e = tl.where(live, tl.exp(out_v - top[:, None]), 0.0)
+    if GATES:   # softmax over the finite values: fillers get 0, a row of none gets NaN
+        fin = live & (tl.abs(out_v) < float("inf"))
+        top = tl.max(tl.where(fin, out_v, NEG_INF), axis=1)
+        e = tl.where(fin, tl.exp(out_v - top[:, None]), 0.0)
         tl.store(OUT_GATE + offs, e / tl.sum(e, axis=1)[:, None], mask=mask)
 
 
 @triton.jit
 def _write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
                   K: tl.constexpr, KP: tl.constexpr, GATES: tl.constexpr):
-    """Sort (value desc, NaN last, ties by lower index), store values, indices and gates."""
+    """Sort (finite values descending, then the non-finite; ties by lower index), store
+    values, indices and gates."""
     live = tl.arange(0, KP)[None, :] < K
-    sk = tl.where(live & (vals == vals), vals, NEG_INF)
+    sk = tl.where(live & (tl.abs(vals) < float("inf")), vals, NEG_INF)
     out_v, out_i = _take_sorted(sk, tl.where(live, bi, BIG_IDX), vals, K, KP)
     _store_topk(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP, GATES)
 
 
 @triton.jit
-def _select_exact(keys, top, m0, bk, bi, thr, LOW: tl.constexpr, BM: tl.constexpr):
+def _select_exact(keys, top, m0, bk, bi, thr, MASK: tl.constexpr, BM: tl.constexpr):
     """Insert every key of the tile that belongs in the running top-k, one per step."""
-    cand = _trunc(top, LOW)
+    cand = _trunc(top, MASK)
     ok = cand > thr
     flag = _flags(ok, top)
     while flag > 0:
         if flag > 1:
-            top = _lowest_tied(keys, top, ok & (top < 0), LOW, BM)
-        bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, LOW), ok)
+            top = _lowest_tied(keys, top, ok & (top < 0), MASK, BM)
+        bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, MASK, BM), ok)
         keys = tl.where(keys == top[:, None], NEG_INF, keys)
         top = tl.max(keys, axis=1)
-        cand = _trunc(top, LOW)
+        cand = _trunc(top, MASK)
         ok = cand > thr
         flag = _flags(ok, top)
     return bk, bi, thr
@@ -235,7 +245,7 @@ def _select_exact(keys, top, m0, bk, bi, thr, LOW: tl.constexpr, BM: tl.constexp
 
 @triton.jit
 def _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS: tl.constexpr,
-                   LOW: tl.constexpr, CAN_OVERFLOW: tl.constexpr):
+                   MASK: tl.constexpr, BM: tl.constexpr, CAN_OVERFLOW: tl.constexpr):
     """Insert up to ROUNDS keys of the tile with no data-dependent control flow; a row whose
     last step still inserted (more may belong) or that inserted a negative key (whose ties
     need the exact path) is flagged in over for an exact redo."""
@@ -243,10 +253,10 @@ def _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS: tl.constexpr,
         if j > 0:
             keys = tl.where(keys == top[:, None], NEG_INF, keys)
             top = tl.max(keys, axis=1)
-        cand = _trunc(top, LOW)
+        cand = _trunc(top, MASK)
         ok = cand > thr
         over = over | (ok & (top < 0))
-        bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, LOW), ok)
+        bk, bi, thr = _insert(bk, bi, thr, cand, m0 + _column(top, MASK, BM), ok)
     if CAN_OVERFLOW:   # with ROUNDS = K all of a tile's K best went in: nothing more can
         over = over | ok
     return bk, bi, thr, over
@@ -257,20 +267,24 @@ def _tile(z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_
           MODE: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
           BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
           PREC: tl.constexpr):
-    """Logits of one tile packed into keys, their row maxima, and the online-softmax stats."""
-    LOW: tl.constexpr = BM - 1
+    """Logits of one tile packed into keys, their row maxima, and the online-softmax stats
+    over the finite logits (a non-finite logit has probability 0)."""
+    MASK: tl.constexpr = 2 * BM - 1
     cols = m0 + tl.arange(0, BM)
     col_ok = (cols < m_end) | EVEN
     logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
                      MODE, BN, BM, BR, BH, PREC, FULL_R)
-    keys = _pack(logits, LOW - tl.arange(0, BM), LOW)
+    keys = _pack(logits, BM - tl.arange(0, BM), MASK)
+    if QUIET_KEYS:
+        keys = tl.where(keys == keys, keys, NEG_INF)
     if not EVEN:
         keys = tl.where(col_ok[None, :], keys, NEG_INF)
     top = tl.max(keys, axis=1)
-    if STATS:
-        new_m = tl.maximum(run_m, top)
+    if STATS:   # the keys of non-finite logits are NaN: a row with only those has no max
+        new_m = tl.maximum(run_m, tl.where(top == top, top, NEG_INF))
         safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
-        p = tl.where(col_ok[None, :], tl.exp(logits - safe_m[:, None]), 0.0)
+        p = tl.exp(logits - safe_m[:, None])
+        p = tl.where(col_ok[None, :] & (p < float("inf")), p, 0.0)
         run_z = run_z * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
         run_m = new_m
     return keys, top, run_m, run_z
@@ -285,7 +299,7 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                  PREC: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
                  PROBE: tl.constexpr):
-    LOW: tl.constexpr = BM - 1
+    MASK: tl.constexpr = 2 * BM - 1
     if MODE == MODE_LOWRANK:
         z = _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
     else:
@@ -307,7 +321,8 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
             keys, top, run_m, run_z = _tile(
                 z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
                 run_m, run_z, MODE, STATS, EVEN, FULL_R, BN, BM, BR, BH, PREC)
-            bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, K, LOW, False)
+            bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, K, MASK, BM,
+                                               False)
     for m0 in range(warm_end, m_end, BM):
         keys, top, run_m, run_z = _tile(
             z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
@@ -315,10 +330,10 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
         if PROBE:
             run_m = tl.maximum(run_m, top)
         elif ROUNDS > 0:
-            bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS, LOW,
-                                               ROUNDS < K)
+            bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS, MASK,
+                                               BM, ROUNDS < K)
         else:
-            bk, bi, thr = _select_exact(keys, top, m0, bk, bi, thr, LOW, BM)
+            bk, bi, thr = _select_exact(keys, top, m0, bk, bi, thr, MASK, BM)
     if tl.min(tl.min(bi, axis=1), axis=0) < 0:
         bi = _fill_unselected(bi, m_begin, m_end, K, KP)
     vals = tl.zeros((BN, KP), tl.float32)
@@ -402,7 +417,7 @@ def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, N, M, si_n, so_n,
     v = tl.load(IN_VAL + offs, mask=row_ok[:, None] & c_ok[None, :], other=NEG_INF)
     i = tl.load(IN_IDX + offs, mask=row_ok[:, None] & c_ok[None, :], other=BIG_IDX)
     valid = c_ok[None, :] & (i < M)          # a split smaller than k leaves empty slots
-    sk = tl.where(valid & (v == v), v, NEG_INF)
+    sk = tl.where(valid & (tl.abs(v) < float("inf")), v, NEG_INF)
     out_v, out_i = _take_sorted(sk, tl.where(valid, i, BIG_IDX), v, K, KP)
     _store_topk(out_v, out_i, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP, True)
 
@@ -418,7 +433,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = Non
     r=64, N=262,144; benchmarks/NOTES.md): BN = 64 rows (one warpgroup MMA); BR the rank
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ.
     Low-rank: k = 1 one step per tile of BM = 128; k <= 4 at most 3 steps per tile of
-    BM = 256 (8 code bits: keys exact to 2^-15) with the exact redo; k > 4 the exact sweep
+    BM = 256 (9 code bits: keys exact to 2^-14) with the exact redo; k > 4 the exact sweep
     over BM = 128; r > 128 keeps BM = 128 (a 256 x 256 R1 tile does not fit in shared memory).
     Standard router: the exact sweep over BM = 128."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))

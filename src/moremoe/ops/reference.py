@@ -36,14 +36,42 @@ def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor, R2_RH: torch.
 
 
 def select_topk(logits_NM: torch.Tensor, k: int):
-    """The k largest logits per row, largest first: values (N, k) and int32 indices (N, k)."""
-    topk_val_NK, topk_idx_NK = torch.topk(logits_NM, k, dim=-1, sorted=True)
-    return topk_val_NK, topk_idx_NK.to(torch.int32)
+    """The k largest finite logits per row, ties to the lower index (docs/design.md,
+    "Selection semantics"): values (N, k) and int32 indices (N, k). NaN and ±inf logits are
+    never selected; a row with fewer than k finite logits fills its remaining slots with the
+    lowest expert indices not chosen. Values are the logits of the returned indices, the
+    finite ones descending, then the others, ties by the lower index. Exact, deterministic
+    and traceable (no data-dependent shapes)."""
+    N, M = logits_NM.shape
+    keys_NM = _finite_or_neg_inf(logits_NM.detach())
+    kth_N1 = torch.topk(keys_NM, k, dim=-1).values[:, -1:]       # the k-th largest value
+    above_NM = keys_NM > kth_N1
+    tied_NM = keys_NM == kth_N1                                   # filled lowest index first
+    need_N1 = k - above_NM.sum(-1, keepdim=True)
+    take_NM = above_NM | (tied_NM & (tied_NM.cumsum(-1) <= need_N1))
+    descending_M = torch.arange(M, 0, -1, device=logits_NM.device)
+    idx_NK = torch.topk(take_NM * descending_M, k, dim=-1).indices   # ascending index order
+    val_NK = logits_NM.gather(1, idx_NK)
+    order_NK = torch.sort(_finite_or_neg_inf(val_NK.detach()), dim=-1, descending=True,
+                          stable=True).indices
+    return val_NK.gather(1, order_NK), idx_NK.gather(1, order_NK).to(torch.int32)
+
+
+def topk_gates(topk_val_NK: torch.Tensor) -> torch.Tensor:
+    """Softmax over the finite top-k values: 0 for the fillers of a row with fewer than k
+    finite logits, NaN for a row with none (its token has no defined routing)."""
+    return torch.softmax(_finite_or_neg_inf(topk_val_NK), dim=-1)
 
 
 def softmax_colsum(logits_NM: torch.Tensor) -> torch.Tensor:
-    """psum (M,): column sums over tokens of the softmax over all M experts."""
-    return torch.softmax(logits_NM, dim=-1).sum(dim=0)
+    """psum (M,): column sums over tokens of the softmax over the finite logits of each row
+    (a non-finite logit has probability 0; a row with no finite logit adds nothing)."""
+    probs_NM = torch.softmax(_finite_or_neg_inf(logits_NM), dim=-1)
+    return torch.where(probs_NM.isnan(), 0.0, probs_NM).sum(dim=0)
+
+
+def _finite_or_neg_inf(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(t), t, float("-inf"))
 
 
 def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False, upcast: bool = False):

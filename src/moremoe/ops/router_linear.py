@@ -29,11 +29,11 @@ def router_linear(x_NH, W_MH, k: int, *, with_psum: bool = False, impl: str = "a
     """Returns (topk_val (N,k) fp32, topk_idx (N,k) int32, gates (N,k) fp32, psum (M,) | None)."""
     if resolve_impl(impl, x_NH, k) == "reference":
         val, idx, psum = ref.router_linear_ref(x_NH, W_MH, k, with_psum=with_psum)
-        return val, idx, torch.softmax(val, dim=-1), psum
+        return val, idx, ref.topk_gates(val), psum
     dt = compute_dtype(x_NH)          # under autocast, the autocast dtype
     x, W = x_NH.to(dt), W_MH.to(dt)
     if not (with_psum or needs_grad(x_NH, W_MH)):
         val, idx, gates = infer_op(x, W, W, k)
         return val, idx, gates, None
     val, idx, _, _, psum = train_op(x, W, k, with_psum)
-    return val, idx, torch.softmax(val, dim=-1), (psum if with_psum else None)
+    return val, idx, ref.topk_gates(val), (psum if with_psum else None)

@@ -32,7 +32,7 @@ def router_lowrank(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False, impl:
     """Returns (topk_val (N,k) fp32, topk_idx (N,k) int32, gates (N,k) fp32, psum (M,) | None)."""
     if resolve_impl(impl, x_NH, k) == "reference":
         val, idx, psum = ref.router_lowrank_ref(x_NH, R1_MR, R2_RH, k, with_psum=with_psum)
-        return val, idx, torch.softmax(val, dim=-1), psum
+        return val, idx, ref.topk_gates(val), psum
     dt = compute_dtype(x_NH)          # under autocast, the autocast dtype
     x, R1, R2 = x_NH.to(dt), R1_MR.to(dt), R2_RH.to(dt)
     if not (with_psum or needs_grad(x_NH, R1_MR, R2_RH)):
@@ -40,4 +40,4 @@ def router_lowrank(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False, impl:
         return val, idx, gates, None
     z_NR = F.linear(x, R2)
     val, idx, _, _, psum = train_op(z_NR, R1.to(z_NR.dtype), k, with_psum)
-    return val, idx, torch.softmax(val, dim=-1), (psum if with_psum else None)
+    return val, idx, ref.topk_gates(val), (psum if with_psum else None)
