@@ -43,6 +43,24 @@ def check_tensor(name: str, t, *, ndim: int | None = None, floating: bool = Fals
     return t
 
 
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_expert_ids(topk_idx: torch.Tensor, experts: int, *, values: bool = True) -> None:
+    """topk_idx must be int32 or int64 and (values=True) hold expert ids in [0, experts).
+    Checking the values reads two numbers back from the device (a host sync): callers
+    whose ids come from a router, in range by construction, pass values=False. Inside
+    torch.compile the values are not checked (a graph cannot branch on them)."""
+    if topk_idx.dtype not in INDEX_DTYPES:
+        raise TypeError(f"topk_idx must be an int32 or int64 tensor of expert ids, got "
+                        f"{topk_idx.dtype}")
+    if values and topk_idx.numel() and not torch.compiler.is_compiling():
+        lo, hi = (int(v) for v in torch.aminmax(topk_idx))
+        if lo < 0 or hi >= experts:
+            raise ValueError(f"topk_idx holds expert ids from {lo} to {hi}; they must be in "
+                             f"[0, {experts}) for M={experts} experts")
+
+
 def check_same_device(**tensors: torch.Tensor) -> torch.device:
     devices = {name: t.device for name, t in tensors.items()}
     first_name, first = next(iter(devices.items()))

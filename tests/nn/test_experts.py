@@ -98,3 +98,28 @@ def test_auto_takes_the_reference_on_cpu():
     assert resolve_experts_impl("auto", x) == "reference"
     with pytest.raises(ValueError, match="impl must be one of"):
         resolve_experts_impl("fast", x)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_expert_ids_out_of_range_or_of_a_wrong_dtype_are_named_errors(impl):
+    """On every implementation: the Triton path must never see (and read past) a bad id."""
+    if impl == "triton":
+        pytest.importorskip("triton")
+    from moremoe.ops.swiglu_experts import swiglu_experts
+    ex = SwiGLUExperts(16, 8, 5, impl=impl)
+    x = torch.randn(3, 16)
+    gates, idx = routing(3, 5, 2)
+    for bad in (5, -1):
+        wrong = idx.clone()
+        wrong[1, 1] = bad
+        lo, hi = min(int(idx.min()), bad), max(int(idx.max()), bad)
+        with pytest.raises(ValueError, match=rf"expert ids from {lo} to {hi}; they must be in "
+                                             r"\[0, 5\) for M=5"):
+            ex(x, gates, wrong)
+        with pytest.raises(ValueError, match=r"must be in \[0, 5\)"):
+            swiglu_experts(x, gates, wrong, ex.w_gate, ex.w_up, ex.w_down, impl=impl)
+    with pytest.raises(TypeError, match="topk_idx must be an int32 or int64 tensor"):
+        ex(x, gates, idx.to(torch.int16))
+    with pytest.raises(TypeError, match="topk_idx must be an int32 or int64 tensor"):
+        swiglu_experts(x, gates, idx.float(), ex.w_gate, ex.w_up, ex.w_down, impl=impl)
+    torch.testing.assert_close(ex(x, gates, idx.long()), ex(x, gates, idx))

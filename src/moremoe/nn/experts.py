@@ -47,10 +47,12 @@ class SwiGLUExperts(nn.Module):
         check_same_device(x=x_NH, gates=gates_NK, topk_idx=topk_idx_NK, w_gate=self.w_gate)
 
     def forward(self, x_NH: torch.Tensor, gates_NK: torch.Tensor,
-                topk_idx_NK: torch.Tensor) -> torch.Tensor:
+                topk_idx_NK: torch.Tensor, *, check_ids: bool = True) -> torch.Tensor:
+        """check_ids: check that topk_idx holds ids in [0, M) (a host sync on the GPU); a
+        MoELayer passes False, its router's ids are in range by construction."""
         self._check(x_NH, gates_NK, topk_idx_NK)
         y_NH = swiglu_experts(x_NH, gates_NK, topk_idx_NK, self.w_gate, self.w_up,
-                              self.w_down, impl=self.impl)
+                              self.w_down, impl=self.impl, check_ids=check_ids)
         return y_NH.to(x_NH.dtype)
 
     def extra_repr(self) -> str:

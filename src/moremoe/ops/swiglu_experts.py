@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import check_expert_ids
 from . import reference as ref
 from .dispatch import compute_dtype, needs_grad, resolve_impl
 
@@ -99,8 +100,14 @@ def resolve_experts_impl(impl: str, x: Tensor) -> str:
     return resolve_impl(impl, x, 1)
 
 
-def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: str = "auto"):
-    """y (N, h) in x's dtype (the autocast dtype under autocast on the fused path)."""
+def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: str = "auto",
+                   check_ids: bool = True):
+    """y (N, h) in x's dtype (the autocast dtype under autocast on the fused path).
+
+    topk_idx must be int32 / int64 expert ids in [0, M) on every implementation; with
+    check_ids (default) their range is checked, which reads two numbers back from the
+    device; check_ids=False skips that for ids a router made (in range by construction)."""
+    check_expert_ids(topk_idx_NK, w_gate.shape[0], values=check_ids)
     if resolve_experts_impl(impl, x_NH) == "reference":
         return ref.swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down)
     dt = compute_dtype(x_NH)
