@@ -4,6 +4,9 @@ import json
 
 import numpy as np
 import pytest
+import torch
+
+from runs import SMALL, quiet
 
 
 def write_token_dir(path, *, seq_len: int = 128, val_sequences: int = 32):
@@ -27,3 +30,27 @@ def write_token_dir(path, *, seq_len: int = 128, val_sequences: int = 32):
 @pytest.fixture(scope="session")
 def text_data(tmp_path_factory):
     return write_token_dir(tmp_path_factory.mktemp("tokens"))
+
+
+@pytest.fixture
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="session")
+def reference_run(text_data, tmp_path_factory):
+    """The uninterrupted tiny-more run every interrupted one is compared with."""
+    from moremoe.training.config import build_run_config
+    from moremoe.training.lm import train
+    out = tmp_path_factory.mktemp("ref") / "run"
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(build_run_config(preset="tiny-more", data=str(text_data), out=str(out),
+                               device="cpu", overrides=SMALL), echo=quiet)
+    finally:
+        torch.set_num_threads(old)
+    return out

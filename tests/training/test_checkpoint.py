@@ -35,7 +35,6 @@ def test_save_load_round_trip_and_keep(tmp_path):
     (tmp_path / "checkpoints" / ".step_00000009.tmp-1").mkdir()         # a torn write
     (tmp_path / "checkpoints" / "step_00000008").mkdir()                # incomplete
     assert ck.latest_checkpoint(tmp_path).name == "step_00000003"
-    save(tmp_path, 3, model)                                            # same step again
     loaded = ck.load_model(tmp_path)
     again = ck.load_model(tmp_path / "checkpoints" / "step_00000003")
     assert loaded.config == model.config
@@ -51,10 +50,73 @@ def test_save_load_round_trip_and_keep(tmp_path):
     assert ck.load_state(tmp_path)["step"] == 3
     with pytest.raises(FileNotFoundError, match="neither a checkpoint directory"):
         ck.load_model(tmp_path / "nothing")
-    assert (tmp_path / "checkpoints" / ".step_00000009.tmp-1").exists()   # step 3 kept as is
     save(tmp_path, 4, model)                                 # a new save clears torn writes
     assert not (tmp_path / "checkpoints" / ".step_00000009.tmp-1").exists()
     assert [p.name for p in ck.checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
+
+
+def _break(ckpt, how):
+    """Damage one file of a checkpoint as a full disk, a partial copy or a hand does."""
+    if how == "missing":
+        (ckpt / ck.STATE_FILE).unlink()
+    elif how == "truncated_weights":
+        path = ckpt / ck.MODEL_FILE
+        path.write_bytes(path.read_bytes()[:-100])
+    elif how == "truncated_state":
+        path = ckpt / ck.STATE_FILE
+        path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    elif how == "empty_config":
+        (ckpt / ck.CONFIG_FILE).write_text("")
+
+
+@pytest.mark.parametrize("how, what", [("missing", "state.pt is missing"),
+                                       ("truncated_weights", "model.safetensors has"),
+                                       ("truncated_state", "state.pt is truncated"),
+                                       ("empty_config", "config.json cannot be read")])
+def test_incomplete_checkpoints_are_found_and_named(tmp_path, how, what):
+    model = tiny_model()
+    for step in (1, 2):
+        save(tmp_path, step, model)
+    broken = tmp_path / "checkpoints" / "step_00000002"
+    _break(broken, how)
+    assert ck.problems(tmp_path / "checkpoints" / "step_00000001") == []
+    assert [p.name for p in ck.checkpoints(tmp_path)] == ["step_00000001"]
+    [(path, why)] = ck.incomplete_checkpoints(tmp_path)
+    assert path == broken and what in why[0]
+    assert ck.latest_checkpoint(tmp_path).name == "step_00000001"
+    with pytest.raises(ValueError, match=rf"step_00000002 is incomplete: {what}.*previous "
+                                         rf"complete checkpoint is .*step_00000001"):
+        ck.load_model(broken)
+
+
+def test_a_save_replaces_a_step_directory_it_did_not_write(tmp_path):
+    """A resumed run that reaches a step an older run left incomplete writes it anew: the
+    directory holds the new weights, never the old ones."""
+    old, new = tiny_model(), tiny_model()
+    save(tmp_path, 5, old)
+    (tmp_path / "checkpoints" / "step_00000003").mkdir()          # incomplete, older
+    (tmp_path / "checkpoints" / "step_00000009").mkdir()          # incomplete, newer
+    _break(tmp_path / "checkpoints" / "step_00000005", "truncated_weights")
+    save(tmp_path, 5, new)
+    assert ck.problems(tmp_path / "checkpoints" / "step_00000005") == []
+    got = ck.load_model(tmp_path).state_dict()
+    assert all(torch.equal(got[k], v) for k, v in new.state_dict().items())
+    assert not list((tmp_path / "checkpoints").glob(".step_*"))
+    assert [p.name for p, _ in ck.incomplete_checkpoints(tmp_path)] == ["step_00000009"]
+
+
+def test_corrupt_files_of_the_same_size_are_named_errors(tmp_path):
+    model = tiny_model()
+    save(tmp_path, 1, model)
+    save(tmp_path, 2, model)
+    state = tmp_path / "checkpoints" / "step_00000002" / ck.STATE_FILE
+    data = bytearray(state.read_bytes())
+    start = data.index(b"data.pkl") + 40                      # inside the pickled object
+    data[start:start + 64] = bytes(64)
+    state.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"step_00000002/state.pt cannot be read .*corrupt; "
+                                         r"the previous complete checkpoint is"):
+        ck.load_state(tmp_path)
 
 
 def test_rng_state_round_trip():

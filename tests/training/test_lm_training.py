@@ -11,34 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from moremoe.training.checkpoint import checkpoints, load_model
+from moremoe.training.checkpoint import checkpoints
 from moremoe.training.config import build_run_config
 from moremoe.training.lm import cosine_with_warmup, param_groups, train
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-SMALL = ["model.seq_len=64", "train.batch_size=4", "train.log_every=1", "train.eval_every=20",
-         "train.eval_batches=2", "train.ckpt_every=5", "train.keep=3", "train.max_steps=60"]
-
-
-def quiet(_text):
-    pass
-
-
-def events(run_dir, kind):
-    rows = [json.loads(ln) for ln in (Path(run_dir) / "log.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["event"] == kind]
-
-
-def curve(run_dir):
-    return [(r["step"], r["loss"], r["grad_norm"]) for r in events(run_dir, "train")]
-
-
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+from runs import SMALL, SRC, assert_same_run, events, quiet
 
 
 def test_tiny_model_learns_prose(text_data, tmp_path):
@@ -54,29 +30,6 @@ def test_tiny_model_learns_prose(text_data, tmp_path):
     assert summary["mean_step_ms"] > 0 and summary["tokens_per_s"] > 0
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["val_ppl"] == summary["val_ppl"]
-
-
-@pytest.fixture(scope="module")
-def reference_run(text_data, tmp_path_factory):
-    """The uninterrupted tiny-more run every interrupted one is compared with."""
-    out = tmp_path_factory.mktemp("ref") / "run"
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(build_run_config(preset="tiny-more", data=str(text_data), out=str(out),
-                               device="cpu", overrides=SMALL), echo=quiet)
-    finally:
-        torch.set_num_threads(old)
-    return out
-
-
-def assert_same_run(run, ref):
-    assert curve(run) == curve(ref)                   # exact: every step's loss and norm
-    evals = {e["step"]: (e["val_loss"], e["hnorm"]) for e in events(run, "eval")}
-    ref_evals = {e["step"]: (e["val_loss"], e["hnorm"]) for e in events(ref, "eval")}
-    assert {s: evals.get(s) for s in ref_evals} == ref_evals   # a stop adds its own
-    a, b = load_model(run).state_dict(), load_model(ref).state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_stop_then_resume_matches_uninterrupted(text_data, tmp_path, reference_run,

@@ -5,9 +5,15 @@ A checkpoint is the directory RUN/checkpoints/step_XXXXXXXX with
   config.json        {"model": TransformerConfig.to_dict(), "train": RunConfig.to_dict()}
   state.pt           torch.save'd {"step", "tokens", "optimizer", "scheduler", "data",
                      "rng": one {python, numpy, torch, cuda} per rank, ...}
-It is written to a hidden temporary directory and renamed into place, so a checkpoint
-directory that exists is complete; the last ``keep`` are kept. state.pt holds numpy and
-Python RNG states, so it is loaded with weights_only=False: load only your own runs' files.
+It is written to a hidden temporary directory and renamed into place; the last ``keep``
+complete ones are kept. A step directory can still be incomplete (copied in part, a disk
+that filled, a file truncated or deleted by hand): ``problems`` checks each file's
+structure (the safetensors header against the file's size, state.pt's zip directory,
+config.json's keys) without reading the tensors, ``checkpoints`` lists the complete ones
+and ``incomplete_checkpoints`` the others with what is wrong. A save replaces a step
+directory it did not write rather than trusting it, and removes the incomplete ones older
+than itself (superseded, never resumable). state.pt holds numpy and Python RNG
+states, so it is loaded with weights_only=False: load only your own runs' files.
 """
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ import os
 import random
 import re
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -62,15 +70,78 @@ def _flat_tensors(model: torch.nn.Module) -> dict:
     return out
 
 
-def checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
+def problems(ckpt: str | Path) -> list[str]:
+    """What makes a checkpoint directory incomplete ([] when it is complete): a file missing,
+    or one whose structure does not hold (truncated, or not what it should be)."""
+    ckpt, out = Path(ckpt), []
+    for name, check in ((MODEL_FILE, _safetensors_ok), (CONFIG_FILE, _config_ok),
+                        (STATE_FILE, _state_ok)):
+        path = ckpt / name
+        if not path.is_file():
+            out.append(f"{name} is missing")
+            continue
+        try:
+            why = check(path)
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            why = f"cannot be read ({err})"
+        if why:
+            out.append(f"{name} {why}")
+    return out
+
+
+def _safetensors_ok(path: Path) -> str | None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is truncated ({size} bytes)"
+        n = struct.unpack("<Q", head)[0]
+        if n > size - 8:
+            return f"is truncated ({size:,} bytes, its header alone needs {n + 8:,})"
+        header = json.loads(f.read(n))
+    end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
+              default=0)
+    if 8 + n + end != size:
+        return f"has {size:,} bytes, its header describes {8 + n + end:,} (truncated)"
+    return None
+
+
+def _config_ok(path: Path) -> str | None:
+    d = json.loads(path.read_text())
+    if not isinstance(d, dict) or not {"model", "train"} <= d.keys():
+        return "lacks the sections model and train"
+    return None
+
+
+def _state_ok(path: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except zipfile.BadZipFile:
+        return f"is truncated or not a torch.save archive ({path.stat().st_size:,} bytes)"
+    return None if any(n.endswith("data.pkl") for n in names) else "holds no saved object"
+
+
+def _step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     root = Path(run_dir) / CKPT_DIR
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _NAME.match(p.name)) and p.is_dir()
-             and all((p / f).is_file() for f in (MODEL_FILE, CONFIG_FILE, STATE_FILE))]
-    return [p for _, p in sorted(found)]
+    return sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if (m := _NAME.match(p.name)) and p.is_dir())
+
+
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    return [p for _, p in _step_dirs(run_dir) if not problems(p)]
+
+
+def incomplete_checkpoints(run_dir: str | Path) -> list[tuple[Path, list[str]]]:
+    """(step directory, what is wrong) of every incomplete checkpoint of a run, oldest first."""
+    return [(p, why) for _, p in _step_dirs(run_dir) if (why := problems(p))]
+
+
+def step_of(ckpt: Path) -> int:
+    return int(_NAME.match(Path(ckpt).name).group(1))
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -78,17 +149,21 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def describe_incomplete(found: list[tuple[Path, list[str]]]) -> str:
+    return "; ".join(f"{p} ({', '.join(why)})" for p, why in found)
+
+
 def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
                     model_config: TransformerConfig, run_config: dict, state: dict,
                     keep: int) -> Path:
-    """Write checkpoint `step` atomically, then drop all but the newest `keep`. A step that is
-    already saved (a stop right after a periodic save) is the same state and is kept as it
-    is; what a killed save left half-written is removed first."""
+    """Write checkpoint `step` to a temporary directory, rename it into place, then drop all
+    but the newest `keep` complete ones. A step directory already there was not written by
+    this save (the caller skips a step it saved itself): it is an older run's or an
+    incomplete one, and is replaced, never trusted. What a killed save left half-written is
+    removed first."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
-    if final.exists():
-        return final
     for partial in root.glob(".step_*"):        # one writer (rank 0): none is in progress
         shutil.rmtree(partial, ignore_errors=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
@@ -98,43 +173,92 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
     (tmp / CONFIG_FILE).write_text(json.dumps(
         {"model": model_config.to_dict(), "train": run_config}, indent=2) + "\n")
     torch.save(state, tmp / STATE_FILE)
-    os.replace(tmp, final)
+    if final.exists():
+        old = root / f".{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
     for stale in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
+    for stale, _ in incomplete_checkpoints(run_dir):      # superseded: never resumable
+        if step_of(stale) < step:
+            shutil.rmtree(stale, ignore_errors=True)
     return final
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint directory as given, or a run directory's latest checkpoint."""
+    """A complete checkpoint directory as given, or a run directory's latest complete one.
+    FileNotFoundError when there is none; ValueError naming the problem when the checkpoint
+    given is incomplete."""
     path = Path(path)
-    if (path / MODEL_FILE).is_file():
+    if _NAME.match(path.name) and path.is_dir() or (path / MODEL_FILE).is_file():
+        why = problems(path)
+        if why:
+            raise ValueError(f"checkpoint {path} is incomplete: {', '.join(why)}"
+                             f"{_previous_hint(path)}")
         return path
     latest = latest_checkpoint(path)
     if latest is None:
+        broken = incomplete_checkpoints(path)
+        if broken:
+            raise FileNotFoundError(f"{path} has no complete checkpoint; incomplete: "
+                                    f"{describe_incomplete(broken)}")
         raise FileNotFoundError(f"{str(path)!r} is neither a checkpoint directory (with "
                                 f"{MODEL_FILE}) nor a run directory with checkpoints")
     return latest
 
 
+def _previous_hint(ckpt: Path) -> str:
+    """'; the previous complete checkpoint is ...' when the run holds one before ckpt."""
+    if ckpt.parent.name != CKPT_DIR or not _NAME.match(ckpt.name):
+        return ""
+    before = [p for p in checkpoints(ckpt.parent.parent) if step_of(p) < step_of(ckpt)]
+    if not before:
+        return ""
+    return (f"; the previous complete checkpoint is {before[-1]} (move {ckpt.name} out of "
+            f"{ckpt.parent} and --resume continues from it)")
+
+
+def _read(ckpt: Path, name: str, load):
+    """load() of one file of a checkpoint; any failure is a ValueError naming the file."""
+    try:
+        return load(ckpt / name)
+    except Exception as err:      # noqa: BLE001 - every reader fails its own way on bad bytes
+        raise ValueError(f"{ckpt / name} cannot be read ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}): the file is "
+                         f"corrupt{_previous_hint(ckpt)}") from err
+
+
 def read_config(path: str | Path) -> dict:
-    return json.loads((resolve(path) / CONFIG_FILE).read_text())
+    return _read(resolve(path), CONFIG_FILE, lambda p: json.loads(p.read_text()))
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     ckpt = resolve(path)
-    tensors = _safetensors().load_file(str(ckpt / MODEL_FILE),
-                                       device=str(next(model.parameters()).device))
-    model.load_state_dict(tensors, strict=True)
+    device = str(next(model.parameters()).device)
+    tensors = _read(ckpt, MODEL_FILE, lambda p: _safetensors().load_file(str(p), device=device))
+    try:
+        model.load_state_dict(tensors, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"{ckpt / MODEL_FILE} does not fit the model of {ckpt / CONFIG_FILE}: "
+                         f"{str(err).splitlines()[0]}") from err
 
 
 def load_model(path: str | Path, *, device="cpu") -> Transformer:
     """The Transformer of a checkpoint directory or of a run directory's latest checkpoint."""
     ckpt = resolve(path)
-    cfg = TransformerConfig.from_dict(read_config(ckpt)["model"])
+    config = read_config(ckpt)
+    try:
+        cfg = TransformerConfig.from_dict(config["model"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{ckpt / CONFIG_FILE} holds no valid model config: {err}") from err
     model = Transformer(cfg).to(device)
     load_weights(model, ckpt)
     return model
 
 
 def load_state(path: str | Path) -> dict:
-    return torch.load(resolve(path) / STATE_FILE, map_location="cpu", weights_only=False)
+    return _read(resolve(path), STATE_FILE,
+                 lambda p: torch.load(p, map_location="cpu", weights_only=False))

@@ -101,6 +101,7 @@ class OptimSpec:
 
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+NAN_POLICIES = ("stop", "skip")
 # Refused: with the blocks compiled one by one, or the stack as one function, CUDA graph
 # trees overwrote activations the backward still needed (H100, torch 2.11; benchmarks/NOTES.md)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -134,10 +135,16 @@ class TrainSpec:
     compile_mode: str = "default"     # torch.compile's mode, without CUDA graphs
     tensorboard: bool = False         # also write TensorBoard events to out/tb
     peak_tflops: float | None = None  # per-GPU peak for MFU; None: known device or no MFU
+    nan_policy: str = "stop"          # a NaN/inf loss or grad norm: "stop" (before updating,
+                                      # checkpointing the last finite step) or "skip" the update
+    nan_skip_limit: int = 10          # "skip": stop after this many non-finite steps in a row
 
     def __post_init__(self):
+        if self.nan_policy not in NAN_POLICIES:
+            raise ValueError(f"train.nan_policy must be one of {', '.join(NAN_POLICIES)}, got "
+                             f"{self.nan_policy!r}")
         for name in ("batch_size", "grad_accum", "eval_every", "eval_batches", "log_every",
-                     "ckpt_every", "keep"):
+                     "ckpt_every", "keep", "nan_skip_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_steps", "max_tokens", "stop_step"):
@@ -166,7 +173,7 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "stop_step", "max_minutes", "eval_every", "eval_batches", "log_every",
                        "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps",
                        "out", "device", "compile", "compile_mode", "tensorboard",
-                       "peak_tflops"},
+                       "peak_tflops", "nan_policy", "nan_skip_limit"},
              "model": {"router_impl", "experts_impl"}}
 
 

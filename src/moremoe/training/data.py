@@ -26,12 +26,29 @@ def rows_of(seqs_NL: np.ndarray, seq_len: int) -> np.ndarray:
     return seqs_NL.reshape(-1, seq_len)
 
 
+def check_ids(rows_NT: np.ndarray, vocab: int | None, source: str, row_ids=None) -> None:
+    """ValueError naming the first row of rows_NT (its id in row_ids) with a token id that
+    is not below vocab."""
+    if vocab is None or rows_NT.size == 0:
+        return
+    top_N = rows_NT.max(axis=1)
+    if top_N.max() >= vocab:
+        i = int(np.argmax(top_N >= vocab))
+        row = int(row_ids[i]) if row_ids is not None else i
+        raise ValueError(f"{source}: sequence {row} holds token id {int(top_N[i])}, not below "
+                         f"the model's vocabulary of {vocab}: the file is corrupt or was "
+                         f"prepared for another model; check it with `moremoe data verify`")
+
+
 class Batches:
     """Training rows in a seeded, epoch-wise order; see the module docstring."""
 
     def __init__(self, rows_NT: np.ndarray, *, batch_size: int, world: int, grad_accum: int,
-                 seed: int):
+                 seed: int, vocab: int | None = None, source: str = "the training rows"):
+        """vocab: every id a micro-batch returns is checked to be below it (ValueError
+        naming `source` and the row otherwise: one max over the batch on the host)."""
         self.rows, self.b, self.world, self.accum = rows_NT, batch_size, world, grad_accum
+        self.vocab, self.source = vocab, source
         self.seed, self.epoch, self.offset = seed, 0, 0
         self.global_batch = batch_size * world * grad_accum
         self.steps_per_epoch = rows_NT.shape[0] // self.global_batch
@@ -52,7 +69,9 @@ class Batches:
         chunk = micro * self.world + rank
         start = self.offset * self.global_batch + chunk * self.b
         idx = np.sort(self._order()[start:start + self.b])   # sorted: sequential reads
-        return self.rows[idx].astype(np.int64)
+        batch = self.rows[idx].astype(np.int64)
+        check_ids(batch, self.vocab, self.source, idx)
+        return batch
 
     def advance(self) -> None:
         self.offset += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import signal
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from ..report import write_json
 from ..tasks.text import open_tokens, read_meta
 from . import checkpoint as ckpt
 from .config import RunConfig
-from .data import Batches, rows_of
+from .data import Batches, check_ids, rows_of
 from .common import autocast_dtype
 from .metrics import RunLog, StepClock, StepProfiler, echo_line, peak_tflops, printer
 
@@ -85,12 +86,19 @@ def default_out(cfg: RunConfig) -> str:
     return str(Path("runs") / "train" / (cfg.preset or "run"))
 
 
+# How a run ends, as the summary's "stopped" and the process's exit status: a finished
+# schedule exits 0; a budget stop (checkpointed, --resume continues) 75 (EX_TEMPFAIL); a
+# signal 128 + its number after checkpointing; errors (bad input, a non-finite step) 2.
+EXIT_CODES = {"max_steps": 0, "stop_step": 75, "max_minutes": 75,
+              "SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}
+
+
 class _Signals:
-    """First SIGINT/SIGTERM asks for a clean stop at the end of the step; a second one
-    interrupts at once (the handlers are restored on exit)."""
+    """First SIGINT/SIGTERM asks for a clean stop at the end of the step (requested holds
+    its number); a second one interrupts at once (the handlers are restored on exit)."""
 
     def __init__(self):
-        self.requested, self._old = False, {}
+        self.requested, self._old = 0, {}
 
     def __enter__(self):
         with contextlib.suppress(ValueError):           # not the main thread
@@ -101,17 +109,22 @@ class _Signals:
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested = int(signum)
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
 
+class NonFiniteStep(RuntimeError):
+    """A training step whose loss or gradient norm is NaN or infinite (train.nan_policy)."""
+
+
 class LMTrainer:
     """One pretraining run; ``run()`` trains, evaluates, checkpoints and returns the summary."""
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, echo=None):
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, force: bool = False,
+                 echo=None):
         self.cfg, t = cfg, cfg.train
         if t.data is None:
             raise ValueError("train.data is not set: pass --data DIR (a directory from "
@@ -122,6 +135,8 @@ class LMTrainer:
         self.echo = (echo or printer()) if self.main else (lambda text: None)
         self._load_data()
         self._build()
+        if force and self.main:
+            self._clear_run()
         self.log = RunLog(self.out, enabled=self.main, tensorboard=t.tensorboard)
         self._resume_or_start(resume)
 
@@ -135,11 +150,13 @@ class LMTrainer:
                              f"vocab_size={self.meta['vocab_size']}")
         train_rows = rows_of(open_tokens(t.data, "train"), m.seq_len)
         self.batches = Batches(train_rows, batch_size=t.batch_size, world=self.info.world,
-                               grad_accum=t.grad_accum, seed=t.seed)
+                               grad_accum=t.grad_accum, seed=t.seed, vocab=self.vocab,
+                               source=str(Path(t.data) / "train.bin"))
         val = rows_of(open_tokens(t.data, "val"), m.seq_len)
         world = self.info.world         # every rank gets the same number of rows (or none)
         n = min(val.shape[0], t.eval_batches * t.batch_size * world) // world * world
         self.val_rows = val[:n]
+        check_ids(np.asarray(self.val_rows), self.vocab, str(Path(t.data) / "val.bin"))
         self.total = planned_steps(self.cfg, self.batches.global_batch)
         self.tokens_per_step = self.batches.global_batch * m.seq_len
 
@@ -155,6 +172,7 @@ class LMTrainer:
         self.flops_per_token = self.model_config.training_flops_per_token(cfg.model.seq_len)
         self.peak = peak_tflops(self.dev, cfg.train.peak_tflops)
         self.step, self.tokens = 0, 0
+        self.skipped, self._skipped_in_a_row = 0, 0       # non-finite steps skipped
 
     def _wrapped(self) -> None:
         t = self.cfg.train
@@ -162,11 +180,35 @@ class LMTrainer:
             self.model.compile_blocks(t.compile_mode)
         self.ddp_model = ddp.wrap(self.model, self.info)
 
+    RUN_FILES = ("log.jsonl", "summary.json", "config.json", "profile.txt")
+
+    def _clear_run(self) -> None:
+        """--force: remove what an earlier run wrote into the run directory (and only that)."""
+        for name in self.RUN_FILES:
+            (self.out / name).unlink(missing_ok=True)
+        for name in (ckpt.CKPT_DIR, "tb"):
+            shutil.rmtree(self.out / name, ignore_errors=True)
+
     def _resume_or_start(self, resume: bool) -> None:
         latest = ckpt.latest_checkpoint(self.out)
-        if latest is not None and not resume:
-            raise FileExistsError(f"{self.out} already has checkpoints (latest {latest.name}); "
-                                  f"pass --resume to continue it, or another --out")
+        broken = ckpt.incomplete_checkpoints(self.out)
+        held_by_run = latest is not None or broken or _has_events(self.out)
+        if not resume and held_by_run and self.main:    # (the other ranks see rank 0's log)
+            held = (f"checkpoints (latest {latest.name})" if latest is not None else
+                    "incomplete checkpoints" if broken else "the log of a run")
+            raise FileExistsError(f"{self.out} already holds {held}; pass --resume to "
+                                  f"continue it, --force to start over (deleting it), or "
+                                  f"another --out")
+        after = [b for b in broken if latest is None or ckpt.step_of(b[0]) > ckpt.step_of(latest)]
+        if resume and latest is None and broken:
+            raise FileExistsError(f"--resume: {self.out} has no complete checkpoint; incomplete: "
+                                  f"{ckpt.describe_incomplete(broken)}; pass --force to start "
+                                  f"over (deleting them)")
+        if resume and after:
+            self.echo(f"warning: skipping incomplete checkpoints "
+                      f"{ckpt.describe_incomplete(after)}; resuming from the newest complete "
+                      f"one, {latest} (the steps after it are trained again)")
+        self._saved_step = 0      # the step last checkpointed (a fresh start: the init's)
         if resume and latest is not None:
             self._resume(latest)
         else:
@@ -192,6 +234,7 @@ class LMTrainer:
         self.sched.load_state_dict(state["scheduler"])
         self.batches.load_state_dict(state["data"])
         self.step, self.tokens = state["step"], state["tokens"]
+        self._saved_step = self.step
         rngs = state.get("rng") or []
         if rngs:
             ckpt.set_rng_state(rngs[self.info.rank % len(rngs)])
@@ -213,7 +256,8 @@ class LMTrainer:
         return x
 
     def _train_step(self) -> torch.Tensor:
-        """One optimizer step; returns (loss, lm_loss, aux_loss, grad_norm) on the device."""
+        """One optimizer step; returns (loss, lm_loss, aux_loss, grad_norm, 1) on the device,
+        or zeros when the step was skipped (train.nan_policy=skip)."""
         accum, sums = self.cfg.train.grad_accum, torch.zeros(3, device=self.dev)
         for j in range(accum):
             x_BT = self._micro_batch(j)
@@ -228,26 +272,54 @@ class LMTrainer:
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
         clip = self.cfg.optim.clip or float("inf")
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        vals = torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
+        update = self._finite(vals)
         self._lrs = {g["name"]: g["lr"] for g in self.opt.param_groups}
         self._updating = True
-        self.opt.step()
+        if update:
+            self.opt.step()
         self.sched.step()
         self.batches.advance()
         self.step, self.tokens = self.step + 1, self.tokens + self.tokens_per_step
         self._updating = False
         self.opt.zero_grad(set_to_none=True)
-        return torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
+        return torch.cat([vals, vals.new_ones(1)]) if update else vals.new_zeros(5)
+
+    def _finite(self, vals: torch.Tensor) -> bool:
+        """Whether this step's loss and gradient norm are finite (one read back from the
+        device per step, agreed on by every rank); if not, stop (nan_policy=stop) with the
+        weights of the last finite step, or skip the update (nan_policy=skip)."""
+        bad = (~torch.isfinite(vals)).any().float()
+        if ddp.all_reduce(bad, self.info, "max").item() == 0:
+            self._skipped_in_a_row = 0
+            return True
+        step, t = self.step + 1, self.cfg.train
+        loss, gnorm = vals[0].item(), vals[3].item()
+        self.log.write("nonfinite", step=step, loss=loss, grad_norm=gnorm, policy=t.nan_policy)
+        what = f"step {step}: the loss is {loss:g} and the gradient norm {gnorm:g}"
+        if t.nan_policy == "skip":
+            self._skipped_in_a_row += 1
+            self.skipped += 1
+            if self._skipped_in_a_row < t.nan_skip_limit:
+                self.echo(f"warning: {what}; the update is skipped (train.nan_policy=skip)")
+                return False
+            what += f", the {t.nan_skip_limit}th non-finite step in a row"
+        self.opt.zero_grad(set_to_none=True)
+        raise NonFiniteStep(f"{what}: the run stops with the weights of step {self.step} "
+                            f"(saved, no non-finite checkpoint is written); lower optim.lr, "
+                            f"or pass --set train.nan_policy=skip to skip such steps")
 
     def _log_train(self, acc: torch.Tensor, clock: StepClock) -> dict:
         totals = ddp.all_reduce(acc, self.info, "mean").tolist()    # waits for the GPU
         steps, seconds = clock.window()
-        vals = [v / max(steps, 1) for v in totals]
+        applied = round(totals[4])           # steps not skipped (train.nan_policy=skip)
+        vals = [v / applied if applied else None for v in totals[:4]]
         tok_s = steps * self.tokens_per_step / seconds
         lrs = self._lrs
         m = {"loss": vals[0], "lm_loss": vals[1], "aux_loss": vals[2], "grad_norm": vals[3],
              "lr": lrs["decay"], "router_lr": lrs.get("router"), "tokens": self.tokens,
              "tokens_per_s": tok_s, "step_ms": 1000 * seconds / max(steps, 1),
-             "mfu": self._mfu(tok_s)}
+             "mfu": self._mfu(tok_s), "skipped": steps - applied}
         self.log.write("train", step=self.step, **m)
         self.echo(echo_line(self.step, self.total, m))
         return m
@@ -279,8 +351,15 @@ class LMTrainer:
                   f"H_norm mean {np.mean(hn):.3f} [{min(hn):.3f}, {max(hn):.3f}]")
         return ev
 
-    def save(self, *, gather: bool = True) -> Path:
-        """Checkpoint the current step (every rank calls it; rank 0 writes)."""
+    def save(self, *, gather: bool = True) -> Path | None:
+        """Checkpoint the current step (every rank calls it; rank 0 writes), unless this
+        process already saved it (a stop right after a periodic save)."""
+        if self._saved_step == self.step:
+            return None
+        flags = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()])
+        if not bool(flags.all()):
+            raise NonFiniteStep(f"step {self.step}: the weights are not finite; no checkpoint "
+                                f"is written (the last one is kept)")
         rngs = ddp.gather_objects(ckpt.rng_state(), self.info) if gather else [ckpt.rng_state()]
         path = None
         if self.main:
@@ -293,6 +372,7 @@ class LMTrainer:
                                         run_config=self.cfg.to_dict(), state=state,
                                         keep=self.cfg.train.keep)
             self.log.write("checkpoint", step=self.step, path=str(path))
+        self._saved_step = self.step
         if gather:
             ddp.barrier(self.info)
         return path
@@ -304,7 +384,7 @@ class LMTrainer:
         if t.stop_step is not None and self.step >= t.stop_step:
             return "stop_step"
         flags = [float(t.max_minutes is not None and clock.elapsed() >= 60 * t.max_minutes),
-                 float(signals.requested)]
+                 float(signals.requested)]           # the signal's number, or 0
         if self.info.enabled:   # every rank must stop at the same step: the ranks agree at
             if self.step % t.log_every:      # log steps, which sync anyway (a collective read
                 return None                  # back every step would stall the host each step)
@@ -312,7 +392,7 @@ class LMTrainer:
                                    "max").tolist()
         if flags[0] > 0:
             return "max_minutes"
-        return "signal" if flags[1] > 0 else None
+        return signal.Signals(int(flags[1])).name if flags[1] > 0 else None
 
     def run(self) -> dict:
         t = self.cfg.train
@@ -321,7 +401,7 @@ class LMTrainer:
         clock = StepClock(self.dev, t.timing_warmup + t.profile_steps)
         profiler = StepProfiler(self.out / "profile.txt", self.dev, t.timing_warmup,
                                 t.profile_steps if self.main else 0, pause=clock.paused)
-        acc = torch.zeros(4, device=self.dev)
+        acc = torch.zeros(5, device=self.dev)
         self._updating, reason, last_eval = False, None, None
         self.echo(f"training {self.cfg.model.name} ({self.model_config.total_params():,} "
                   f"params) on {self.dev} x{self.info.world}: step {self.step} -> {self.total}, "
@@ -346,9 +426,12 @@ class LMTrainer:
                             self.save()
         except BaseException as err:
             # keep what was trained unless the error hit the middle of an update (the
-            # state is then inconsistent) or other ranks may be stuck in a collective
+            # state is then inconsistent) or other ranks may be stuck in a collective (a
+            # non-finite step is seen by every rank at once)
             with contextlib.suppress(Exception):
-                if not self._updating and not self.info.enabled:
+                if not self._updating and isinstance(err, NonFiniteStep):
+                    self.save()
+                elif not self._updating and not self.info.enabled:
                     self.save(gather=False)
                 self._finish(clock, f"error: {type(err).__name__}: {err}", last_eval)
             raise
@@ -364,6 +447,8 @@ class LMTrainer:
         summary = {
             "name": self.cfg.model.name, "preset": self.cfg.preset, "out": str(self.out),
             "device": str(self.dev), "world": self.info.world, "stopped": reason,
+            "finished": reason == "max_steps", "exit_code": EXIT_CODES.get(reason, 2),
+            "skipped_steps": self.skipped,
             "step": self.step, "planned_steps": self.total, "tokens": self.tokens,
             "steps_this_run": clock.steps, "wall_s": clock.elapsed(),
             "mean_step_ms": 1000 * step_s if step_s else None,
@@ -393,11 +478,20 @@ def _eager():
     return stance("force_eager") if stance else contextlib.nullcontext()
 
 
-def train(cfg: RunConfig, *, resume: bool = False, echo=None) -> dict:
-    """Run one pretraining job (joining torchrun's process group when launched by it)."""
+def _has_events(run_dir: Path) -> bool:
+    log = Path(run_dir) / "log.jsonl"
+    return log.is_file() and log.stat().st_size > 0
+
+
+def train(cfg: RunConfig, *, resume: bool = False, force: bool = False, echo=None) -> dict:
+    """Run one pretraining job (joining torchrun's process group when launched by it).
+    A run directory that already holds a run needs resume (continue it) or force (delete
+    it and start over)."""
+    if resume and force:
+        raise ValueError("give --resume (continue the run) or --force (start it over), not both")
     precision = torch.get_float32_matmul_precision()
     try:
-        trainer = LMTrainer(cfg, resume=resume, echo=echo)
+        trainer = LMTrainer(cfg, resume=resume, force=force, echo=echo)
         if trainer.dev.type == "cuda":      # TF32 for the fp32 matmuls outside autocast
             torch.set_float32_matmul_precision("high")
         try:

@@ -203,11 +203,17 @@ class StepProfiler:
 
 
 def echo_line(step: int, total: int, m: dict) -> str:
-    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f} (lm {m['lm_loss']:.4f} "
-             f"aux {m['aux_loss']:.4f})", f"lr {m['lr']:.2e}", f"gnorm {m['grad_norm']:.3f}",
-             f"{m['tokens_per_s']:,.0f} tok/s", f"{m['step_ms']:.1f} ms/step"]
+    if m["loss"] is None:
+        parts = [f"step {step}/{total}", "every step of the window skipped (non-finite)"]
+    else:
+        parts = [f"step {step}/{total}", f"loss {m['loss']:.4f} (lm {m['lm_loss']:.4f} "
+                 f"aux {m['aux_loss']:.4f})", f"lr {m['lr']:.2e}",
+                 f"gnorm {m['grad_norm']:.3f}"]
+    parts += [f"{m['tokens_per_s']:,.0f} tok/s", f"{m['step_ms']:.1f} ms/step"]
     if m.get("mfu") is not None:
         parts.append(f"MFU {100 * m['mfu']:.1f}%")
+    if m.get("skipped"):
+        parts.append(f"{m['skipped']} skipped")
     return " | ".join(parts)
 
 
