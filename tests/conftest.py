@@ -38,3 +38,10 @@ def lm_eval_tasks(tmp_path):
         (out / template.name).write_text(string.Template(template.read_text()).substitute(
             LM_EVAL_TASKS=installed, FIXTURES=fixtures))
     return out
+
+
+@pytest.fixture(scope="session")
+def text_data(tmp_path_factory):
+    """A prepared directory of real prose, byte-level (tests/prepared.py)."""
+    from prepared import write_token_dir
+    return write_token_dir(tmp_path_factory.mktemp("tokens"))

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from cli_checks import fails
 from moremoe.cli import main
 
 
@@ -30,14 +31,12 @@ def test_flops_table_and_errors(capsys):
     assert main(["flops", "--experts", "32", "--top-k", "4", "--hidden", "64", "--width", "8"]) == 0
     text = capsys.readouterr().out
     assert "MoE-32" in text and "24,576" in text        # 6 k h s + 6 M h
-    with pytest.raises(SystemExit, match=r"--top-k must be in \[1, --experts=4\], got 5"):
-        main(["flops", "--experts", "4", "--top-k", "5", "--hidden", "64", "--width", "8"])
-    with pytest.raises(SystemExit, match="missing --vocab, --heads"):
-        main(["flops", "--experts", "4", "--top-k", "2", "--hidden", "64", "--width", "8",
-              "--layers", "2"])
-    with pytest.raises(SystemExit):
-        main(["flops", "--experts", "0", "--top-k", "2", "--hidden", "64", "--width", "8"])
-    assert "expected a positive integer, got 0" in capsys.readouterr().err
+    fails(capsys, ["flops", "--experts", "4", "--top-k", "5", "--hidden", "64", "--width", "8"],
+          r"--top-k must be in \[1, --experts=4\], got 5")
+    fails(capsys, ["flops", "--experts", "4", "--top-k", "2", "--hidden", "64", "--width", "8",
+                   "--layers", "2"], "missing --vocab, --heads")
+    fails(capsys, ["flops", "--experts", "0", "--top-k", "2", "--hidden", "64", "--width", "8"],
+          "argument --experts: expected a positive integer, got '0'")
 
 
 def test_plan(capsys):
@@ -49,9 +48,8 @@ def test_plan(capsys):
                  "--round-width", "8", "--no-refit"]) == 0
     text = capsys.readouterr().out
     assert "MoE-32" in text and "MoRE-96" in text and "3.00x the experts" in text
-    with pytest.raises(SystemExit, match="does not cover the low-rank projection"):
-        main(["plan", "--hidden", "512", "--width", "1", "--top-k", "1", "--rank", "64",
-              "--budget", "100"])
+    fails(capsys, ["plan", "--hidden", "512", "--width", "1", "--top-k", "1", "--rank", "64",
+                   "--budget", "100"], "does not cover the low-rank projection")
 
 
 TINY = ["--size", "48", "--hidden", "32", "--width", "8", "--rank", "4", "--layers", "1",

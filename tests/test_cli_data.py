@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_checks import fails
 from moremoe.cli import build_parser, main
 from moremoe.tasks.text import stdlib_corpus
 
@@ -30,32 +31,30 @@ def test_prepare_and_verify(corpus, tmp_path, capsys):
     assert main(["data", "verify", str(out)]) == 0
     text = capsys.readouterr().out
     assert "sizes, sha256 and token ids OK" in text and f"{s['train_sequences']:,}" in text
-    with pytest.raises(SystemExit, match="already holds prepared data .* --force"):
-        main(["data", "prepare", str(corpus), "--out", str(out), *ARGS])
+    fails(capsys, ["data", "prepare", str(corpus), "--out", str(out), *ARGS],
+          "already holds prepared data .* --force")
     assert main(["data", "prepare", str(corpus), "--out", str(out), *ARGS, "--force",
                  "--seed", "3"]) == 0
     assert "dropped tokens (tail)" in capsys.readouterr().out
     val = out / "val.bin"
     val.write_bytes(val.read_bytes()[:-2])
-    with pytest.raises(SystemExit, match=rf"error: {val} has 2,558 bytes, expected 2,560"):
-        main(["data", "verify", str(out), "--json"])
+    fails(capsys, ["data", "verify", str(out), "--json"],
+          rf"error: {val} has 2,558 bytes, expected 2,560")
 
 
 def test_argument_errors(corpus, tmp_path, capsys):
-    with pytest.raises(SystemExit, match="too few sequences: .* --val-sequences 5,000"):
-        main(["data", "prepare", str(corpus), "--out", str(tmp_path / "o"), "--no-progress"])
-    with pytest.raises(SystemExit, match=r"sha256 [0-9a-f]{64}, expected 306cd27f"):
-        main(["data", "prepare", str(corpus), "--out", str(tmp_path / "o"),
-              "--tokenizer-ranks", str(corpus)])
+    fails(capsys, ["data", "prepare", str(corpus), "--out", str(tmp_path / "o"),
+                   "--no-progress"], "too few sequences: .* --val-sequences 5,000")
+    fails(capsys, ["data", "prepare", str(corpus), "--out", str(tmp_path / "o"),
+                   "--tokenizer-ranks", str(corpus)], r"sha256 [0-9a-f]{64}, expected 306cd27f")
     parse = build_parser().parse_args
     assert parse(["data", "prepare", "x", "--out", "o"]).restart is False    # resume by default
     assert parse(["data", "prepare", "x", "--out", "o", "--resume"]).restart is False
     assert parse(["data", "prepare", "x", "--out", "o", "--restart"]).restart is True
     with pytest.raises(SystemExit):
         parse(["data", "prepare", "x", "--out", "o", "--resume", "--restart"])
-    with pytest.raises(SystemExit):
-        main(["data", "prepare", str(corpus), "--out", str(tmp_path / "o"), "--seq-len", "1"])
-    assert "expected an integer >= 2, got 1" in capsys.readouterr().err
+    fails(capsys, ["data", "prepare", str(corpus), "--out", str(tmp_path / "o"), "--seq-len",
+                   "1"], "expected an integer >= 2, got 1")
 
 
 def _wait_gone(pids, timeout=20.0):

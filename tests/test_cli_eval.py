@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from cli_checks import fails
 from moremoe.cli import main
 from moremoe.model import Transformer, TransformerConfig
 from moremoe.nn import MoEConfig
@@ -113,14 +114,11 @@ def test_hf_export_of_a_checkpoint_loads_with_auto_classes(tmp_path, capsys):
     assert all(torch.equal(v, got[k]) for k, v in model.state_dict().items())
 
 
-def test_eval_errors_name_the_problem(tmp_path):
-    with pytest.raises(SystemExit, match="nothing to evaluate"):
-        main(["eval", str(tmp_path), "--tasks", "none"])
-    with pytest.raises(SystemExit, match="does not exist"):
-        main(["eval", str(tmp_path / "missing"), "--tasks", "sciq"])
+def test_eval_errors_name_the_problem(tmp_path, capsys):
+    fails(capsys, ["eval", str(tmp_path), "--tasks", "none"], "nothing to evaluate")
+    fails(capsys, ["eval", str(tmp_path / "missing"), "--tasks", "sciq"], "does not exist")
     small = Transformer(TransformerConfig(vocab=1000, layers=1, heads=2, max_seq_len=32,
                                           moe=MoEConfig.more(8, 2, 32, 8, 4))).eval()
     data = write_data_dir(tmp_path / "data", np.zeros((2, 16), dtype=np.int64))
-    with pytest.raises(SystemExit, match="vocab_size=50257 exceeds the model's vocab=1000"):
-        main(["eval", str(hf_dir(tmp_path, small)), "--data", str(data), "--tasks", "none",
-              "--device", "cpu"])
+    fails(capsys, ["eval", str(hf_dir(tmp_path, small)), "--data", str(data), "--tasks", "none",
+                   "--device", "cpu"], "vocab_size=50257 exceeds the model's vocab=1000")

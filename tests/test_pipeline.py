@@ -32,7 +32,7 @@ def test_prepare_train_resume_eval_export(tmp_path, capsys, lm_eval_tasks):
 
     # stopped half way (as a kill or a time budget would), then resumed to the end
     assert main(["train", "--data", str(data), "--out", str(run), "--stop-step", "80",
-                 *TRAIN]) == 0
+                 *TRAIN]) == 75                          # stopped by a budget, resumable
     capsys.readouterr()
     assert main(["train", "--data", str(data), "--out", str(run), "--resume", *TRAIN]) == 0
     summary = json.loads(capsys.readouterr().out)

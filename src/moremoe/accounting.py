@@ -26,8 +26,9 @@ TRAINING = (18, 14)
 def _positive(name: str, value, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
 def _check_layer(M, k, h, s, r) -> None:

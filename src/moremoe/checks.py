@@ -7,6 +7,11 @@ from __future__ import annotations
 import torch
 
 
+class UserError(Exception):
+    """A failure the user can act on that is not a bad argument value (a diverged run, data
+    that does not fit the model): the command line prints it as one line."""
+
+
 def check_int(name: str, value, *, low: int = 1, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

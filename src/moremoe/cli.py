@@ -6,17 +6,20 @@ a progress bar on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from . import __version__, accounting
-from .cli_args import _add_json, _float_list, _int_list, _positive_float, _positive_int
+from .checks import UserError
+from .cli_args import (_add_json, _float_list, _fraction, _int_at_least, _int_list,
+                       _positive_float, _positive_int)
 from .cli_bench import add_bench_parser
 from .cli_data import add_data_parser
 from .cli_train import add_train_parser
 from .cli_eval import add_eval_parser
-from .report import emit, human, table, write_json
+from .report import check_output_dir, emit, human, table, write_json
 
 EPILOG = "Letters: M experts, k active experts, h hidden, s expert width, r router rank."
 
@@ -29,12 +32,12 @@ _emit = emit
 def cmd_flops(args) -> int:
     M, k, h, s, r = args.experts, args.top_k, args.hidden, args.width, args.rank
     if k > M:
-        raise SystemExit(f"error: --top-k must be in [1, --experts={M}], got {k}")
+        raise ValueError(f"--top-k must be in [1, --experts={M}], got {k}")
     model = {"layers": args.layers, "vocab": args.vocab, "heads": args.heads}
     given = [n for n, v in model.items() if v is not None]
     if given and len(given) < len(model):
         missing = ", ".join(f"--{n.replace('_', '-')}" for n, v in model.items() if v is None)
-        raise SystemExit(f"error: total parameters need --layers, --vocab and --heads; "
+        raise ValueError(f"total parameters need --layers, --vocab and --heads; "
                          f"missing {missing}")
     out = {"name": f"{'MoE' if r is None else 'MoRE'}-{M}", "experts": M, "top_k": k,
            "hidden": h, "width": s, "rank": r,
@@ -44,7 +47,7 @@ def cmd_flops(args) -> int:
            "flops_training": accounting.active_flops(M, k, h, s, r, training=True)}
     if given:
         if h % args.heads:
-            raise SystemExit(f"error: --heads must divide --hidden={h}, got {args.heads}")
+            raise ValueError(f"--heads must divide --hidden={h}, got {args.heads}")
         out["params_total"] = accounting.total_params(
             vocab=args.vocab, hidden=h, layers=args.layers, experts=M, width=s,
             heads=args.heads, kv_heads=args.kv_heads, rank=r)
@@ -64,13 +67,10 @@ def cmd_flops(args) -> int:
 # ---------------------------------------------------------------- plan
 
 def cmd_plan(args) -> int:
-    try:
-        plan = accounting.plan_matched(
-            hidden=args.hidden, top_k=args.top_k, rank=args.rank, budget=args.budget,
-            width=None if args.budget is not None else args.width, experts=args.experts,
-            ce=args.ce, cr=args.cr, round_width=args.round_width, refit=args.refit)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+    plan = accounting.plan_matched(
+        hidden=args.hidden, top_k=args.top_k, rank=args.rank, budget=args.budget,
+        width=None if args.budget is not None else args.width, experts=args.experts,
+        ce=args.ce, cr=args.cr, round_width=args.round_width, refit=args.refit)
     moe, more = plan.moe, plan.more
     rows = [["experts M", moe.experts, more.experts],
             ["width s", moe.width, more.width],
@@ -92,10 +92,27 @@ def cmd_plan(args) -> int:
 
 # ---------------------------------------------------------------- phonebook
 
+def _check_phonebook_args(args) -> None:
+    """The arguments the model and the phonebook cannot take, named as the user gave them."""
+    from .tasks.phonebook import NAME_SPACE
+    h = args.hidden
+    if args.heads is not None and h % args.heads:
+        raise ValueError(f"--heads {args.heads} must divide --hidden {h}")
+    if args.rank > h:
+        raise ValueError(f"--rank {args.rank} must be at most --hidden {h} (a rank above h "
+                         f"adds router parameters, not expressivity)")
+    sizes = [args.size] if hasattr(args, "size") else args.sizes
+    if max(sizes) > NAME_SPACE:
+        raise ValueError(f"{'--size' if hasattr(args, 'size') else '--sizes'} {max(sizes):,} "
+                         f"exceeds the {NAME_SPACE:,} unique five-letter names a phonebook "
+                         f"can hold")
+
+
 def _phonebook_models(args):
     """The model configs to train, from --arch and the planner (paper convention)."""
     from .nn.moe import MoEConfig
     from .training.phonebook import phonebook_model_config
+    _check_phonebook_args(args)
     plan = accounting.plan_matched(hidden=args.hidden, top_k=args.top_k, rank=args.rank,
                                    width=args.width, round_width=args.round_width,
                                    refit=args.refit)
@@ -146,7 +163,7 @@ def cmd_phonebook_train(args) -> int:
     from .plots import plot_phonebook_runs
     from .training.phonebook import train_phonebook
     plan, models = _phonebook_models(args)
-    out_dir = _out_dir(args, "phonebook-train")
+    out_dir = check_output_dir(_out_dir(args, "phonebook-train"), "--out")
     report = {"command": "phonebook train", "size": args.size, "plan": plan.to_dict(),
               "runs": []}
     json_path, png_path = out_dir / "phonebook_train.json", out_dir / "phonebook_train.png"
@@ -171,7 +188,7 @@ def cmd_phonebook_capacity(args) -> int:
     from .plots import plot_capacity
     from .training.phonebook import capacity_search
     plan, models = _phonebook_models(args)
-    out_dir = _out_dir(args, "phonebook-capacity")
+    out_dir = check_output_dir(_out_dir(args, "phonebook-capacity"), "--out")
     json_path, png_path = out_dir / "capacity.json", out_dir / "capacity.png"
     report = {"command": "phonebook capacity", "sizes": sorted(set(args.sizes)),
               "plan": plan.to_dict(), "results": []}
@@ -198,7 +215,7 @@ def cmd_phonebook_capacity(args) -> int:
 
 def cmd_demo(args) -> int:
     from .demo import DemoConfig, format_demo, run_demo
-    out_dir = Path(args.out) if args.out else Path("runs") / "demo"
+    out_dir = check_output_dir(Path(args.out) if args.out else Path("runs") / "demo", "--out")
     result = run_demo(DemoConfig(device=args.device, size=args.size, steps=args.steps),
                       out_dir=out_dir, progress=not args.no_progress)
     _emit(args, result, format_demo(result))
@@ -236,7 +253,8 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
                    help="re-fit M' to the budget after rounding s' (default: keep the optimum's "
                         "M', the paper's convention)")
     t = p.add_argument_group("training")
-    t.add_argument("--seed", type=int, default=0, help="phonebook, init and data-order seed")
+    t.add_argument("--seed", type=_int_at_least(0), default=0,
+                   help="phonebook, init and data-order seed")
     t.add_argument("--batch-size", type=_positive_int, default=1024)
     t.add_argument("--lr", type=_positive_float, default=None,
                    help="learning rate (default: calibrate over --lr-grid by a short run)")
@@ -247,7 +265,7 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
     t.add_argument("--max-steps", type=_positive_int, default=None, help="overrides --max-epochs")
     t.add_argument("--max-minutes", type=_positive_float, default=None,
                    help="stop each run after this wall-clock time")
-    t.add_argument("--threshold", type=_positive_float, default=0.9,
+    t.add_argument("--threshold", type=_fraction, default=0.9,
                    help="early-stop exact match (default 0.9)")
     t.add_argument("--eval-every", type=_positive_int, default=100, help="steps between evaluations")
     t.add_argument("--eval-entries", type=_positive_int, default=1000,
@@ -260,8 +278,15 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
     _add_json(p)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (the usage is one --help away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="moremoe", epilog=EPILOG,
         description="MoRE: Mixture of Rank-reduced-routed Experts. Accounting, planning and "
                     "experiments for MoE layers with a low-rank router R1 (M×r) · R2 (r×h).")
@@ -340,13 +365,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors a user can act on: printed as one line, exit status 2. Anything else is a bug:
+# one line that says so, exit status 1. --debug or MOREMOE_DEBUG=1 shows the traceback.
+EXPECTED = (UserError, ValueError, TypeError, LookupError, OSError, ImportError)
+
+
+def _leaves(parser: argparse.ArgumentParser):
+    """Every parser that runs a command (the ones without subcommands)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield parser
+    for action in subs:
+        for child in action.choices.values():
+            yield from _leaves(child)
+
+
+def _with_debug(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    for leaf in _leaves(parser):
+        leaf.add_argument("--debug", action="store_true",
+                          help="show the traceback of an error (also MOREMOE_DEBUG=1)")
+        leaf.set_defaults(prog=leaf.prog)
+    return parser
+
+
+def one_line(err: BaseException) -> str:
+    """The message of an error as one line (KeyError's without its quotes)."""
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    text = " ".join(str(text).split())
+    return text or type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _with_debug(build_parser()).parse_args(argv)
+    debug = args.debug or os.environ.get("MOREMOE_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print("interrupted; reports written so far are kept", file=sys.stderr)
+        print(f"{args.prog}: interrupted; reports written so far are kept", file=sys.stderr)
         return 130
+    except EXPECTED as err:
+        if debug:
+            raise
+        print(f"{args.prog}: error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:      # noqa: BLE001 - a bug: say so in one line, not a traceback
+        if debug:
+            raise
+        print(f"{args.prog}: error: internal error ({type(err).__name__}: {one_line(err)}); "
+              f"run it again with --debug for the traceback and report it", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

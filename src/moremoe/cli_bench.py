@@ -5,9 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from .checks import UserError
 from .cli_args import _add_json
+from .report import check_output_file, table
 from .report import emit as _emit
-from .report import table
 
 
 def _bench_table(rows: list[dict]) -> str:
@@ -30,18 +31,23 @@ def _run_bench(args, name: str, runner, render) -> int:
     it lands, render the plots beside it, print a table (or JSON)."""
     from .bench import harness
     if args.plot_only:
-        paths = render(harness.read_jsonl(args.plot_only), Path(args.plot_only).parent)
+        rows = harness.read_jsonl(args.plot_only)
+        try:
+            paths = render(rows, Path(args.plot_only).parent)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"--plot-only {args.plot_only}: not rows of `moremoe bench "
+                             f"{name}` ({type(err).__name__}: {err})") from err
         print("\n".join(str(p) for p in paths))
         return 0
     import torch
     from .kernels import HAS_TRITON, INTERPRET
     cuda = torch.cuda.is_available()
     if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
-        raise SystemExit(f"error: bench {name} needs Triton and a CUDA GPU (or --quick with "
+        raise UserError(f"bench {name} needs Triton and a CUDA GPU (or --quick with "
                          f"TRITON_INTERPRET=1 for a code-path check on the CPU)")
     device = torch.device("cuda" if cuda else "cpu")
-    out = Path(args.out) if args.out else (
-        Path("benchmarks/results") / harness.device_slug(device) / f"{name}.jsonl")
+    out = check_output_file(Path(args.out) if args.out else (
+        Path("benchmarks/results") / harness.device_slug(device) / f"{name}.jsonl"), "--out")
     rows = []
 
     def progress(i, n, row):

@@ -3,33 +3,18 @@ from __future__ import annotations
 
 import argparse
 
-from .cli_args import _add_json
-from .report import emit, human, table
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {v}")
-        return v
-    return parse
+from .cli_args import _add_json, _int_at_least, _positive_float
+from .report import check_output_dir, emit, human, table
 
 
 def cmd_prepare(args) -> int:
     from .tasks.prepare import PrepareConfig, prepare
-    try:
-        config = PrepareConfig(
-            inputs=tuple(args.inputs), out=args.out, seq_len=args.seq_len,
-            val_sequences=args.val_sequences, seed=args.seed, workers=args.workers,
-            text_field=args.text_field, tokenizer_ranks=args.tokenizer_ranks,
-            shard_mb=args.shard_mb, restart=args.restart, force=args.force)
-        s = prepare(config, progress=not args.no_progress)
-    except (ValueError, ImportError, RuntimeError) as err:
-        raise SystemExit(f"error: {err}") from None
+    config = PrepareConfig(
+        inputs=tuple(args.inputs), out=args.out, seq_len=args.seq_len,
+        val_sequences=args.val_sequences, seed=args.seed, workers=args.workers,
+        text_field=args.text_field, tokenizer_ranks=args.tokenizer_ranks,
+        shard_mb=args.shard_mb, restart=args.restart, force=args.force)
+    s = prepare(config, progress=not args.no_progress)
     rows = [["input files", f"{s['input_files']:,}"],
             ["documents", f"{s['documents']:,}"],
             ["tokens (with end-of-text)", f"{s['tokens']:,} ({human(s['tokens'])})"],
@@ -45,10 +30,7 @@ def cmd_prepare(args) -> int:
 
 def cmd_verify(args) -> int:
     from .tasks.text import verify_tokens
-    try:
-        report = verify_tokens(args.dir)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+    report = verify_tokens(args.dir)
     rows = [[split, f"{r['sequences']:,}", f"{r['bytes']:,}", r["max_id"], r["sha256"][:16]]
             for split, r in report["splits"].items()]
     emit(args, report, f"{args.dir}: sizes, sha256 and token ids OK (seq_len "
@@ -59,10 +41,8 @@ def cmd_verify(args) -> int:
 
 def cmd_corpus(args) -> int:
     from .tasks.text import stdlib_corpus
-    try:
-        paths = stdlib_corpus(args.out, format=args.format, source=args.python_source)
-    except (ValueError, RuntimeError, OSError) as err:
-        raise SystemExit(f"error: {err}") from None
+    check_output_dir(args.out, "OUT")
+    paths = stdlib_corpus(args.out, format=args.format, source=args.python_source)
     nbytes = sum(p.stat().st_size for p in paths)
     emit(args, {"out": str(args.out), "files": len(paths), "bytes": nbytes},
          f"{len(paths):,} files, {nbytes / 2**20:,.1f} MiB of text in {args.out}\n"
@@ -107,7 +87,7 @@ def add_data_parser(sub) -> None:
     pp.add_argument("--tokenizer-ranks", default=None, metavar="PATH",
                     help="a gpt2.tiktoken ranks file to use instead of the packaged one "
                          "(its sha256 must be GPT-2's)")
-    pp.add_argument("--shard-mb", type=float, default=32.0,
+    pp.add_argument("--shard-mb", type=_positive_float, default=32.0,
                     help="text per shard, the unit of work and of resume (default 32)")
     state = pp.add_mutually_exclusive_group()
     state.add_argument("--resume", dest="restart", action="store_false", default=False,

@@ -2,41 +2,63 @@
 and ``moremoe.hf``."""
 from __future__ import annotations
 
-from .cli_args import _add_json, _positive_int
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .checks import UserError
+from .cli_args import _add_json, _int_at_least, _positive_int
+from .report import check_output_dir, check_output_file, table, write_json
 from .report import emit as _emit
-from .report import table, write_json
+
+
+def _quiet_transformers() -> None:
+    """No per-load progress bars from transformers on stderr (the command reports itself)."""
+    try:
+        from transformers.utils import logging
+    except ImportError:
+        return
+    logging.disable_progress_bar()
 
 
 def _model_and_device(args):
     from .eval.harness import load_eval_model
     from .training.common import resolve_device
+    device = resolve_device(args.device)
+    _quiet_transformers()
     try:
-        device = resolve_device(args.device)
         return load_eval_model(args.model, device), device
-    except (ValueError, OSError) as err:
-        raise SystemExit(f"error: {err}") from None
     except ImportError as err:
-        raise SystemExit(f"error: cannot load {args.model!r}: {err}") from None
+        raise ImportError(f"cannot load {args.model}: {err}") from err
 
 
 def _val_rows(data: str, config):
     """The validation rows of a prepared directory, cut to the model's max_seq_len when they
     are longer (as training reads them), after checking the vocabulary fits the model."""
+    import numpy as np
+
     from .tasks.text import open_tokens, read_meta
-    from .training.data import rows_of
+    from .training.data import check_ids, rows_of
     vocab = int(read_meta(data)["vocab_size"])
     if vocab > config.vocab:
         raise ValueError(f"the data's vocab_size={vocab} exceeds the model's vocab="
                          f"{config.vocab}")
     rows = open_tokens(data, "val")
+    check_ids(np.asarray(rows), config.vocab, str(Path(data) / "val.bin"))
     return rows_of(rows, config.max_seq_len) if rows.shape[1] > config.max_seq_len else rows
 
 
 def cmd_eval(args) -> int:
-    from .eval.harness import run_harness
+    from .eval.harness import offline_unless_hub_reachable, run_harness
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
     if not tasks and not args.data:
-        raise SystemExit("error: nothing to evaluate: give --data DIR and/or --tasks")
+        raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
+    if args.out:
+        check_output_file(args.out, "--out")
+    if tasks:                 # before transformers or datasets read their offline settings
+        offline_unless_hub_reachable()
     model, device = _model_and_device(args)
     result = {"model": str(args.model), "device": str(device), "perplexity": None, "tasks": {}}
     if args.data:
@@ -44,23 +66,34 @@ def cmd_eval(args) -> int:
         try:
             seqs = _val_rows(args.data, model.config)
         except ValueError as err:
-            raise SystemExit(f"error: --data {args.data}: {err}") from None
+            raise ValueError(f"--data {args.data}: {err}") from err
         result["perplexity"] = evaluate_perplexity(model, seqs, batch_size=args.batch_size,
                                                    max_batches=args.val_batches, device=device)
     if tasks:
-        try:
-            from .eval.lm_eval_adapter import MoremoeLM
-        except ImportError as err:
-            raise SystemExit(f"error: --tasks: {err}") from None
+        from .eval.lm_eval_adapter import MoremoeLM
         lm = MoremoeLM(model=model, batch_size=args.batch_size, device=str(device),
                        max_gen_toks=args.max_gen_toks)
         result["tasks"] = run_harness(lm, tasks, num_fewshot=args.num_fewshot,
                                       limit=args.limit, include_path=args.include_path)
         result["lm_eval"] = {"num_fewshot": args.num_fewshot, "limit": args.limit}
+    _emit(args, result, format_eval(result))       # the numbers first, whatever happens next
     if args.out:
-        write_json(args.out, result)
-    _emit(args, result, format_eval(result) + (f"\nreport: {args.out}" if args.out else ""))
+        _write_report(Path(args.out), result)
     return 0
+
+
+def _write_report(path: Path, result: dict) -> None:
+    """Write the report; if that fails (a full disk), write it to the temporary folder and
+    say where, so the evaluated numbers are never lost."""
+    try:
+        write_json(path, result)
+    except OSError as err:
+        spare = Path(tempfile.gettempdir()) / f"moremoe-eval-{time.strftime('%Y%m%d-%H%M%S')}-" \
+                                              f"{os.getpid()}.json"
+        write_json(spare, result)
+        raise UserError(f"--out {path}: cannot write the report ({err.strerror or err}); it "
+                        f"is in {spare} (and printed above)") from err
+    print(f"report: {path}", file=__import__("sys").stderr)
 
 
 def format_eval(result: dict) -> str:
@@ -84,20 +117,44 @@ def format_eval(result: dict) -> str:
 
 
 def cmd_hf_export(args) -> int:
+    from .hf import export
+    from .training.checkpoint import load_model
+    out = _export_target(Path(args.checkpoint), Path(args.out_dir), force=args.force)
+    model = load_model(args.checkpoint)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
-        from .hf import export
-        from .training.checkpoint import load_model
-    except ImportError as err:
-        raise SystemExit(f"error: {err}") from None
-    try:
-        model = load_model(args.checkpoint)
-    except (ValueError, OSError) as err:
-        raise SystemExit(f"error: {err}") from None
-    export(model, args.out_dir)
-    out = {"checkpoint": str(args.checkpoint), "out_dir": str(args.out_dir)}
-    _emit(args, out, f"wrote {args.out_dir} (config.json, model.safetensors); load it with "
+        export(model, staging)
+        out.mkdir(exist_ok=True)
+        for f in staging.iterdir():                  # each file lands whole or not at all
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    result = {"checkpoint": str(args.checkpoint), "out_dir": str(out),
+              "files": sorted(f.name for f in out.iterdir())}
+    _emit(args, result, f"wrote {out} ({', '.join(result['files'])}); load it with "
           f"moremoe.hf.register() and AutoModelForCausalLM.from_pretrained")
     return 0
+
+
+def _export_target(src: Path, out: Path, *, force: bool) -> Path:
+    """OUT_DIR, checked: never a file, never the checkpoint or a folder inside it, never a
+    moremoe run or checkpoint (even with --force), and not a non-empty folder unless
+    --force; its parent writable. ValueError naming the problem."""
+    from .training.checkpoint import CKPT_DIR, STATE_FILE
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT_DIR {out} is a file; give a folder to write into")
+    src_r, out_r = src.resolve(), out.resolve()
+    if out_r == src_r or src_r in out_r.parents:
+        raise ValueError(f"OUT_DIR {out} is {'the checkpoint' if out_r == src_r else 'inside'} "
+                         f"{src}: write the export to a folder of its own")
+    if (out / STATE_FILE).exists() or (out / CKPT_DIR).is_dir() or (out / "log.jsonl").exists():
+        raise ValueError(f"OUT_DIR {out} holds a moremoe run or checkpoint; it is never "
+                         f"written into (not even with --force): choose another folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"OUT_DIR {out} is not empty; pass --force to write into it "
+                         f"(config.json and model.safetensors are replaced, other files kept)")
+    check_output_dir(out.parent, "OUT_DIR")
+    return out
 
 
 def add_eval_parser(sub) -> None:
@@ -116,7 +173,8 @@ def add_eval_parser(sub) -> None:
                    help=f"comma-separated lm-eval tasks, or none (default {','.join(PAPER_TASKS)})")
     p.add_argument("--limit", type=_positive_int, default=None,
                    help="at most this many examples per task (for a quick check)")
-    p.add_argument("--num-fewshot", type=int, default=0, help="few-shot examples (default 0)")
+    p.add_argument("--num-fewshot", type=_int_at_least(0), default=0,
+                   help="few-shot examples (default 0)")
     p.add_argument("--batch-size", type=_positive_int, default=8,
                    help="sequences per forward pass (default 8)")
     p.add_argument("--max-gen-toks", type=_positive_int, default=256,
@@ -124,7 +182,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
     p.add_argument("--include-path", default=None, metavar="DIR",
                    help="extra folder of lm-eval task YAMLs (e.g. local copies of the tasks)")
-    p.add_argument("--out", default=None, metavar="FILE.json", help="also write the report here")
+    p.add_argument("--out", default=None, metavar="FILE.json",
+                   help="also write the report here (checked before evaluating; if it cannot "
+                        "be written the report goes to the temporary folder, which is named)")
     _add_json(p)
     p.set_defaults(func=cmd_eval)
 
@@ -134,6 +194,10 @@ def add_eval_parser(sub) -> None:
                         description="Write a moremoe checkpoint as config.json + model.safetensors "
                         "that AutoModelForCausalLM loads after moremoe.hf.register().")
     e.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint or run directory")
-    e.add_argument("out_dir", metavar="OUT_DIR", help="folder to write")
+    e.add_argument("out_dir", metavar="OUT_DIR",
+                   help="folder to write: new or empty (or --force); never a moremoe run")
+    e.add_argument("--force", action="store_true",
+                   help="write into a non-empty OUT_DIR (config.json and model.safetensors "
+                        "are replaced)")
     _add_json(e)
     e.set_defaults(func=cmd_hf_export)

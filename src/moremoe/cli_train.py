@@ -16,7 +16,16 @@ perplexity and H_norm per layer), RUN/summary.json and RUN/checkpoints/step_N
 (model.safetensors + optimizer, scheduler, data position and RNG states).
 
 Several GPUs:  torchrun --nproc_per_node 2 -m moremoe.cli train --preset ... (DDP; the
-global batch is batch_size x GPUs x grad_accum)."""
+global batch is batch_size x GPUs x grad_accum).
+
+A run directory that already holds a run is continued with --resume (from its newest
+complete checkpoint; incomplete ones are named and skipped) or started over with --force.
+A step whose loss or gradient norm is not finite stops the run before it updates the
+weights (train.nan_policy=skip skips such steps instead).
+
+Exit status: 0 the schedule finished; 75 stopped by --max-minutes or --stop-step (with a
+checkpoint: --resume continues); 130 / 143 stopped by SIGINT / SIGTERM (checkpointed
+first); 2 an error (one line; --debug for the traceback)."""
 
 EXAMPLES = """\
 examples:
@@ -71,25 +80,16 @@ def cmd_train(args) -> int:
     from .training.config import build_run_config
     from .training.lm import train
     from .training.metrics import printer
-    if args.preset and args.config:
-        raise SystemExit("error: give --preset or --config, not both (a config file may name "
-                         "its base with `preset: NAME`)")
-    try:
-        cfg = build_run_config(preset=args.preset, config_file=args.config,
-                               overrides=args.set or [], data=args.data, out=args.out,
-                               max_steps=args.max_steps, max_minutes=args.max_minutes,
-                               stop_step=args.stop_step, device=args.device,
-                               peak_tflops=args.peak_tflops)
-    except (KeyError, TypeError, ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err.args[0] if err.args else err}") from None
+    cfg = build_run_config(preset=args.preset, config_file=args.config,
+                           overrides=args.set or [], data=args.data, out=args.out,
+                           max_steps=args.max_steps, max_minutes=args.max_minutes,
+                           stop_step=args.stop_step, device=args.device,
+                           peak_tflops=args.peak_tflops)
     echo = printer(sys.stderr if args.json else sys.stdout)
-    try:
-        summary = train(cfg, resume=args.resume, echo=echo)
-    except (ValueError, FileExistsError) as err:
-        raise SystemExit(f"error: {err}") from None
+    summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
     if _is_rank0():
         emit(args, summary, _summary_table(summary))
-    return 0
+    return summary["exit_code"]
 
 
 def _is_rank0() -> bool:
@@ -119,9 +119,13 @@ def add_train_parser(sub) -> None:
                         "(unless train.save_on_stop=false) and report")
     p.add_argument("--stop-step", type=_positive_int, default=None,
                    help="stop at this step without shortening the schedule")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in the run directory (starts "
-                        "fresh when there is none)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from the newest complete checkpoint in the run "
+                            "directory (starts fresh when the directory holds no run)")
+    again.add_argument("--force", action="store_true",
+                       help="start over in a run directory that holds a run, deleting its "
+                            "checkpoints, log and summary")
     p.add_argument("--device", default=None, help="auto (GPU when present), cpu or cuda[:N]")
     p.add_argument("--peak-tflops", type=_positive_float, default=None,
                    help="per-GPU peak for MFU (default: 989 on H100/H200, none on CPU)")

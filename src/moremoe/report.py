@@ -1,20 +1,40 @@
-"""Plain-text tables, number formatting and crash-safe JSON files for the CLI and reports."""
+"""Plain-text tables, number formatting, strict and crash-safe JSON files, and checks that an
+output can be written, for the CLI and reports."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import secrets
 import sys
-import tempfile
 from pathlib import Path
 
 
 def emit(args, obj, text: str) -> None:
-    """Print obj as JSON when args.json, else the human-readable text."""
+    """Print obj as strict JSON when args.json (NaN and ±inf become null), else the text."""
     if args.json:
-        json.dump(obj, sys.stdout, indent=2, default=_default)
-        sys.stdout.write("\n")
+        sys.stdout.write(dumps(obj, indent=2) + "\n")
     else:
         print(text)
+
+
+def dumps(obj, **kw) -> str:
+    """Strict JSON (RFC 8259): non-finite floats become null, tuples lists, objects with a
+    to_dict() their dict; anything else is a TypeError."""
+    return json.dumps(strict(obj), allow_nan=False, default=_default, **kw)
+
+
+def strict(obj):
+    """obj with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if hasattr(obj, "to_dict"):
+        return strict(obj.to_dict())
+    return obj
 
 
 def human(n: float, digits: int = 3) -> str:
@@ -42,20 +62,68 @@ def table(rows: list[list], headers: list[str]) -> str:
 
 
 def write_json(path: str | Path, obj) -> Path:
-    """Write atomically (temp file + rename) so a crash never leaves a torn report."""
+    """Write strict JSON atomically (temporary file + rename), so a crash never leaves a torn
+    report; the file gets the permissions the umask gives (readable by the group, usually)."""
+    return write_atomic(path, (dumps(obj, indent=2) + "\n").encode())
+
+
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write data to path through a temporary file in the same folder and a rename; the file
+    is created with mode 0o666 less the umask (tempfile.mkstemp would make it 0o600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False, default=_default)
-        f.write("\n")
-    os.replace(tmp, path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """Create the folder an output goes to and prove a file can be written there (a read-only
+    folder or file system, a path under a file, a full disk), before any work starts.
+    ValueError naming the flag and the folder otherwise."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".moremoe-write-test.{os.getpid()}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot write there ({_why(err)}); choose a folder "
+                         f"you can write to") from err
+    return path
+
+
+def check_output_file(path: str | Path, flag: str) -> Path:
+    """An output file's folder is writable and the path is not a folder (check_output_dir)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name")
+    check_output_dir(path.parent, flag)
+    return path
+
+
+def _why(err: OSError) -> str:
+    if isinstance(err, (NotADirectoryError, FileExistsError)):
+        return "a part of the path is a file, not a folder"
+    return err.strerror or str(err)
+
+
 def _default(o):
-    if isinstance(o, tuple):
+    if isinstance(o, (tuple, set)):
         return list(o)
+    if isinstance(o, Path):
+        return str(o)
     if hasattr(o, "to_dict"):
         return o.to_dict()
     raise TypeError(f"cannot write {type(o).__name__} as JSON")

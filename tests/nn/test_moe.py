@@ -86,8 +86,12 @@ def test_config_errors_name_the_argument():
         MoEConfig.moe(4, 0, 16, 8)
     with pytest.raises(ValueError, match="rank must be >= 1, got 0"):
         MoEConfig.more(4, 2, 16, 8, 0)
-    with pytest.raises(ValueError, match="balance_coef must be >= 0"):
-        MoEConfig.moe(4, 2, 16, 8, balance_coef=-1.0)
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="balance_coef must be a finite number >= 0"):
+            MoEConfig.moe(4, 2, 16, 8, balance_coef=bad)
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="init_std must be a finite number > 0"):
+            MoEConfig.moe(4, 2, 16, 8, init_std=bad)
     with pytest.raises(TypeError, match="experts must be an int"):
         MoEConfig.moe(4.5, 2, 16, 8)
     layer = MoELayer(MoEConfig.moe(4, 2, 16, 8))

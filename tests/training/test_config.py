@@ -1,5 +1,6 @@
 """Run configs: presets, YAML files, --set overrides, type checks and the errors' wording."""
 import pytest
+from cli_checks import fails
 
 from moremoe.cli import main
 from moremoe.training.config import RunConfig, build_run_config, parse_override
@@ -54,7 +55,18 @@ def test_layers_preset_file_set_and_flags(tmp_path):
      r"train\.compile_mode='reduce-overhead' uses CUDA graphs.*use one of default"),
     ("model.kind=dense", ValueError, r"model\.kind must be one of \('moe', 'more'\)"),
     ("model.rank=8", ValueError, r"model\.rank must be null when model\.kind='moe'"),
-    ("optim.lr=-1", ValueError, r"optim\.lr must be > 0, got -1"),
+    ("optim.lr=-1", ValueError, r"optim\.lr must be a finite number > 0, got -1"),
+    ("optim.lr=.inf", ValueError, r"optim\.lr must be a finite number > 0, got inf"),
+    ("optim.eps=.nan", ValueError, r"optim\.eps must be a finite number > 0, got nan"),
+    ("optim.clip=.nan", ValueError, r"optim\.clip must be a finite number >= 0, got nan"),
+    ("optim.weight_decay=.inf", ValueError, r"optim\.weight_decay must be a finite number"),
+    ("optim.router_lr=.inf", ValueError, r"optim\.router_lr must be a finite number > 0"),
+    ("train.max_minutes=.inf", ValueError, r"train\.max_minutes must be a finite number"),
+    ("model.balance_coef=.nan", ValueError, r"model\.balance_coef must be a finite number"),
+    ("train.nan_policy=ignore", ValueError, r"train\.nan_policy must be one of stop, skip"),
+    ("train.nan_skip_limit=0", ValueError, r"train\.nan_skip_limit must be >= 1, got 0"),
+    ("optim.lr=[1", ValueError, r"--set optim\.lr=\[1: the value '\[1' is not a YAML value "
+                                r"\(expected ',' or '\]', .* at line 1, column 3\)"),
     ("batch_size=3", ValueError, r"--set expects section\.key=value"),
 ])
 def test_errors_name_the_key_and_the_expectation(override, error, match):
@@ -71,6 +83,9 @@ def test_file_and_preset_errors(tmp_path):
     f.write_text("modle: {hidden: 32}\n")
     with pytest.raises(KeyError, match="did you mean 'model'"):
         build_run_config(config_file=str(f))
+    f.write_text("model:\n  hidden: [32\ntrain: {}\n")
+    with pytest.raises(ValueError, match=r"bad.yaml is not valid YAML: .* at line 3, column 6"):
+        build_run_config(config_file=str(f))
     assert parse_override("train.out=runs/x=y") == (["train", "out"], "runs/x=y")
 
 
@@ -84,10 +99,10 @@ def test_resume_differences_ignore_budget_and_logging():
 
 
 def test_cli_errors_and_presets(capsys):
-    with pytest.raises(SystemExit, match=r"error: unknown config key 'train\.batchsize'"):
-        main(["train", "--preset", "tiny-moe", "--set", "train.batchsize=3"])
-    with pytest.raises(SystemExit, match="train.data is not set: pass --data"):
-        main(["train", "--preset", "tiny-moe", "--device", "cpu"])
+    fails(capsys, ["train", "--preset", "tiny-moe", "--set", "train.batchsize=3"],
+          r"error: unknown config key 'train\.batchsize'")
+    fails(capsys, ["train", "--preset", "tiny-moe", "--device", "cpu"],
+          "train.data is not set: pass --data")
     assert main(["train", "--list-presets"]) == 0
     out = capsys.readouterr().out
     assert "h512-s64-more1792" in out and "1.91B" in out and "tiny-moe" in out

@@ -9,7 +9,7 @@ import torch
 from moremoe.training import checkpoint as ck
 from moremoe.training.config import build_run_config
 from moremoe.training.lm import NonFiniteStep, train
-from conftest import write_token_dir
+from prepared import write_token_dir
 from runs import SMALL, assert_same_run, events, quiet
 
 

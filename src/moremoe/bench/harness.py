@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ..report import dumps
+
 
 def device_slug(device: torch.device) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the results folder name)."""
@@ -118,13 +120,28 @@ def append_jsonl(path: str | Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(dumps(row) + "\n")
     return path
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a results file; ValueError naming the file and line on a bad one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such results file")
+    rows = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {n}: not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {n}: not a JSON object")
+            rows.append(row)
+    return rows
 
 
 @torch.no_grad()

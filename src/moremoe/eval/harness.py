@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import socket
 import string
+import sys
 from collections import Counter
 from pathlib import Path
+
+from ..checks import UserError
 
 PAPER_TASKS = ("triviaqa", "nq_open", "hellaswag", "arc_easy", "sciq", "winogrande")
 # the metric each task has in the paper's table
@@ -28,12 +33,21 @@ def load_eval_model(path: str | Path, device="cpu"):
     path = Path(path)
     if not path.exists():
         raise ValueError(f"model path {str(path)!r} does not exist")
-    config = path / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("model_type") == "moremoe":
+    if _transformers_dir(path):
         from ..hf import MoremoeForCausalLM
         return MoremoeForCausalLM.from_pretrained(path).to_transformer().to(device).eval()
     from ..training.checkpoint import load_model
     return load_model(path, device=device).eval()
+
+
+def _transformers_dir(path: Path) -> bool:
+    """Whether path holds a transformers config.json of model_type "moremoe" (a moremoe
+    checkpoint's config.json, or a damaged one, is not: load_model reports on those)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "moremoe"
 
 
 def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = None,
@@ -47,12 +61,54 @@ def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = 
         from lm_eval.tasks import TaskManager
     except ImportError:
         raise ImportError("lm-eval is needed: pip install 'moremoe[eval]'") from None
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ValueError(f"--include-path {include_path}: no such folder of task YAMLs")
     manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
-    results = lm_eval.simple_evaluate(
-        model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
-        task_manager=manager, log_samples=True, random_seed=seed, numpy_random_seed=seed,
-        torch_random_seed=seed, fewshot_random_seed=seed)
+    unknown = [t for t in tasks if t not in manager.all_tasks and not Path(t).is_file()]
+    if unknown:
+        where = " or in --include-path" if include_path else ""
+        raise ValueError(f"unknown task {', '.join(unknown)}: not among lm-eval's "
+                         f"{len(manager.all_tasks):,} tasks{where} (list them with "
+                         f"`lm_eval --tasks list`)")
+    try:
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
+            task_manager=manager, log_samples=True, random_seed=seed, numpy_random_seed=seed,
+            torch_random_seed=seed, fewshot_random_seed=seed)
+    except ConnectionError as err:       # datasets' "Couldn't reach ... on the Hub"
+        raise UserError(f"{err}: the tasks' datasets must be downloaded first (run the "
+                        f"evaluation once on a machine with network and copy "
+                        f"~/.cache/huggingface, or set HF_HOME to a copy), or give local "
+                        f"task YAMLs with --include-path") from err
     return summarize(results)
+
+
+HUB = ("huggingface.co", 443)
+
+
+def offline_unless_hub_reachable(timeout: float = 3.0) -> bool:
+    """One attempt to reach the Hugging Face Hub; if it fails, switch the hub and datasets
+    libraries to offline mode (the local cache only), so a missing dataset is one clear
+    error instead of minutes of retries. Returns whether the hub is reachable (False, and
+    no attempt, when offline mode is already set)."""
+    if any(os.environ.get(v, "0") not in ("", "0") for v in OFFLINE_VARS):
+        return False
+    try:
+        socket.create_connection(HUB, timeout=timeout).close()
+        return True
+    except OSError:
+        pass
+    for var in OFFLINE_VARS:
+        os.environ[var] = "1"
+    hub, ds = sys.modules.get("huggingface_hub.constants"), sys.modules.get("datasets.config")
+    if hub is not None:
+        hub.HF_HUB_OFFLINE = True
+    if ds is not None:
+        ds.HF_DATASETS_OFFLINE = True
+    return False
+
+
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def summarize(results: dict) -> dict:

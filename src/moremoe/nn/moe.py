@@ -6,6 +6,7 @@ p = psum / N; the layer returns it both raw and scaled by ``balance_coef``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -45,8 +46,11 @@ class MoEConfig:
         for name in ("router_impl", "experts_impl"):
             if getattr(self, name) not in IMPLS:
                 raise ValueError(f"{name} must be one of {IMPLS}, got {getattr(self, name)!r}")
-        if not self.balance_coef >= 0:
-            raise ValueError(f"balance_coef must be >= 0, got {self.balance_coef}")
+        if not 0 <= self.balance_coef < math.inf:
+            raise ValueError(f"balance_coef must be a finite number >= 0, got "
+                             f"{self.balance_coef}")
+        if not 0 < self.init_std < math.inf:
+            raise ValueError(f"init_std must be a finite number > 0, got {self.init_std}")
 
     @classmethod
     def moe(cls, M: int, k: int, h: int, s: int, **kw) -> "MoEConfig":

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..report import write_json
+from ..report import check_output_dir, write_json
 from .sources import Source, check_text_field, discover_sources, documents, encode, plan_shards
 from .text import DTYPE, FORMAT, SPLITS, VERSION, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
@@ -205,7 +205,8 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
     if (out / "meta.json").exists() and not config.force:
         raise ValueError(f"{out} already holds prepared data ({out / 'meta.json'}); pass "
                          f"--force to replace it")
-    gpt2_encoding(config.tokenizer_ranks)       # a bad ranks file fails before any work
+    check_output_dir(out, "--out")                # as a bad ranks file: before any work
+    gpt2_encoding(config.tokenizer_ranks)
     sources = discover_sources(config.inputs)
     check_text_field(sources, config.text_field)
     shards = plan_shards(sources, max(1, int(config.shard_mb * 2 ** 20)))

@@ -30,6 +30,8 @@ SPLITS = ("train", "val")
 DTYPE = np.dtype("<u2")
 _REQUIRED = ("tokenizer", "vocab_size", "eot_id", "seq_len", "dtype", "train_sequences",
              "val_sequences", "sha256")
+_COUNTS = (("vocab_size", 1), ("eot_id", 0), ("seq_len", 2), ("train_sequences", 0),
+           ("val_sequences", 0), ("tokens", 0), ("dropped_tokens", 0))   # (key, least value)
 _BLOCK_TOKENS = 1 << 24     # 32 MiB of tokens per read when hashing and range-checking
 
 
@@ -54,6 +56,14 @@ def read_meta(dir: str | Path) -> dict:
         raise ValueError(f"{path} lacks the keys {', '.join(missing)}: the file is corrupt")
     if meta["dtype"] != "uint16":
         raise ValueError(f"{path} has dtype {meta['dtype']!r}, expected 'uint16'")
+    for key, low in _COUNTS:
+        v = meta.get(key, low)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{path}: {key} must be an integer >= {low}, got {v!r}: the file "
+                             f"is corrupt")
+    sha = meta["sha256"]
+    if not isinstance(sha, dict) or not all(isinstance(v, str) for v in sha.values()):
+        raise ValueError(f"{path}: sha256 must map file names to hex digests, got {sha!r}")
     return meta
 
 

@@ -70,12 +70,13 @@ def _flat_tensors(model: torch.nn.Module) -> dict:
     return out
 
 
-def problems(ckpt: str | Path) -> list[str]:
+def problems(ckpt: str | Path, *, weights_only: bool = False) -> list[str]:
     """What makes a checkpoint directory incomplete ([] when it is complete): a file missing,
-    or one whose structure does not hold (truncated, or not what it should be)."""
+    or one whose structure does not hold (truncated, or not what it should be).
+    weights_only: only what loading the model needs (model.safetensors, config.json)."""
     ckpt, out = Path(ckpt), []
-    for name, check in ((MODEL_FILE, _safetensors_ok), (CONFIG_FILE, _config_ok),
-                        (STATE_FILE, _state_ok)):
+    checks = ((MODEL_FILE, _safetensors_ok), (CONFIG_FILE, _config_ok), (STATE_FILE, _state_ok))
+    for name, check in checks[:2] if weights_only else checks:
         path = ckpt / name
         if not path.is_file():
             out.append(f"{name} is missing")
@@ -188,13 +189,13 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
     return final
 
 
-def resolve(path: str | Path) -> Path:
+def resolve(path: str | Path, *, weights_only: bool = False) -> Path:
     """A complete checkpoint directory as given, or a run directory's latest complete one.
     FileNotFoundError when there is none; ValueError naming the problem when the checkpoint
-    given is incomplete."""
+    given is incomplete (weights_only: a checkpoint given needs only its model files)."""
     path = Path(path)
     if _NAME.match(path.name) and path.is_dir() or (path / MODEL_FILE).is_file():
-        why = problems(path)
+        why = problems(path, weights_only=weights_only)
         if why:
             raise ValueError(f"checkpoint {path} is incomplete: {', '.join(why)}"
                              f"{_previous_hint(path)}")
@@ -232,11 +233,12 @@ def _read(ckpt: Path, name: str, load):
 
 
 def read_config(path: str | Path) -> dict:
-    return _read(resolve(path), CONFIG_FILE, lambda p: json.loads(p.read_text()))
+    return _read(resolve(path, weights_only=True), CONFIG_FILE,
+                 lambda p: json.loads(p.read_text()))
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
-    ckpt = resolve(path)
+    ckpt = resolve(path, weights_only=True)
     device = str(next(model.parameters()).device)
     tensors = _read(ckpt, MODEL_FILE, lambda p: _safetensors().load_file(str(p), device=device))
     try:
@@ -248,7 +250,7 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
 
 def load_model(path: str | Path, *, device="cpu") -> Transformer:
     """The Transformer of a checkpoint directory or of a run directory's latest checkpoint."""
-    ckpt = resolve(path)
+    ckpt = resolve(path, weights_only=True)
     config = read_config(ckpt)
     try:
         cfg = TransformerConfig.from_dict(config["model"])

@@ -15,10 +15,19 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not (device == "cpu" or device.startswith("cuda")):
-        raise ValueError(f"device must be one of {DEVICES} (or cuda:N), got {device!r}")
+        raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got "
+                         f"{device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was asked for but no CUDA GPU is available")
-    return torch.device(device)
+        raise ValueError(f"device {device!r} was asked for but this machine has no CUDA GPU "
+                         f"(torch {torch.__version__}); use cpu or auto")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} "
+                         f"CUDA GPU(s)")
+    return dev
 
 
 def autocast_dtype(device: torch.device):

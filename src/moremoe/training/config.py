@@ -9,6 +9,7 @@ that name the key and what was expected.
 from __future__ import annotations
 
 import difflib
+import math
 import types
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -50,6 +51,9 @@ class ModelSpec:
             raise ValueError(f"model.rank must be null when model.kind='moe', got {self.rank}")
         if self.seq_len < 2:
             raise ValueError(f"model.seq_len must be >= 2, got {self.seq_len}")
+        if not 0 <= self.balance_coef < math.inf:
+            raise ValueError(f"model.balance_coef must be a finite number >= 0, got "
+                             f"{self.balance_coef}")
 
     @property
     def name(self) -> str:
@@ -86,18 +90,21 @@ class OptimSpec:
 
     def __post_init__(self):
         for name in ("lr", "eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"optim.{name} must be > 0, got {getattr(self, name)}")
-        if self.router_lr is not None and not self.router_lr > 0:
-            raise ValueError(f"optim.router_lr must be > 0 or null, got {self.router_lr}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"optim.{name} must be a finite number > 0, got "
+                                 f"{getattr(self, name)}")
+        if self.router_lr is not None and not 0 < self.router_lr < math.inf:
+            raise ValueError(f"optim.router_lr must be a finite number > 0 or null, got "
+                             f"{self.router_lr}")
         if not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"optim.betas must be in [0, 1), got {self.betas}")
         for name in ("warmup_frac", "min_lr_frac"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"optim.{name} must be in [0, 1], got {getattr(self, name)}")
         for name in ("weight_decay", "clip"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"optim.{name} must be a finite number >= 0, got "
+                                 f"{getattr(self, name)}")
 
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
@@ -156,8 +163,8 @@ class TrainSpec:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_minutes", "peak_tflops"):
             v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"train.{name} must be > 0 or null, got {v}")
+            if v is not None and not 0 < v < math.inf:
+                raise ValueError(f"train.{name} must be a finite number > 0 or null, got {v}")
         if self.compile_mode in CUDA_GRAPH_MODES:
             raise ValueError(f"train.compile_mode={self.compile_mode!r} uses CUDA graphs, which "
                              f"break training here (see benchmarks/NOTES.md); use one of "
@@ -303,7 +310,11 @@ def parse_override(text: str) -> tuple[list[str], object]:
     if not sep or len(path) != 2 or not all(path):
         raise ValueError(f"--set expects section.key=value (e.g. train.batch_size=16), "
                          f"got {text!r}")
-    return path, yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return path, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ValueError(f"--set {text}: the value {raw!r} is not a YAML value "
+                         f"({_yaml_problem(err)}); quote text, e.g. {key}='\"...\"'") from None
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -311,11 +322,23 @@ def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    d = yaml.safe_load(path.read_text()) or {}
+    try:
+        d = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not UTF-8 text") from None
     if not isinstance(d, dict):
         raise TypeError(f"config file {str(path)!r} must hold a mapping with the sections "
                         f"{SECTIONS}, got {type(d).__name__}")
     return d
+
+
+def _yaml_problem(err) -> str:
+    """'expected ... at line L, column C' from a PyYAML error (lines counted from 1)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or err}{where}"
 
 
 def merge(base: dict, extra: dict, where: str = "") -> dict:

@@ -25,12 +25,13 @@ import numpy as np
 import torch
 
 from ..bench.harness import environment
+from ..checks import UserError
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
 from ..nn.router import LinearRouter, LowRankRouter
 from ..parallel import ddp
-from ..report import write_json
+from ..report import check_output_dir, write_json
 from ..tasks.text import open_tokens, read_meta
 from . import checkpoint as ckpt
 from .config import RunConfig
@@ -116,7 +117,7 @@ class _Signals:
             signal.signal(sig, old)
 
 
-class NonFiniteStep(RuntimeError):
+class NonFiniteStep(UserError):
     """A training step whose loss or gradient norm is NaN or infinite (train.nan_policy)."""
 
 
@@ -132,6 +133,8 @@ class LMTrainer:
         self.info = ddp.init(t.device)
         self.dev, self.main = self.info.device, self.info.main
         self.out = Path(t.out or default_out(cfg))
+        if self.main:
+            check_output_dir(self.out, "--out (train.out)")   # before any data is read
         self.echo = (echo or printer()) if self.main else (lambda text: None)
         self._load_data()
         self._build()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..report import dumps
+
 # Dense bf16 tensor-core peaks (TFLOP/s per GPU), matched against the CUDA device name.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "B200": 2250.0, "A100": 312.0}
 
@@ -72,7 +74,7 @@ class RunLog:
         if not self.enabled:
             return
         row = {"event": event, "time": round(time.time(), 3), **fields}
-        self._f.write(json.dumps(row, default=_plain) + "\n")
+        self._f.write(dumps(row) + "\n")        # strict JSON: a NaN is null
         self._f.flush()
         if self.tb is not None and "step" in fields:
             for key, v in fields.items():
@@ -87,14 +89,6 @@ class RunLog:
             self._f.close()
             if self.tb is not None:
                 self.tb.close()
-
-
-def _plain(o):
-    if isinstance(o, (tuple, set)):
-        return list(o)
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"cannot log {type(o).__name__} as JSON")
 
 
 class StepClock:

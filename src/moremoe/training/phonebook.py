@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from ..checks import UserError
 from ..eval.phonebook import score
 from ..eval.routing import routing_hnorm
 from ..model import Transformer, TransformerConfig
@@ -139,6 +140,10 @@ def train_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
             out = model(inputs, targets)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
+        loss = out.loss.item()
+        if not math.isfinite(loss):        # before the update: the weights stay finite
+            raise UserError(f"{name}: step {step}: the loss is {loss:g}; lower the learning "
+                            f"rate (--lr {lr:g})")
         opt.step()
         sched.step()
         loss_sum, loss_n = loss_sum + out.lm_loss.item(), loss_n + 1
