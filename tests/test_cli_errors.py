@@ -193,6 +193,14 @@ def test_outputs_under_a_file_are_refused_before_the_work(capsys, tmp_path, text
           "is a folder; give a file name")
 
 
+def test_a_failed_command_leaves_no_empty_folders(capsys, tmp_path):
+    out = tmp_path / "new" / "run"
+    fails(capsys, ["train", "--preset", "tiny-moe", "--data", str(tmp_path / "nowhere"),
+                   "--out", str(out)], "meta.json is missing")
+    fails(capsys, ["phonebook", "train", *PB, "--heads", "5", "--out", str(out)], "--heads")
+    assert not (tmp_path / "new").exists()
+
+
 def test_eval_report_survives_a_full_disk(capsys, tmp_path, monkeypatch):
     import moremoe.cli_eval as cli_eval
     model = hf_dir(tmp_path, tiny_gpt2_model())

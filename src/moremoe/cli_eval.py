@@ -121,6 +121,7 @@ def cmd_hf_export(args) -> int:
     from .training.checkpoint import load_model
     out = _export_target(Path(args.checkpoint), Path(args.out_dir), force=args.force)
     model = load_model(args.checkpoint)
+    out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
         export(model, staging)

@@ -2,6 +2,7 @@
 output can be written, for the CLI and reports."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -85,10 +86,11 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
 
 
 def check_output_dir(path: str | Path, flag: str) -> Path:
-    """Create the folder an output goes to and prove a file can be written there (a read-only
-    folder or file system, a path under a file, a full disk), before any work starts.
-    ValueError naming the flag and the folder otherwise."""
+    """Prove a file can be written in the folder an output goes to (a read-only folder or
+    file system, a path under a file, a full disk), before any work starts: the folders it
+    had to create for that are removed again. ValueError naming the flag and the folder."""
     path = Path(path)
+    made = [p for p in (path, *path.parents) if not p.exists()]   # removed again after
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".moremoe-write-test.{os.getpid()}"
@@ -101,6 +103,10 @@ def check_output_dir(path: str | Path, flag: str) -> Path:
     except OSError as err:
         raise ValueError(f"{flag} {path}: cannot write there ({_why(err)}); choose a folder "
                          f"you can write to") from err
+    finally:      # a command that fails later leaves no empty folders behind
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
     return path
 
 
