@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from moremoe.bench.harness import ceilings, environment, floor_ms, time_ms
+from moremoe.bench.harness import ceilings, floor_ms, time_ms
+from moremoe.runtime import environment
 from moremoe.kernels import moe_gemm
 
 CONFIGS = [dict(BM=bm, BS=bs, BH=bh, num_warps=w, num_stages=st)

@@ -9,7 +9,8 @@ import json
 
 import torch
 
-from moremoe.bench.harness import ceilings, environment, floor_ms, time_ms
+from moremoe.bench.harness import ceilings, floor_ms, time_ms
+from moremoe.runtime import environment
 from moremoe.bench.router import Point, op_cost
 from moremoe.kernels import router_linear as kl
 from moremoe.kernels import router_lowrank as kr

@@ -17,7 +17,7 @@ from cli_checks import fails
 from moremoe.cli import main
 from moremoe.model import Transformer, TransformerConfig
 from moremoe.nn import MoEConfig
-from moremoe.training import checkpoint as ck
+from moremoe.model import checkpoint as stored
 from test_cli_eval import hf_dir, tiny_gpt2_model, write_data_dir
 
 PB = ["--size", "40", "--hidden", "32", "--width", "8", "--rank", "4", "--layers", "1",
@@ -99,12 +99,12 @@ def test_bad_files_are_one_line(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("name, damage, match", [
-    (ck.STATE_FILE, "garble", r"state.pt cannot be read .* the file is corrupt; the previous "
+    (stored.STATE_FILE, "garble", r"state.pt cannot be read .* the file is corrupt; the previous "
                               r"complete checkpoint is .*step_00000002"),
-    (ck.MODEL_FILE, "truncate", r"checkpoint .*step_00000004 is incomplete: model.safetensors "
+    (stored.MODEL_FILE, "truncate", r"checkpoint .*step_00000004 is incomplete: model.safetensors "
                                 r"has .* bytes, .*previous complete checkpoint is .*step_000000"
                                 r"02"),
-    (ck.CONFIG_FILE, "garble", r"step_00000004 is incomplete: config.json cannot be read"),
+    (stored.CONFIG_FILE, "garble", r"step_00000004 is incomplete: config.json cannot be read"),
 ])
 def test_damaged_checkpoints_are_named(capsys, run2, text_data, name, damage, match):
     path = run2 / "checkpoints" / "step_00000004" / name
@@ -112,10 +112,10 @@ def test_damaged_checkpoints_are_named(capsys, run2, text_data, name, damage, ma
     if damage == "truncate":
         path.write_bytes(bytes(data[:-10]))
     else:
-        at = data.index(b"data.pkl") + 40 if name == ck.STATE_FILE else 0
+        at = data.index(b"data.pkl") + 40 if name == stored.STATE_FILE else 0
         data[at:at + 64] = b"\xff" * 64
         path.write_bytes(bytes(data))
-    if name == ck.STATE_FILE:             # read by a resume only
+    if name == stored.STATE_FILE:             # read by a resume only
         fails(capsys, ["train", "--data", str(text_data), "--out", str(run2), *TRAIN,
                        "--set", "train.max_steps=6", "--resume"], match)
     else:
@@ -134,7 +134,7 @@ def test_token_ids_beyond_the_vocabulary(capsys, tmp_path):
                    "--set", "model.vocab=256", "--set", "train.max_steps=4"],
           r"train.bin: sequence \d+ holds token id 999, not below the model's vocabulary of "
           r"256: .* `moremoe data verify`")
-    assert not ck.checkpoints(out) and not ck.incomplete_checkpoints(out)
+    assert not stored.checkpoints(out) and not stored.incomplete_checkpoints(out)
 
 
 def test_eval_task_errors(capsys, tmp_path, lm_eval_tasks):
@@ -305,7 +305,7 @@ def test_a_signalled_run_checkpoints_and_exits_non_zero(tmp_path, text_data, sig
                              "train.max_steps=100000", "--json"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not ck.checkpoints(out) and proc.poll() is None and time.time() < deadline:
+    while not stored.checkpoints(out) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
@@ -313,7 +313,7 @@ def test_a_signalled_run_checkpoints_and_exits_non_zero(tmp_path, text_data, sig
     summary = strict_json(stdout)
     assert summary["stopped"] == sig.name and summary["exit_code"] == code
     assert not summary["finished"]
-    assert ck.latest_checkpoint(out).name == f"step_{summary['step']:08d}"
+    assert stored.latest_checkpoint(out).name == f"step_{summary['step']:08d}"
 
 
 def test_budget_stops_exit_75_and_a_finished_run_0(capsys, tmp_path, text_data):

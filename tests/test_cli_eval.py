@@ -95,7 +95,7 @@ def test_eval_cuts_longer_rows_to_the_models_length(tmp_path, capsys):
 
 def test_hf_export_of_a_checkpoint_loads_with_auto_classes(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
-    pytest.importorskip("moremoe.training.checkpoint")
+    pytest.importorskip("safetensors")
     from safetensors.torch import save_file
 
     from moremoe.hf import register

@@ -54,7 +54,7 @@ def test_prepare_train_resume_eval_export(tmp_path, capsys, lm_eval_tasks):
         assert 0.0 <= got["tasks"][task]["metrics"]["acc_norm"]["value"] <= 1.0
 
     from moremoe.hf import register
-    from moremoe.training.checkpoint import load_model
+    from moremoe.model.checkpoint import load_model
     hf = tmp_path / "hf"
     assert main(["hf", "export", str(run), str(hf)]) == 0
     register()

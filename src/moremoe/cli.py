@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__, accounting
+from . import accounting
+from .runtime import __version__
 from .checks import UserError
 from .cli_args import (_add_json, _float_list, _fraction, _int_at_least, _int_list,
                        _positive_float, _positive_int)

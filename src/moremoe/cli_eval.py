@@ -25,7 +25,7 @@ def _quiet_transformers() -> None:
 
 def _model_and_device(args):
     from .eval.harness import load_eval_model
-    from .training.common import resolve_device
+    from .runtime import resolve_device
     device = resolve_device(args.device)
     _quiet_transformers()
     try:
@@ -118,7 +118,7 @@ def format_eval(result: dict) -> str:
 
 def cmd_hf_export(args) -> int:
     from .hf import export
-    from .training.checkpoint import load_model
+    from .model.checkpoint import load_model
     out = _export_target(Path(args.checkpoint), Path(args.out_dir), force=args.force)
     model = load_model(args.checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,7 @@ def _export_target(src: Path, out: Path, *, force: bool) -> Path:
     """OUT_DIR, checked: never a file, never the checkpoint or a folder inside it, never a
     moremoe run or checkpoint (even with --force), and not a non-empty folder unless
     --force; its parent writable. ValueError naming the problem."""
-    from .training.checkpoint import CKPT_DIR, STATE_FILE
+    from .model.checkpoint import CKPT_DIR, STATE_FILE
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT_DIR {out} is a file; give a folder to write into")
     src_r, out_r = src.resolve(), out.resolve()

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, accounting
+from . import accounting
+from .runtime import __version__, resolve_device
 from .bench.harness import router_seconds_per_token
 from .nn.moe import MoEConfig
 from .plots import plot_phonebook_runs
 from .report import human, table, write_json
-from .training.common import resolve_device
 from .training.phonebook import PhonebookTrainConfig, phonebook_model_config, train_phonebook
 
 

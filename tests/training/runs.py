@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from moremoe.training.checkpoint import load_model
+from moremoe.model.checkpoint import load_model
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SMALL = ["model.seq_len=64", "train.batch_size=4", "train.log_every=1", "train.eval_every=20",

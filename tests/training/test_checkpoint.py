@@ -8,6 +8,7 @@ import torch
 
 from moremoe.model import Transformer, TransformerConfig
 from moremoe.nn.moe import MoEConfig
+from moremoe.model import checkpoint as stored
 from moremoe.training import checkpoint as ck
 from moremoe.training.config import build_run_config
 from moremoe.tasks.text import open_tokens
@@ -31,12 +32,12 @@ def test_save_load_round_trip_and_keep(tmp_path):
     model = tiny_model()
     for step in (1, 2, 3):
         save(tmp_path, step, model)
-    assert [p.name for p in ck.checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
+    assert [p.name for p in stored.checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
     (tmp_path / "checkpoints" / ".step_00000009.tmp-1").mkdir()         # a torn write
     (tmp_path / "checkpoints" / "step_00000008").mkdir()                # incomplete
-    assert ck.latest_checkpoint(tmp_path).name == "step_00000003"
-    loaded = ck.load_model(tmp_path)
-    again = ck.load_model(tmp_path / "checkpoints" / "step_00000003")
+    assert stored.latest_checkpoint(tmp_path).name == "step_00000003"
+    loaded = stored.load_model(tmp_path)
+    again = stored.load_model(tmp_path / "checkpoints" / "step_00000003")
     assert loaded.config == model.config
     ref = model.state_dict()
     assert all(torch.equal(loaded.state_dict()[k], ref[k]) for k in ref)
@@ -46,27 +47,27 @@ def test_save_load_round_trip_and_keep(tmp_path):
     torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits,
                                **reduction_tol(torch.float32,
                                                model_reduction_length(model.config)))
-    assert ck.read_config(tmp_path)["train"] == {"x": 1}
+    assert stored.read_config(tmp_path)["train"] == {"x": 1}
     assert ck.load_state(tmp_path)["step"] == 3
     with pytest.raises(FileNotFoundError, match="neither a checkpoint directory"):
-        ck.load_model(tmp_path / "nothing")
+        stored.load_model(tmp_path / "nothing")
     save(tmp_path, 4, model)                                 # a new save clears torn writes
     assert not (tmp_path / "checkpoints" / ".step_00000009.tmp-1").exists()
-    assert [p.name for p in ck.checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
+    assert [p.name for p in stored.checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
 
 
 def _break(ckpt, how):
     """Damage one file of a checkpoint as a full disk, a partial copy or a hand does."""
     if how == "missing":
-        (ckpt / ck.STATE_FILE).unlink()
+        (ckpt / stored.STATE_FILE).unlink()
     elif how == "truncated_weights":
-        path = ckpt / ck.MODEL_FILE
+        path = ckpt / stored.MODEL_FILE
         path.write_bytes(path.read_bytes()[:-100])
     elif how == "truncated_state":
-        path = ckpt / ck.STATE_FILE
+        path = ckpt / stored.STATE_FILE
         path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
     elif how == "empty_config":
-        (ckpt / ck.CONFIG_FILE).write_text("")
+        (ckpt / stored.CONFIG_FILE).write_text("")
 
 
 @pytest.mark.parametrize("how, what", [("missing", "state.pt is missing"),
@@ -79,12 +80,12 @@ def test_incomplete_checkpoints_are_found_and_named(tmp_path, how, what):
         save(tmp_path, step, model)
     broken = tmp_path / "checkpoints" / "step_00000002"
     _break(broken, how)
-    assert ck.problems(tmp_path / "checkpoints" / "step_00000001") == []
-    assert [p.name for p in ck.checkpoints(tmp_path)] == ["step_00000001"]
-    [(path, why)] = ck.incomplete_checkpoints(tmp_path)
+    assert stored.problems(tmp_path / "checkpoints" / "step_00000001") == []
+    assert [p.name for p in stored.checkpoints(tmp_path)] == ["step_00000001"]
+    [(path, why)] = stored.incomplete_checkpoints(tmp_path)
     assert path == broken and what in why[0]
-    assert ck.latest_checkpoint(tmp_path).name == "step_00000001"
-    load = ck.load_state if "state" in how or how == "missing" else ck.load_model
+    assert stored.latest_checkpoint(tmp_path).name == "step_00000001"
+    load = ck.load_state if "state" in how or how == "missing" else stored.load_model
     with pytest.raises(ValueError, match=rf"step_00000002 is incomplete: {what}.*previous "
                                          rf"complete checkpoint is .*step_00000001"):
         load(broken)                   # the model alone loads without the optimizer state
@@ -99,18 +100,18 @@ def test_a_save_replaces_a_step_directory_it_did_not_write(tmp_path):
     (tmp_path / "checkpoints" / "step_00000009").mkdir()          # incomplete, newer
     _break(tmp_path / "checkpoints" / "step_00000005", "truncated_weights")
     save(tmp_path, 5, new)
-    assert ck.problems(tmp_path / "checkpoints" / "step_00000005") == []
-    got = ck.load_model(tmp_path).state_dict()
+    assert stored.problems(tmp_path / "checkpoints" / "step_00000005") == []
+    got = stored.load_model(tmp_path).state_dict()
     assert all(torch.equal(got[k], v) for k, v in new.state_dict().items())
     assert not list((tmp_path / "checkpoints").glob(".step_*"))
-    assert [p.name for p, _ in ck.incomplete_checkpoints(tmp_path)] == ["step_00000009"]
+    assert [p.name for p, _ in stored.incomplete_checkpoints(tmp_path)] == ["step_00000009"]
 
 
 def test_corrupt_files_of_the_same_size_are_named_errors(tmp_path):
     model = tiny_model()
     save(tmp_path, 1, model)
     save(tmp_path, 2, model)
-    state = tmp_path / "checkpoints" / "step_00000002" / ck.STATE_FILE
+    state = tmp_path / "checkpoints" / "step_00000002" / stored.STATE_FILE
     data = bytearray(state.read_bytes())
     start = data.index(b"data.pkl") + 40                      # inside the pickled object
     data[start:start + 64] = bytes(64)

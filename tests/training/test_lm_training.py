@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from moremoe.training.checkpoint import checkpoints
+from moremoe.model.checkpoint import checkpoints
 from moremoe.training.config import build_run_config
-from moremoe.training.lm import cosine_with_warmup, param_groups, train
+from moremoe.training.lm import train
+from moremoe.training.optim import cosine_with_warmup, param_groups
 from runs import SMALL, SRC, assert_same_run, events, quiet
 
 
@@ -104,7 +105,9 @@ def test_schedule_and_param_groups():
     cfg = build_run_config(preset="tiny-more", overrides=["optim.router_lr=0.01"])
     model = __import__("moremoe.model", fromlist=["Transformer"]).Transformer(
         cfg.model.transformer_config(vocab=256))
-    groups = {g["name"]: g for g in param_groups(model, cfg.optim)}
+    o = cfg.optim
+    groups = {g["name"]: g for g in param_groups(model, lr=o.lr, weight_decay=o.weight_decay,
+                                                 router_lr=o.router_lr)}
     assert groups["router"]["lr"] == 0.01 and groups["decay"]["lr"] == cfg.optim.lr
     assert len(groups["router"]["params"]) == 2 * 2                   # R1, R2 per layer
     assert groups["no_decay"]["weight_decay"] == 0.0

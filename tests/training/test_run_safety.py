@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from moremoe.training import checkpoint as ck
+from moremoe.model import checkpoint as stored
 from moremoe.training.config import build_run_config
 from moremoe.training.lm import NonFiniteStep, train
 from prepared import write_token_dir
@@ -28,7 +28,7 @@ def test_an_incomplete_checkpoint_is_skipped_on_resume_and_written_anew(
     out = tmp_path / "run"
     train(_cfg(text_data, out, stop_step=25), echo=quiet)
     broken = out / "checkpoints" / "step_00000025"
-    _truncate(broken / ck.MODEL_FILE)
+    _truncate(broken / stored.MODEL_FILE)
     with pytest.raises(FileExistsError, match="already holds checkpoints .*--resume.*--force"):
         train(_cfg(text_data, out), echo=quiet)
     said = []
@@ -39,7 +39,7 @@ def test_an_incomplete_checkpoint_is_skipped_on_resume_and_written_anew(
     assert [e["step"] for e in events(out, "resume")] == [20]
     saved = [e["step"] for e in events(out, "checkpoint")]
     assert saved.count(25) == 1 and saved[-1] == 60          # step 25 saved again, once
-    assert summary["step"] == 60 and not ck.incomplete_checkpoints(out)
+    assert summary["step"] == 60 and not stored.incomplete_checkpoints(out)
     assert_same_run(out, reference_run)
 
 
@@ -47,7 +47,7 @@ def test_a_run_of_only_incomplete_checkpoints_needs_force(text_data, tmp_path):
     out = tmp_path / "run"
     short = SMALL[:-1] + ["train.max_steps=5"]
     train(_cfg(text_data, out, overrides=short), echo=quiet)
-    (out / "checkpoints" / "step_00000005" / ck.STATE_FILE).unlink()
+    (out / "checkpoints" / "step_00000005" / stored.STATE_FILE).unlink()
     with pytest.raises(FileExistsError, match="already holds incomplete checkpoints"):
         train(_cfg(text_data, out, overrides=short), echo=quiet)
     with pytest.raises(FileExistsError, match=r"--resume: .* has no complete checkpoint; "
@@ -57,7 +57,7 @@ def test_a_run_of_only_incomplete_checkpoints_needs_force(text_data, tmp_path):
     with pytest.raises(ValueError, match="not both"):
         train(_cfg(text_data, out, overrides=short), resume=True, force=True, echo=quiet)
     summary = train(_cfg(text_data, out, overrides=short), force=True, echo=quiet)
-    assert summary["step"] == 5 and [p.name for p in ck.checkpoints(out)] == ["step_00000005"]
+    assert summary["step"] == 5 and [p.name for p in stored.checkpoints(out)] == ["step_00000005"]
     assert [e["step"] for e in events(out, "start")] == [0]  # the old log went with --force
 
 
@@ -81,9 +81,9 @@ def test_a_non_finite_step_stops_before_it_reaches_the_weights(text_data, tmp_pa
     [event] = events(out, "nonfinite")
     assert event["step"] == bad and event["policy"] == "stop"
     assert [e["stopped"] for e in events(out, "end")][0].startswith("error: NonFiniteStep")
-    for path in ck.checkpoints(out):                       # nothing non-finite was saved
-        assert ck.step_of(path) < bad
-        assert all(torch.isfinite(t).all() for t in ck.load_model(path).state_dict().values())
+    for path in stored.checkpoints(out):                       # nothing non-finite was saved
+        assert stored.step_of(path) < bad
+        assert all(torch.isfinite(t).all() for t in stored.load_model(path).state_dict().values())
 
 
 def test_skip_policy_skips_the_non_finite_update(text_data, tmp_path, monkeypatch):

@@ -4,12 +4,9 @@ commit and date.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
 import re
 import statistics
-import subprocess
 from pathlib import Path
 
 import torch
@@ -21,28 +18,6 @@ def device_slug(device: torch.device) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the results folder name)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def commit_id() -> str:
-    if os.environ.get("MOREMOE_COMMIT"):
-        return os.environ["MOREMOE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def environment(device: torch.device) -> dict:
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version, "commit": commit_id(),
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def time_ms(fn, *, device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,

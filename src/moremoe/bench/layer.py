@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from ..nn.moe import MoEConfig, MoELayer
-from .harness import ceilings, environment, floor_ms, peak_bytes, time_ms
+from ..runtime import environment
+from .harness import ceilings, floor_ms, peak_bytes, time_ms
 
 HS = (64, 128, 256, 512, 1024, 2048, 4096)
 MS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -18,7 +18,8 @@ import torch
 from ..ops import reference as ref
 from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
-from .harness import ceilings, environment, floor_ms, peak_bytes, rotation, time_ms
+from ..runtime import environment
+from .harness import ceilings, floor_ms, peak_bytes, rotation, time_ms
 
 
 @dataclass(frozen=True)

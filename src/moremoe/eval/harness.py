@@ -36,7 +36,7 @@ def load_eval_model(path: str | Path, device="cpu"):
     if _transformers_dir(path):
         from ..hf import MoremoeForCausalLM
         return MoremoeForCausalLM.from_pretrained(path).to_transformer().to(device).eval()
-    from ..training.checkpoint import load_model
+    from ..model.checkpoint import load_model
     return load_model(path, device=device).eval()
 
 

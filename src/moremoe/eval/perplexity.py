@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..parallel.ddp import unwrap
-from ..training.common import autocast_dtype
+from ..runtime import autocast_dtype
 
 
 @torch.no_grad()

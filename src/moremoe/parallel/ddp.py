@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..training.common import resolve_device
+from ..runtime import resolve_device
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
 from ..report import check_output_dir, write_json
+from ..runtime import __version__, progress_bar
 from .sources import Source, check_text_field, discover_sources, documents, encode, plan_shards
 from .text import DTYPE, FORMAT, SPLITS, VERSION, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
@@ -233,7 +233,6 @@ def _tokenise(config, sources, shards, shard_dir: Path, *, progress, on_shard):
     new_tokens, t0 = 0, time.perf_counter()
     with _shard_results(jobs, context, min(config.workers, len(jobs))) as results:
         # the bar after the pool: tqdm's monitor thread should not exist when workers fork
-        from ..training.common import progress_bar
         bar = progress_bar(len(shards), desc="tokenising", enabled=progress)
         bar.update(len(shards) - len(jobs))
         try:
@@ -262,7 +261,6 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     is_val[np.random.default_rng(config.seed).choice(n_seq, size=v, replace=False)] = True
     paths = {s: partial / f"{s}.bin" for s in SPLITS}
     hashes = {s: hashlib.sha256() for s in SPLITS}
-    from ..training.common import progress_bar
     bar = progress_bar(len(records), desc="writing", enabled=progress)
     with open(paths["train"], "wb") as f_train, open(paths["val"], "wb") as f_val:
         row = 0

@@ -1,4 +1,5 @@
-"""Checkpoints of a pretraining run: weights, config and everything an exact resume needs.
+"""Writing checkpoints of a pretraining run, and the training state an exact resume needs
+(reading them, and which are complete: moremoe.model.checkpoint).
 
 A checkpoint is the directory RUN/checkpoints/step_XXXXXXXX with
   model.safetensors  the model's state_dict (fp32 master weights; no DDP/compile prefixes)
@@ -6,42 +7,26 @@ A checkpoint is the directory RUN/checkpoints/step_XXXXXXXX with
   state.pt           torch.save'd {"step", "tokens", "optimizer", "scheduler", "data",
                      "rng": one {python, numpy, torch, cuda} per rank, ...}
 It is written to a hidden temporary directory and renamed into place; the last ``keep``
-complete ones are kept. A step directory can still be incomplete (copied in part, a disk
-that filled, a file truncated or deleted by hand): ``problems`` checks each file's
-structure (the safetensors header against the file's size, state.pt's zip directory,
-config.json's keys) without reading the tensors, ``checkpoints`` lists the complete ones
-and ``incomplete_checkpoints`` the others with what is wrong. A save replaces a step
-directory it did not write rather than trusting it, and removes the incomplete ones older
-than itself (superseded, never resumable). state.pt holds numpy and Python RNG
-states, so it is loaded with weights_only=False: load only your own runs' files.
+complete ones are kept. A save replaces a step directory it did not write rather than
+trusting it, and removes the incomplete ones older than itself (superseded, never
+resumable). state.pt holds numpy and Python RNG states, so it is loaded with
+weights_only=False: load only your own runs' files.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-import re
 import shutil
-import struct
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..model import Transformer, TransformerConfig
-
-CKPT_DIR = "checkpoints"
-MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "state.pt"
-_NAME = re.compile(r"^step_(\d{8,})$")
-
-
-def _safetensors():
-    try:
-        import safetensors.torch as st
-    except ImportError:
-        raise ImportError("checkpoints need safetensors: pip install 'moremoe[text]'") from None
-    return st
+from ..model.checkpoint import (CKPT_DIR, CONFIG_FILE, MODEL_FILE, STATE_FILE, read_file,
+                                safetensors_torch, checkpoints, incomplete_checkpoints, resolve,
+                                step_of)
+from ..model.transformer import TransformerConfig
 
 
 def rng_state() -> dict:
@@ -70,90 +55,6 @@ def _flat_tensors(model: torch.nn.Module) -> dict:
     return out
 
 
-def problems(ckpt: str | Path, *, weights_only: bool = False) -> list[str]:
-    """What makes a checkpoint directory incomplete ([] when it is complete): a file missing,
-    or one whose structure does not hold (truncated, or not what it should be).
-    weights_only: only what loading the model needs (model.safetensors, config.json)."""
-    ckpt, out = Path(ckpt), []
-    checks = ((MODEL_FILE, _safetensors_ok), (CONFIG_FILE, _config_ok), (STATE_FILE, _state_ok))
-    for name, check in checks[:2] if weights_only else checks:
-        path = ckpt / name
-        if not path.is_file():
-            out.append(f"{name} is missing")
-            continue
-        try:
-            why = check(path)
-        except (OSError, ValueError, UnicodeDecodeError) as err:
-            why = f"cannot be read ({err})"
-        if why:
-            out.append(f"{name} {why}")
-    return out
-
-
-def _safetensors_ok(path: Path) -> str | None:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return f"is truncated ({size} bytes)"
-        n = struct.unpack("<Q", head)[0]
-        if n > size - 8:
-            return f"is truncated ({size:,} bytes, its header alone needs {n + 8:,})"
-        header = json.loads(f.read(n))
-    end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
-              default=0)
-    if 8 + n + end != size:
-        return f"has {size:,} bytes, its header describes {8 + n + end:,} (truncated)"
-    return None
-
-
-def _config_ok(path: Path) -> str | None:
-    d = json.loads(path.read_text())
-    if not isinstance(d, dict) or not {"model", "train"} <= d.keys():
-        return "lacks the sections model and train"
-    return None
-
-
-def _state_ok(path: Path) -> str | None:
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except zipfile.BadZipFile:
-        return f"is truncated or not a torch.save archive ({path.stat().st_size:,} bytes)"
-    return None if any(n.endswith("data.pkl") for n in names) else "holds no saved object"
-
-
-def _step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
-    root = Path(run_dir) / CKPT_DIR
-    if not root.is_dir():
-        return []
-    return sorted((int(m.group(1)), p) for p in root.iterdir()
-                  if (m := _NAME.match(p.name)) and p.is_dir())
-
-
-def checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    return [p for _, p in _step_dirs(run_dir) if not problems(p)]
-
-
-def incomplete_checkpoints(run_dir: str | Path) -> list[tuple[Path, list[str]]]:
-    """(step directory, what is wrong) of every incomplete checkpoint of a run, oldest first."""
-    return [(p, why) for _, p in _step_dirs(run_dir) if (why := problems(p))]
-
-
-def step_of(ckpt: Path) -> int:
-    return int(_NAME.match(Path(ckpt).name).group(1))
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def describe_incomplete(found: list[tuple[Path, list[str]]]) -> str:
-    return "; ".join(f"{p} ({', '.join(why)})" for p, why in found)
-
-
 def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
                     model_config: TransformerConfig, run_config: dict, state: dict,
                     keep: int) -> Path:
@@ -169,7 +70,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
         shutil.rmtree(partial, ignore_errors=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir()
-    _safetensors().save_file(_flat_tensors(model), str(tmp / MODEL_FILE),
+    safetensors_torch().save_file(_flat_tensors(model), str(tmp / MODEL_FILE),
                              metadata={"format": "pt"})
     (tmp / CONFIG_FILE).write_text(json.dumps(
         {"model": model_config.to_dict(), "train": run_config}, indent=2) + "\n")
@@ -189,78 +90,6 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
     return final
 
 
-def resolve(path: str | Path, *, weights_only: bool = False) -> Path:
-    """A complete checkpoint directory as given, or a run directory's latest complete one.
-    FileNotFoundError when there is none; ValueError naming the problem when the checkpoint
-    given is incomplete (weights_only: a checkpoint given needs only its model files)."""
-    path = Path(path)
-    if _NAME.match(path.name) and path.is_dir() or (path / MODEL_FILE).is_file():
-        why = problems(path, weights_only=weights_only)
-        if why:
-            raise ValueError(f"checkpoint {path} is incomplete: {', '.join(why)}"
-                             f"{_previous_hint(path)}")
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        broken = incomplete_checkpoints(path)
-        if broken:
-            raise FileNotFoundError(f"{path} has no complete checkpoint; incomplete: "
-                                    f"{describe_incomplete(broken)}")
-        raise FileNotFoundError(f"{str(path)!r} is neither a checkpoint directory (with "
-                                f"{MODEL_FILE}) nor a run directory with checkpoints")
-    return latest
-
-
-def _previous_hint(ckpt: Path) -> str:
-    """'; the previous complete checkpoint is ...' when the run holds one before ckpt."""
-    if ckpt.parent.name != CKPT_DIR or not _NAME.match(ckpt.name):
-        return ""
-    before = [p for p in checkpoints(ckpt.parent.parent) if step_of(p) < step_of(ckpt)]
-    if not before:
-        return ""
-    return (f"; the previous complete checkpoint is {before[-1]} (move {ckpt.name} out of "
-            f"{ckpt.parent} and --resume continues from it)")
-
-
-def _read(ckpt: Path, name: str, load):
-    """load() of one file of a checkpoint; any failure is a ValueError naming the file."""
-    try:
-        return load(ckpt / name)
-    except Exception as err:      # noqa: BLE001 - every reader fails its own way on bad bytes
-        raise ValueError(f"{ckpt / name} cannot be read ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}): the file is "
-                         f"corrupt{_previous_hint(ckpt)}") from err
-
-
-def read_config(path: str | Path) -> dict:
-    return _read(resolve(path, weights_only=True), CONFIG_FILE,
-                 lambda p: json.loads(p.read_text()))
-
-
-def load_weights(model: torch.nn.Module, path: str | Path) -> None:
-    ckpt = resolve(path, weights_only=True)
-    device = str(next(model.parameters()).device)
-    tensors = _read(ckpt, MODEL_FILE, lambda p: _safetensors().load_file(str(p), device=device))
-    try:
-        model.load_state_dict(tensors, strict=True)
-    except RuntimeError as err:
-        raise ValueError(f"{ckpt / MODEL_FILE} does not fit the model of {ckpt / CONFIG_FILE}: "
-                         f"{str(err).splitlines()[0]}") from err
-
-
-def load_model(path: str | Path, *, device="cpu") -> Transformer:
-    """The Transformer of a checkpoint directory or of a run directory's latest checkpoint."""
-    ckpt = resolve(path, weights_only=True)
-    config = read_config(ckpt)
-    try:
-        cfg = TransformerConfig.from_dict(config["model"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{ckpt / CONFIG_FILE} holds no valid model config: {err}") from err
-    model = Transformer(cfg).to(device)
-    load_weights(model, ckpt)
-    return model
-
-
 def load_state(path: str | Path) -> dict:
-    return _read(resolve(path), STATE_FILE,
+    return read_file(resolve(path), STATE_FILE,
                  lambda p: torch.load(p, map_location="cpu", weights_only=False))

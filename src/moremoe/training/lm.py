@@ -8,7 +8,8 @@ at 1.0; bf16 autocast on CUDA; loss = LM loss + balance_coef · Switch loss (com
 micro-batch and rank); gradient accumulation (DDP syncs only on the last micro-step).
 
 Runs on CPU, one GPU, or several through torchrun (parallel/ddp.py). The run directory holds
-log.jsonl (one event per line), summary.json and checkpoints/ (training/checkpoint.py).
+log.jsonl (one event per line), summary.json and checkpoints/ (training/checkpoint.py
+writes them, model/checkpoint.py reads them).
 A stop (steps, --max-minutes, Ctrl-C or SIGTERM) checkpoints and writes the summary; a
 crash outside the optimizer update does the same before it re-raises. A resumed run
 continues bit for bit as the uninterrupted one would have (on the same device and threads).
@@ -24,55 +25,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bench.harness import environment
 from ..checks import UserError
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
-from ..nn.router import LinearRouter, LowRankRouter
 from ..parallel import ddp
 from ..report import check_output_dir, write_json
+from ..runtime import autocast_dtype, environment
 from ..tasks.text import open_tokens, read_meta
+from ..model import checkpoint as stored
 from . import checkpoint as ckpt
 from .config import RunConfig
 from .data import Batches, check_ids, rows_of
-from .common import autocast_dtype
 from .metrics import RunLog, StepClock, StepProfiler, echo_line, peak_tflops, printer
-
-ROUTERS = (LinearRouter, LowRankRouter)
-
-
-def param_groups(model: torch.nn.Module, optim) -> list[dict]:
-    """decay (matrices), no_decay (norm scales), router (router matrices, at router_lr)."""
-    router = {id(p) for m in model.modules() if isinstance(m, ROUTERS) for p in m.parameters()}
-    groups = {"decay": [], "no_decay": [], "router": []}
-    for p in (p for p in model.parameters() if p.requires_grad):
-        key = "router" if id(p) in router else ("decay" if p.dim() >= 2 else "no_decay")
-        groups[key].append(p)
-    lrs = {"decay": optim.lr, "no_decay": optim.lr,
-           "router": optim.router_lr if optim.router_lr is not None else optim.lr}
-    wds = {"decay": optim.weight_decay, "no_decay": 0.0, "router": optim.weight_decay}
-    return [{"name": k, "params": v, "lr": lrs[k], "weight_decay": wds[k]}
-            for k, v in groups.items() if v]
-
-
-def make_optimizer(model, optim, device: torch.device) -> torch.optim.AdamW:
-    fused = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(param_groups(model, optim), lr=optim.lr, betas=tuple(optim.betas),
-                             eps=optim.eps, **fused)
-
-
-def cosine_with_warmup(total: int, warmup_frac: float, min_frac: float):
-    """LR factor for the (i+1)-th step: linear warmup, then cosine down to min_frac."""
-    warm = max(1, round(warmup_frac * total)) if warmup_frac > 0 else 0
-
-    def factor(i: int) -> float:
-        if i < warm:
-            return (i + 1) / warm
-        progress = min(1.0, (i - warm) / max(1, total - warm))
-        return min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
-
+from .optim import cosine_with_warmup, make_optimizer
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
     t = cfg.train
@@ -168,7 +134,10 @@ class LMTrainer:
         torch.manual_seed(cfg.train.seed)
         self.model_config = cfg.model.transformer_config(self.vocab)
         self.model = Transformer(self.model_config).to(self.dev)
-        self.opt = make_optimizer(self.model, cfg.optim, self.dev)
+        o = cfg.optim
+        self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
+                                  weight_decay=o.weight_decay, router_lr=o.router_lr,
+                                  fused=self.dev.type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, cfg.optim.warmup_frac, cfg.optim.min_lr_frac))
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
@@ -189,12 +158,12 @@ class LMTrainer:
         """--force: remove what an earlier run wrote into the run directory (and only that)."""
         for name in self.RUN_FILES:
             (self.out / name).unlink(missing_ok=True)
-        for name in (ckpt.CKPT_DIR, "tb"):
+        for name in (stored.CKPT_DIR, "tb"):
             shutil.rmtree(self.out / name, ignore_errors=True)
 
     def _resume_or_start(self, resume: bool) -> None:
-        latest = ckpt.latest_checkpoint(self.out)
-        broken = ckpt.incomplete_checkpoints(self.out)
+        latest = stored.latest_checkpoint(self.out)
+        broken = stored.incomplete_checkpoints(self.out)
         held_by_run = latest is not None or broken or _has_events(self.out)
         if not resume and held_by_run and self.main:    # (the other ranks see rank 0's log)
             held = (f"checkpoints (latest {latest.name})" if latest is not None else
@@ -202,14 +171,15 @@ class LMTrainer:
             raise FileExistsError(f"{self.out} already holds {held}; pass --resume to "
                                   f"continue it, --force to start over (deleting it), or "
                                   f"another --out")
-        after = [b for b in broken if latest is None or ckpt.step_of(b[0]) > ckpt.step_of(latest)]
+        after = [b for b in broken
+                 if latest is None or stored.step_of(b[0]) > stored.step_of(latest)]
         if resume and latest is None and broken:
             raise FileExistsError(f"--resume: {self.out} has no complete checkpoint; incomplete: "
-                                  f"{ckpt.describe_incomplete(broken)}; pass --force to start "
+                                  f"{stored.describe_incomplete(broken)}; pass --force to start "
                                   f"over (deleting them)")
         if resume and after:
             self.echo(f"warning: skipping incomplete checkpoints "
-                      f"{ckpt.describe_incomplete(after)}; resuming from the newest complete "
+                      f"{stored.describe_incomplete(after)}; resuming from the newest complete "
                       f"one, {latest} (the steps after it are trained again)")
         self._saved_step = 0      # the step last checkpointed (a fresh start: the init's)
         if resume and latest is not None:
@@ -225,13 +195,13 @@ class LMTrainer:
         self._wrapped()
 
     def _resume(self, path: Path) -> None:
-        saved = RunConfig.from_dict(ckpt.read_config(path)["train"])
+        saved = RunConfig.from_dict(stored.read_config(path)["train"])
         changed = saved.differences(self.cfg)
         if changed:
             raise ValueError(f"cannot resume {path}: the config differs in "
                              f"{'; '.join(changed)} (only budget, logging and device fields "
                              f"may change)")
-        ckpt.load_weights(self.model, path)
+        stored.load_weights(self.model, path)
         state = ckpt.load_state(path)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])

@@ -20,7 +20,8 @@ from ..eval.routing import routing_hnorm
 from ..model import Transformer, TransformerConfig
 from ..nn.moe import MoEConfig
 from ..tasks import phonebook as pb
-from .common import autocast_dtype, make_optimizer, progress_bar, resolve_device
+from ..runtime import autocast_dtype, progress_bar, resolve_device
+from .optim import make_optimizer
 
 HNORM_SAMPLE = 65_536   # entries used for H_norm at intermediate evaluations
 

@@ -1,15 +1,23 @@
-"""Pieces every training loop shares: device choice, autocast, the optimiser, progress bars."""
+"""The runtime floor every part of moremoe stands on: the version, the device to run on, the
+autocast dtype, progress bars and the tags a result carries (device, versions, commit,
+date). It imports nothing of moremoe."""
 from __future__ import annotations
 
+import datetime as _dt
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
+__version__ = "0.1.0"
 DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" picks the GPU when one is present, else the CPU."""
+    """"auto" picks the GPU when one is present, else the CPU; ValueError names a device
+    this machine does not have."""
     if isinstance(device, torch.device):
         return device
     if device == "auto":
@@ -35,16 +43,6 @@ def autocast_dtype(device: torch.device):
     return torch.bfloat16 if device.type == "cuda" else None
 
 
-def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95),
-                   weight_decay: float = 0.01, eps: float = 1e-8) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and stacked expert weights, none on norm scales."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
-
-
 class _NoBar:
     def update(self, n=1): pass
     def set_postfix(self, **kw): pass
@@ -57,3 +55,27 @@ def progress_bar(total: int, *, desc: str, enabled: bool = True):
         return _NoBar()
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def commit_id() -> str:
+    """The source's git commit ($MOREMOE_COMMIT when set, e.g. on a machine without git)."""
+    if os.environ.get("MOREMOE_COMMIT"):
+        return os.environ["MOREMOE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment(device: torch.device) -> dict:
+    """The tags of a result: device name, torch and triton versions, commit, UTC date."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton_version, "commit": commit_id(),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
