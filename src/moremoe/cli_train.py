@@ -77,7 +77,7 @@ def cmd_train(args) -> int:
         rows = preset_rows()
         emit(args, rows, _presets_table(rows))
         return 0
-    from .training.config import build_run_config
+    from .training.compose import build_run_config
     from .training.lm import train
     from .training.metrics import printer
     cfg = build_run_config(preset=args.preset, config_file=args.config,

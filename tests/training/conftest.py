@@ -16,7 +16,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def reference_run(text_data, tmp_path_factory):
     """The uninterrupted tiny-more run every interrupted one is compared with."""
-    from moremoe.training.config import build_run_config
+    from moremoe.training.compose import build_run_config
     from moremoe.training.lm import train
     out = tmp_path_factory.mktemp("ref") / "run"
     old = torch.get_num_threads()

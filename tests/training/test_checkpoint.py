@@ -10,7 +10,7 @@ from moremoe.model import Transformer, TransformerConfig
 from moremoe.nn.moe import MoEConfig
 from moremoe.model import checkpoint as stored
 from moremoe.training import checkpoint as ck
-from moremoe.training.config import build_run_config
+from moremoe.training.compose import build_run_config
 from moremoe.tasks.text import open_tokens
 from moremoe.training.data import Batches, rows_of
 from moremoe.training.lm import train

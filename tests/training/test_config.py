@@ -3,7 +3,8 @@ import pytest
 from cli_checks import fails
 
 from moremoe.cli import main
-from moremoe.training.config import RunConfig, build_run_config, parse_override
+from moremoe.training.compose import build_run_config, parse_override
+from moremoe.training.config import RunConfig
 from moremoe.training.presets import get_preset, preset_names, preset_rows
 
 

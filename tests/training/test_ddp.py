@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moremoe.training.config import build_run_config
+from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def test_ddp_two_nccl_ranks_equal_one_gpu(text_data, tmp_path):
-    from moremoe.training.config import build_run_config
+    from moremoe.training.compose import build_run_config
     from moremoe.training.lm import train
     sets = ["model.balance_coef=0", "train.autocast=false", "model.router_impl=triton",
             "model.experts_impl=triton"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from moremoe.model.checkpoint import checkpoints
-from moremoe.training.config import build_run_config
+from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
 from moremoe.training.optim import cosine_with_warmup, param_groups
 from runs import SMALL, SRC, assert_same_run, events, quiet

@@ -3,7 +3,7 @@ run learns, stops on a step budget and resumes. Run on the device machine: pytes
 import pytest
 import torch
 
-from moremoe.training.config import build_run_config
+from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moremoe.model import checkpoint as stored
-from moremoe.training.config import build_run_config
+from moremoe.training.compose import build_run_config
 from moremoe.training.lm import NonFiniteStep, train
 from prepared import write_token_dir
 from runs import SMALL, assert_same_run, events, quiet
