@@ -15,8 +15,6 @@ import torch
 
 from cli_checks import fails
 from moremoe.cli import main
-from moremoe.model import Transformer, TransformerConfig
-from moremoe.nn import MoEConfig
 from moremoe.model import checkpoint as stored
 from test_cli_eval import hf_dir, tiny_gpt2_model, write_data_dir
 
@@ -162,11 +160,11 @@ def test_debug_shows_the_traceback(capsys, monkeypatch):
 
 
 def test_a_bug_is_one_line_that_says_so(capsys, monkeypatch):
-    import moremoe.cli as cli
+    import moremoe.cli.plan as plan
 
     def broken(args):
         raise ZeroDivisionError("division by zero")
-    monkeypatch.setattr(cli, "cmd_flops", broken)
+    monkeypatch.setattr(plan, "cmd_flops", broken)
     fails(capsys, ["flops", "--experts", "4", "--top-k", "2", "--hidden", "8", "--width", "4"],
           r"internal error \(ZeroDivisionError: division by zero\); run it again with --debug",
           code=1)
@@ -202,7 +200,7 @@ def test_a_failed_command_leaves_no_empty_folders(capsys, tmp_path):
 
 
 def test_eval_report_survives_a_full_disk(capsys, tmp_path, monkeypatch):
-    import moremoe.cli_eval as cli_eval
+    import moremoe.cli.eval as cli_eval
     model = hf_dir(tmp_path, tiny_gpt2_model())
     data = write_data_dir(tmp_path / "data", np.random.default_rng(0).integers(0, 50257, (4, 16)))
     target, real = tmp_path / "report.json", cli_eval.write_json

@@ -5,8 +5,6 @@
 """
 from __future__ import annotations
 
-import torch
-
 from . import reference as ref
 from .dispatch import compute_dtype, needs_grad, resolve_impl
 from .router_common import register_router_ops

@@ -7,7 +7,6 @@ is a cuBLAS GEMM whose autograd gives dx and dR2 from the kernel's dz.
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from . import reference as ref

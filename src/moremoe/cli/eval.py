@@ -1,17 +1,16 @@
-"""The ``moremoe eval`` and ``moremoe hf export`` commands: thin parsing over ``moremoe.eval``
-and ``moremoe.hf``."""
+"""``moremoe eval``: validation perplexity and lm-eval tasks (moremoe.eval) from the command
+line, the report printed before it is written."""
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from .checks import UserError
-from .cli_args import _add_json, _int_at_least, _positive_int
-from .report import check_output_dir, check_output_file, table, write_json
-from .report import emit as _emit
+from ..checks import UserError
+from .args import _add_json, _int_at_least, _positive_int
+from ..report import check_output_file, table, write_json
+from ..report import emit as _emit
 
 
 def _quiet_transformers() -> None:
@@ -24,8 +23,8 @@ def _quiet_transformers() -> None:
 
 
 def _model_and_device(args):
-    from .eval.harness import load_eval_model
-    from .runtime import resolve_device
+    from ..eval.harness import load_eval_model
+    from ..runtime import resolve_device
     device = resolve_device(args.device)
     _quiet_transformers()
     try:
@@ -39,8 +38,8 @@ def _val_rows(data: str, config):
     are longer (as training reads them), after checking the vocabulary fits the model."""
     import numpy as np
 
-    from .tasks.text import open_tokens, read_meta
-    from .training.data import check_ids, rows_of
+    from ..tasks.text import open_tokens, read_meta
+    from ..training.data import check_ids, rows_of
     vocab = int(read_meta(data)["vocab_size"])
     if vocab > config.vocab:
         raise ValueError(f"the data's vocab_size={vocab} exceeds the model's vocab="
@@ -51,7 +50,7 @@ def _val_rows(data: str, config):
 
 
 def cmd_eval(args) -> int:
-    from .eval.harness import offline_unless_hub_reachable, run_harness
+    from ..eval.harness import offline_unless_hub_reachable, run_harness
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
@@ -62,7 +61,7 @@ def cmd_eval(args) -> int:
     model, device = _model_and_device(args)
     result = {"model": str(args.model), "device": str(device), "perplexity": None, "tasks": {}}
     if args.data:
-        from .eval.perplexity import evaluate_perplexity
+        from ..eval.perplexity import evaluate_perplexity
         try:
             seqs = _val_rows(args.data, model.config)
         except ValueError as err:
@@ -70,7 +69,7 @@ def cmd_eval(args) -> int:
         result["perplexity"] = evaluate_perplexity(model, seqs, batch_size=args.batch_size,
                                                    max_batches=args.val_batches, device=device)
     if tasks:
-        from .eval.lm_eval_adapter import MoremoeLM
+        from ..eval.lm_eval_adapter import MoremoeLM
         lm = MoremoeLM(model=model, batch_size=args.batch_size, device=str(device),
                        max_gen_toks=args.max_gen_toks)
         result["tasks"] = run_harness(lm, tasks, num_fewshot=args.num_fewshot,
@@ -99,7 +98,7 @@ def _write_report(path: Path, result: dict) -> None:
 def format_eval(result: dict) -> str:
     """The paper's layout: value ± standard error in %, the paper's metric of each task
     first and starred."""
-    from .eval.harness import PAPER_METRIC
+    from ..eval.harness import PAPER_METRIC
     rows = []
     ppl = result.get("perplexity")
     if ppl:
@@ -116,50 +115,8 @@ def format_eval(result: dict) -> str:
             + "\n* the paper's metric; lm-eval's values in %, ± the standard error")
 
 
-def cmd_hf_export(args) -> int:
-    from .hf import export
-    from .model.checkpoint import load_model
-    out = _export_target(Path(args.checkpoint), Path(args.out_dir), force=args.force)
-    model = load_model(args.checkpoint)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
-    try:
-        export(model, staging)
-        out.mkdir(exist_ok=True)
-        for f in staging.iterdir():                  # each file lands whole or not at all
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    result = {"checkpoint": str(args.checkpoint), "out_dir": str(out),
-              "files": sorted(f.name for f in out.iterdir())}
-    _emit(args, result, f"wrote {out} ({', '.join(result['files'])}); load it with "
-          f"moremoe.hf.register() and AutoModelForCausalLM.from_pretrained")
-    return 0
-
-
-def _export_target(src: Path, out: Path, *, force: bool) -> Path:
-    """OUT_DIR, checked: never a file, never the checkpoint or a folder inside it, never a
-    moremoe run or checkpoint (even with --force), and not a non-empty folder unless
-    --force; its parent writable. ValueError naming the problem."""
-    from .model.checkpoint import CKPT_DIR, STATE_FILE
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"OUT_DIR {out} is a file; give a folder to write into")
-    src_r, out_r = src.resolve(), out.resolve()
-    if out_r == src_r or src_r in out_r.parents:
-        raise ValueError(f"OUT_DIR {out} is {'the checkpoint' if out_r == src_r else 'inside'} "
-                         f"{src}: write the export to a folder of its own")
-    if (out / STATE_FILE).exists() or (out / CKPT_DIR).is_dir() or (out / "log.jsonl").exists():
-        raise ValueError(f"OUT_DIR {out} holds a moremoe run or checkpoint; it is never "
-                         f"written into (not even with --force): choose another folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"OUT_DIR {out} is not empty; pass --force to write into it "
-                         f"(config.json and model.safetensors are replaced, other files kept)")
-    check_output_dir(out.parent, "OUT_DIR")
-    return out
-
-
 def add_eval_parser(sub) -> None:
-    from .eval.harness import PAPER_TASKS
+    from ..eval.harness import PAPER_TASKS
     p = sub.add_parser("eval", help="validation perplexity and zero-shot lm-eval tasks",
                        description="Validation perplexity on a prepared data directory (--data) "
                        "and zero-shot lm-evaluation-harness tasks, each task's metrics with "
@@ -188,17 +145,3 @@ def add_eval_parser(sub) -> None:
                         "be written the report goes to the temporary folder, which is named)")
     _add_json(p)
     p.set_defaults(func=cmd_eval)
-
-    h = sub.add_parser("hf", help="Hugging Face transformers interop")
-    hsub = h.add_subparsers(dest="hf_command", metavar="SUBCOMMAND", required=True)
-    e = hsub.add_parser("export", help="a checkpoint as a transformers directory",
-                        description="Write a moremoe checkpoint as config.json + model.safetensors "
-                        "that AutoModelForCausalLM loads after moremoe.hf.register().")
-    e.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint or run directory")
-    e.add_argument("out_dir", metavar="OUT_DIR",
-                   help="folder to write: new or empty (or --force); never a moremoe run")
-    e.add_argument("--force", action="store_true",
-                   help="write into a non-empty OUT_DIR (config.json and model.safetensors "
-                        "are replaced)")
-    _add_json(e)
-    e.set_defaults(func=cmd_hf_export)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+EPILOG = "Letters: M experts, k active experts, h hidden, s expert width, r router rank."
+
 
 def _int_at_least(low: int):
     def parse(text: str) -> int:

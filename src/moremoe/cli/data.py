@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from .cli_args import _add_json, _int_at_least, _positive_float
-from .report import check_output_dir, emit, human, table
+from .args import _add_json, _int_at_least, _positive_float
+from ..report import check_output_dir, emit, human, table
 
 
 def cmd_prepare(args) -> int:
-    from .tasks.prepare import PrepareConfig, prepare
+    from ..tasks.prepare import PrepareConfig, prepare
     config = PrepareConfig(
         inputs=tuple(args.inputs), out=args.out, seq_len=args.seq_len,
         val_sequences=args.val_sequences, seed=args.seed, workers=args.workers,
@@ -29,7 +29,7 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .tasks.text import verify_tokens
+    from ..tasks.text import verify_tokens
     report = verify_tokens(args.dir)
     rows = [[split, f"{r['sequences']:,}", f"{r['bytes']:,}", r["max_id"], r["sha256"][:16]]
             for split, r in report["splits"].items()]
@@ -40,7 +40,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_corpus(args) -> int:
-    from .tasks.text import stdlib_corpus
+    from ..tasks.text import stdlib_corpus
     check_output_dir(args.out, "OUT")
     paths = stdlib_corpus(args.out, format=args.format, source=args.python_source)
     nbytes = sum(p.stat().st_size for p in paths)
@@ -65,7 +65,7 @@ when complete, meta.json last. The output is the same for any --workers."""
 
 
 def add_data_parser(sub) -> None:
-    from .tasks.prepare import default_workers
+    from ..tasks.prepare import default_workers
     p = sub.add_parser("data", help="prepare and check tokenised text for pretraining")
     dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 

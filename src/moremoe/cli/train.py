@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_args import _positive_float, _positive_int
-from .report import emit, human, table
+from .args import _positive_float, _positive_int
+from ..report import emit, human, table
 
 DESCRIPTION = """\
 Pretrain the MoE / MoRE transformer on a prepared token directory (`moremoe data prepare`).
@@ -73,13 +73,13 @@ def _summary_table(s: dict) -> str:
 
 def cmd_train(args) -> int:
     if args.list_presets:
-        from .training.presets import preset_rows
+        from ..training.presets import preset_rows
         rows = preset_rows()
         emit(args, rows, _presets_table(rows))
         return 0
-    from .training.compose import build_run_config
-    from .training.lm import train
-    from .training.metrics import printer
+    from ..training.compose import build_run_config
+    from ..training.lm import train
+    from ..training.metrics import printer
     cfg = build_run_config(preset=args.preset, config_file=args.config,
                            overrides=args.set or [], data=args.data, out=args.out,
                            max_steps=args.max_steps, max_minutes=args.max_minutes,

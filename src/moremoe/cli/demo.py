@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 
-from . import accounting
-from .runtime import __version__, resolve_device
-from .bench.harness import router_seconds_per_token
-from .nn.moe import MoEConfig
+from .. import accounting
+from ..bench.harness import router_seconds_per_token
+from ..nn.moe import MoEConfig
+from ..report import check_output_dir, emit, human, table, write_json
+from ..runtime import __version__, resolve_device
+from ..training.phonebook import PhonebookTrainConfig, phonebook_model_config, train_phonebook
+from .args import _add_json, _positive_int
 from .plots import plot_phonebook_runs
-from .report import human, table, write_json
-from .training.phonebook import PhonebookTrainConfig, phonebook_model_config, train_phonebook
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,26 @@ def format_demo(result: dict) -> str:
                f"{moe['exact_match']:.3f}.")
     files = f"\nreport: {result['files']['json']}\nplot:   {result['files']['png']}"
     return head + table(rows, ["", moe["name"], more["name"]]) + verdict + files
+
+
+def cmd_demo(args) -> int:
+    out_dir = check_output_dir(Path(args.out) if args.out else Path("runs") / "demo", "--out")
+    result = run_demo(DemoConfig(device=args.device, size=args.size, steps=args.steps),
+                      out_dir=out_dir, progress=not args.no_progress)
+    emit(args, result, format_demo(result))
+    return 0
+
+
+def add_demo_parser(sub) -> None:
+    p = sub.add_parser("demo", help="the main job: a matched MoE / MoRE pair on a phonebook",
+                       description="Plan a matched-FLOP MoE/MoRE pair at h=64, train both on "
+                       "the same phonebook and compare experts, parameters, FLOPs, exact match, "
+                       "H_norm and router time per token. Uses the GPU when one is present; "
+                       "a few minutes on a 2-core CPU.")
+    p.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
+    p.add_argument("--size", type=_positive_int, default=None, help="phonebook entries")
+    p.add_argument("--steps", type=_positive_int, default=None, help="training steps per model")
+    p.add_argument("--out", default=None, help="output folder (default runs/demo)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_json(p)
+    p.set_defaults(func=cmd_demo)

@@ -5,10 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .checks import UserError
-from .cli_args import _add_json
-from .report import check_output_file, table
-from .report import emit as _emit
+from ..checks import UserError
+from .args import _add_json
+from ..report import check_output_file, table
+from ..report import emit as _emit
 
 
 def _bench_table(rows: list[dict]) -> str:
@@ -29,7 +29,7 @@ def _bench_table(rows: list[dict]) -> str:
 def _run_bench(args, name: str, runner, render) -> int:
     """Measure with runner, append each row to benchmarks/results/<device>/<name>.jsonl as
     it lands, render the plots beside it, print a table (or JSON)."""
-    from .bench import harness
+    from ..bench import harness
     if args.plot_only:
         rows = harness.read_jsonl(args.plot_only)
         try:
@@ -40,7 +40,7 @@ def _run_bench(args, name: str, runner, render) -> int:
         print("\n".join(str(p) for p in paths))
         return 0
     import torch
-    from .kernels import HAS_TRITON, INTERPRET
+    from ..kernels import HAS_TRITON, INTERPRET
     cuda = torch.cuda.is_available()
     if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
         raise UserError(f"bench {name} needs Triton and a CUDA GPU (or --quick with "
@@ -81,7 +81,7 @@ def _layer_table(rows: list[dict]) -> str:
 
 
 def _matched(rows):
-    from .bench.layer import matched_wallclock
+    from ..bench.layer import matched_wallclock
     m = matched_wallclock(rows)
     if not m or m["more_M"] is None:
         return ""
@@ -104,7 +104,7 @@ def _layer_sweeps(text: str) -> list[str]:
 
 
 def cmd_bench(args) -> int:
-    from .bench import layer, layer_plots, router, router_plots
+    from ..bench import layer, layer_plots, router, router_plots
     quick = {"quick": args.quick}
     spec = {"router": (lambda device, progress, **kw: router.run(
                 args.sweeps, device=device, training=not args.no_training, progress=progress,

@@ -1,0 +1,201 @@
+"""``moremoe phonebook train`` and ``moremoe phonebook capacity``: the phonebook memorisation
+experiment (moremoe.training.phonebook) from the command line."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .. import accounting
+from ..report import check_output_dir, emit, human, table, write_json
+from .args import (EPILOG, _add_json, _float_list, _fraction, _int_at_least, _int_list,
+                   _positive_float, _positive_int)
+
+
+def _check_phonebook_args(args) -> None:
+    """The arguments the model and the phonebook cannot take, named as the user gave them."""
+    from ..tasks.phonebook import NAME_SPACE
+    h = args.hidden
+    if args.heads is not None and h % args.heads:
+        raise ValueError(f"--heads {args.heads} must divide --hidden {h}")
+    if args.rank > h:
+        raise ValueError(f"--rank {args.rank} must be at most --hidden {h} (a rank above h "
+                         f"adds router parameters, not expressivity)")
+    sizes = [args.size] if hasattr(args, "size") else args.sizes
+    if max(sizes) > NAME_SPACE:
+        raise ValueError(f"{'--size' if hasattr(args, 'size') else '--sizes'} {max(sizes):,} "
+                         f"exceeds the {NAME_SPACE:,} unique five-letter names a phonebook "
+                         f"can hold")
+
+
+def _phonebook_models(args):
+    """The model configs to train, from --arch and the planner (paper convention)."""
+    from ..nn.moe import MoEConfig
+    from ..training.phonebook import phonebook_model_config
+    _check_phonebook_args(args)
+    plan = accounting.plan_matched(hidden=args.hidden, top_k=args.top_k, rank=args.rank,
+                                   width=args.width, round_width=args.round_width,
+                                   refit=args.refit)
+    configs = []
+    if args.arch in ("moe", "both"):
+        M = args.moe_experts or plan.moe.experts
+        configs.append(MoEConfig.moe(M, args.top_k, args.hidden, args.width))
+    if args.arch in ("more", "both"):
+        M = args.more_experts or plan.more.experts
+        s = args.more_width or plan.more.width
+        configs.append(MoEConfig.more(M, args.top_k, args.hidden, s, args.rank))
+    return plan, [phonebook_model_config(c, layers=args.layers, heads=args.heads)
+                  for c in configs]
+
+
+def _train_config(args, size: int):
+    from ..training.phonebook import PhonebookTrainConfig
+    return PhonebookTrainConfig(
+        size=size, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
+        lr_grid=tuple(args.lr_grid), calibration_steps=args.calibration_steps,
+        max_epochs=args.max_epochs, max_steps=args.max_steps, max_minutes=args.max_minutes,
+        threshold=args.threshold, eval_every=args.eval_every, eval_entries=args.eval_entries,
+        loss_on=args.loss_on, device=args.device)
+
+
+def _out_dir(args, command: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    return Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _run_row(run: dict) -> list:
+    moe = run["model"]["moe"]
+    hn = run["hnorm"]
+    return [run["name"].split("(")[0] + f"-{moe['experts']}", moe["experts"], moe["width"],
+            moe["rank"] or "-", human(run["params_total"]), f"{run['flops_inference']:,}",
+            f"{run['lr']:g}", run["steps"], f"{run['exact_match']:.3f}",
+            f"{run['char_accuracy']:.3f}",
+            f"{sum(hn) / len(hn):.3f} [{min(hn):.2f}, {max(hn):.2f}]" if hn else "-",
+            "yes" if run["reached"] else "no"]
+
+
+RUN_HEADERS = ["model", "M", "s", "r", "params", "FLOPs/tok/layer", "lr", "steps",
+               "exact match", "digit acc", "H_norm mean [min, max]", "reached"]
+
+
+def cmd_phonebook_train(args) -> int:
+    from .plots import plot_phonebook_runs
+    from ..training.phonebook import train_phonebook
+    plan, models = _phonebook_models(args)
+    out_dir = check_output_dir(_out_dir(args, "phonebook-train"), "--out")
+    report = {"command": "phonebook train", "size": args.size, "plan": plan.to_dict(),
+              "runs": []}
+    json_path, png_path = out_dir / "phonebook_train.json", out_dir / "phonebook_train.png"
+    for model_cfg in models:
+        def save(run, _i=len(report["runs"])):
+            report["runs"][_i:] = [run.to_dict()]
+            write_json(json_path, report)
+        run, _ = train_phonebook(model_cfg, _train_config(args, args.size),
+                                 progress=not args.no_progress, on_eval=save)
+        save(run)
+    plot_phonebook_runs(report["runs"], png_path,
+                        title=f"phonebook, {args.size:,} entries")
+    report["files"] = {"json": str(json_path), "png": str(png_path)}
+    write_json(json_path, report)
+    text = (table([_run_row(r) for r in report["runs"]], RUN_HEADERS)
+            + f"\nreport: {json_path}\nplot:   {png_path}")
+    emit(args, report, text)
+    return 0
+
+
+def cmd_phonebook_capacity(args) -> int:
+    from .plots import plot_capacity
+    from ..training.phonebook import capacity_search
+    plan, models = _phonebook_models(args)
+    out_dir = check_output_dir(_out_dir(args, "phonebook-capacity"), "--out")
+    json_path, png_path = out_dir / "capacity.json", out_dir / "capacity.png"
+    report = {"command": "phonebook capacity", "sizes": sorted(set(args.sizes)),
+              "plan": plan.to_dict(), "results": []}
+    for model_cfg in models:
+        def save(result, _i=len(report["results"])):
+            report["results"][_i:] = [result.to_dict()]
+            write_json(json_path, report)
+        result = capacity_search(model_cfg, args.sizes, _train_config(args, args.sizes[0]),
+                                 progress=not args.no_progress, on_trial=save)
+        save(result)
+    plot_capacity(report["results"], png_path)
+    report["files"] = {"json": str(json_path), "png": str(png_path)}
+    write_json(json_path, report)
+    rows = [[r["name"], r["capacity"] if r["capacity"] is not None else "none on grid",
+             ", ".join(f"{t['train']['size']:,}: {t['exact_match']:.2f}" for t in r["trials"])]
+            for r in report["results"]]
+    text = (table(rows, ["model", "capacity", "trials (size: exact match)"])
+            + f"\nreport: {json_path}\nplot:   {png_path}")
+    emit(args, report, text)
+    return 0
+
+
+def _add_phonebook_args(p, *, sizes: bool) -> None:
+    if sizes:
+        p.add_argument("--sizes", type=_int_list, required=True,
+                       help="grid of phonebook sizes, e.g. 1000,3000,10000,30000")
+    else:
+        p.add_argument("--size", type=_positive_int, required=True,
+                       help="phonebook entries (unique names)")
+    m = p.add_argument_group("model (defaults: the paper's h=64, s=8 point)")
+    m.add_argument("--arch", choices=("moe", "more", "both"), default="both",
+                   help="train the MoE, the MoRE, or the matched pair (default)")
+    m.add_argument("--hidden", type=_positive_int, default=64, help="h (default 64)")
+    m.add_argument("--width", type=_positive_int, default=8, help="MoE expert width s (default 8)")
+    m.add_argument("--top-k", type=_positive_int, default=4, help="k (default 4)")
+    m.add_argument("--rank", type=_positive_int, default=16, help="MoRE router rank r (default 16)")
+    m.add_argument("--layers", type=_positive_int, default=6, help="L (default 6)")
+    m.add_argument("--heads", type=_positive_int, default=None,
+                   help="attention heads (default h/32)")
+    m.add_argument("--moe-experts", type=_positive_int, default=None,
+                   help="MoE experts M (default: the planner's optimum k s)")
+    m.add_argument("--more-experts", type=_positive_int, default=None,
+                   help="MoRE experts M' (default: the planner's matched M')")
+    m.add_argument("--more-width", type=_positive_int, default=None,
+                   help="MoRE expert width s' (default: the planner's, rounded)")
+    m.add_argument("--round-width", type=_positive_int, default=8,
+                   help="round the planned MoRE width to this multiple (default 8, as the paper)")
+    m.add_argument("--refit", action="store_true",
+                   help="re-fit M' to the budget after rounding s' (default: keep the optimum's "
+                        "M', the paper's convention)")
+    t = p.add_argument_group("training")
+    t.add_argument("--seed", type=_int_at_least(0), default=0,
+                   help="phonebook, init and data-order seed")
+    t.add_argument("--batch-size", type=_positive_int, default=1024)
+    t.add_argument("--lr", type=_positive_float, default=None,
+                   help="learning rate (default: calibrate over --lr-grid by a short run)")
+    t.add_argument("--lr-grid", type=_float_list, default=[1e-4, 3e-4, 1e-3],
+                   help="calibration grid (default 1e-4,3e-4,1e-3)")
+    t.add_argument("--calibration-steps", type=_positive_int, default=200)
+    t.add_argument("--max-epochs", type=_positive_float, default=1500.0)
+    t.add_argument("--max-steps", type=_positive_int, default=None, help="overrides --max-epochs")
+    t.add_argument("--max-minutes", type=_positive_float, default=None,
+                   help="stop each run after this wall-clock time")
+    t.add_argument("--threshold", type=_fraction, default=0.9,
+                   help="early-stop exact match (default 0.9)")
+    t.add_argument("--eval-every", type=_positive_int, default=100, help="steps between evaluations")
+    t.add_argument("--eval-entries", type=_positive_int, default=1000,
+                   help="training entries sampled for exact match (default 1000)")
+    t.add_argument("--loss-on", choices=("number", "all"), default="number",
+                   help="tokens that carry the loss: the 8 digits and '.' (default) or all")
+    t.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
+    t.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_json(p)
+
+
+def add_phonebook_parser(sub) -> None:
+    p = sub.add_parser("phonebook", help="the phonebook memorisation experiment",
+                       description="Train MoE and/or MoRE on a phonebook of unique names and "
+                       "8-digit numbers, or search the memorisation capacity.")
+    psub = p.add_subparsers(dest="phonebook_command", metavar="SUBCOMMAND", required=True)
+    pt = psub.add_parser("train", epilog=EPILOG, help="train on one phonebook size",
+                         description="Train on one phonebook; writes a JSON report (loss and "
+                         "exact match over steps, H_norm per layer) and a PNG plot.")
+    _add_phonebook_args(pt, sizes=False)
+    pt.set_defaults(func=cmd_phonebook_train)
+    pc = psub.add_parser("capacity", epilog=EPILOG, help="largest size memorised, on a grid",
+                         description="Binary search of the largest phonebook size on --sizes "
+                         "that reaches the exact-match threshold; JSON report and PNG plot.")
+    _add_phonebook_args(pc, sizes=True)
+    pc.set_defaults(func=cmd_phonebook_capacity)

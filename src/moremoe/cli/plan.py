@@ -1,0 +1,106 @@
+"""``moremoe flops`` and ``moremoe plan``: the paper's accounting and the matched-FLOP
+planner (moremoe.accounting) from the command line."""
+from __future__ import annotations
+
+from .. import accounting
+from ..report import emit, human, table
+from .args import EPILOG, _add_json, _positive_float, _positive_int
+
+
+def cmd_flops(args) -> int:
+    M, k, h, s, r = args.experts, args.top_k, args.hidden, args.width, args.rank
+    if k > M:
+        raise ValueError(f"--top-k must be in [1, --experts={M}], got {k}")
+    model = {"layers": args.layers, "vocab": args.vocab, "heads": args.heads}
+    given = [n for n, v in model.items() if v is not None]
+    if given and len(given) < len(model):
+        missing = ", ".join(f"--{n.replace('_', '-')}" for n, v in model.items() if v is None)
+        raise ValueError(f"total parameters need --layers, --vocab and --heads; "
+                         f"missing {missing}")
+    out = {"name": f"{'MoE' if r is None else 'MoRE'}-{M}", "experts": M, "top_k": k,
+           "hidden": h, "width": s, "rank": r,
+           "params_router": accounting.router_params(M, h, r),
+           "params_experts": accounting.expert_params(M, h, s),
+           "flops_inference": accounting.active_flops(M, k, h, s, r),
+           "flops_training": accounting.active_flops(M, k, h, s, r, training=True)}
+    if given:
+        if h % args.heads:
+            raise ValueError(f"--heads must divide --hidden={h}, got {args.heads}")
+        out["params_total"] = accounting.total_params(
+            vocab=args.vocab, hidden=h, layers=args.layers, experts=M, width=s,
+            heads=args.heads, kv_heads=args.kv_heads, rank=r)
+    rows = [["router parameters (per layer)", f"{out['params_router']:,}"],
+            ["expert parameters (per layer)", f"{out['params_experts']:,}"],
+            ["active FLOPs / token / layer, inference", f"{out['flops_inference']:,}"],
+            ["active FLOPs / token / layer, training", f"{out['flops_training']:,}"]]
+    if "params_total" in out:
+        rows.append([f"total parameters ({args.layers} layers, V={args.vocab})",
+                     f"{out['params_total']:,} ({human(out['params_total'])})"])
+    title = (f"{out['name']}: MoE(M={M}, k={k}, h={h}, s={s})" if r is None else
+             f"{out['name']}: MoRE(M={M}, k={k}, h={h}, s={s}, r={r})")
+    emit(args, out, title + "\n" + table(rows, ["quantity", "value"]))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    plan = accounting.plan_matched(
+        hidden=args.hidden, top_k=args.top_k, rank=args.rank, budget=args.budget,
+        width=None if args.budget is not None else args.width, experts=args.experts,
+        ce=args.ce, cr=args.cr, round_width=args.round_width, refit=args.refit)
+    moe, more = plan.moe, plan.more
+    rows = [["experts M", moe.experts, more.experts],
+            ["width s", moe.width, more.width],
+            ["rank r", "-", more.rank],
+            ["router parameters", f"{moe.params_router:,}", f"{more.params_router:,}"],
+            ["MLP parameters 3Mhs", f"{moe.params_mlp:,}", f"{more.params_mlp:,}"],
+            [f"active FLOPs (C_e={args.ce:g}, C_r={args.cr:g})", f"{moe.flops:,.0f}",
+             f"{more.flops:,.0f}"],
+            ["optimum (M, s) before rounding", "({:.1f}, {:.2f})".format(*plan.moe_optimum),
+             "({:.1f}, {:.2f})".format(*plan.more_optimum)]]
+    text = (f"Matched active-FLOP plan at tau = {plan.budget:,.0f} FLOPs/token/layer "
+            f"(h={args.hidden}, k={args.top_k})\n"
+            + table(rows, ["", moe.name, more.name])
+            + f"\nMoRE holds {plan.expert_ratio:.2f}x the experts and "
+              f"{plan.param_ratio:.2f}x the MLP parameters (h/r = {args.hidden / args.rank:g}).")
+    emit(args, plan.to_dict(), text)
+    return 0
+
+
+def add_plan_parsers(sub) -> None:
+    p = sub.add_parser("flops", epilog=EPILOG, help="parameters and active FLOPs of one layer",
+                       description="Router/expert parameters and per-token active FLOPs of one "
+                       "MoE layer (MoRE with --rank); total parameters when --layers, --vocab "
+                       "and --heads are given (paper Appendix C).")
+    p.add_argument("--experts", type=_positive_int, required=True, help="M")
+    p.add_argument("--top-k", type=_positive_int, required=True, help="k")
+    p.add_argument("--hidden", type=_positive_int, required=True, help="h")
+    p.add_argument("--width", type=_positive_int, required=True, help="s")
+    p.add_argument("--rank", type=_positive_int, default=None, help="r (MoRE); omit for MoE")
+    p.add_argument("--layers", type=_positive_int, default=None, help="L")
+    p.add_argument("--vocab", type=_positive_int, default=None, help="V")
+    p.add_argument("--heads", type=_positive_int, default=None, help="attention heads")
+    p.add_argument("--kv-heads", type=_positive_int, default=None, help="kv heads (default: heads)")
+    _add_json(p)
+    p.set_defaults(func=cmd_flops)
+
+
+    p = sub.add_parser("plan", epilog=EPILOG, help="matched-active-FLOP MoE and MoRE side by side",
+                       description="The MoE and MoRE layers that maximise MLP parameters at the "
+                       "active-FLOP budget of a reference MoE (width --width, experts --experts "
+                       "or the optimum k s), by the Proposition of the paper's Appendix I.")
+    p.add_argument("--hidden", type=_positive_int, required=True, help="h")
+    p.add_argument("--width", type=_positive_int, required=True, help="reference MoE width s")
+    p.add_argument("--top-k", type=_positive_int, required=True, help="k")
+    p.add_argument("--rank", type=_positive_int, required=True, help="MoRE router rank r")
+    p.add_argument("--experts", type=_positive_int, default=None,
+                   help="reference MoE experts M (default: the optimum C_e k s / C_r)")
+    p.add_argument("--budget", type=_positive_float, default=None,
+                   help="give tau directly instead of a reference MoE (--width then ignored)")
+    p.add_argument("--round-width", type=_positive_int, default=1,
+                   help="round planned widths to this multiple (default 1)")
+    p.add_argument("--no-refit", dest="refit", action="store_false",
+                   help="keep the optimum's M after rounding s instead of re-fitting it")
+    p.add_argument("--ce", type=_positive_float, default=6.0, help="C_e (default 6, inference)")
+    p.add_argument("--cr", type=_positive_float, default=6.0, help="C_r (default 6, inference)")
+    _add_json(p)
+    p.set_defaults(func=cmd_plan)
