@@ -19,7 +19,7 @@ import torch
 
 from moremoe.bench.harness import ceilings, floor_ms, time_ms
 from moremoe.runtime import environment
-from moremoe.kernels import moe_gemm
+from moremoe.kernels import swiglu_experts
 
 CONFIGS = [dict(BM=bm, BS=bs, BH=bh, num_warps=w, num_stages=st)
            for bm, bs, bh, w, st in (
@@ -53,15 +53,15 @@ def tune_dw(out, env, dev):
     for N, h, s, M in DW_SHAPES:
         x, gates, idx, ws = setup(N, h, s, M, k, dev)
         ws = [w.float() for w in ws]
-        meta = moe_gemm.routing_meta(idx, M, moe_gemm.config(h, s)["BM"])
-        y, act, g, u = moe_gemm.forward(x, gates, idx, *ws, save=True, meta=meta)
+        meta = swiglu_experts.routing_meta(idx, M, swiglu_experts.config(h, s)["BM"])
+        y, act, xg, xu = swiglu_experts.forward(x, gates, idx, *ws, save=True, meta=meta)
         dy = torch.randn_like(y)
         base, best = None, None
         for cfg in DW_CONFIGS:
             row = {"phase": "dw", "h": h, "s": s, "N": N, "M": M, "k": k,
-                   **moe_gemm.config(h, s, cfg), "default": cfg is None, **env}
+                   **swiglu_experts.config(h, s, cfg), "default": cfg is None, **env}
             try:
-                row["bwd_ms"] = time_ms(lambda: moe_gemm.backward(dy, x, gates, idx, *ws, act,
+                row["bwd_ms"] = time_ms(lambda: swiglu_experts.backward(dy, x, gates, idx, *ws, act,
                                                                   g, u, cfg=cfg, meta=meta),
                                         device=dev)
             except Exception as err:               # out of shared memory / registers
@@ -79,7 +79,7 @@ def tune_dw(out, env, dev):
                   f"({row['bwd_ms'] / base:.2f}x default)", flush=True)
         print(f"BEST dw M={M} s={s}: {best[0]:.3f} ms vs default {base:.3f} ms: {best[1]}",
               flush=True)
-        del x, gates, idx, ws, y, act, g, u, dy
+        del x, gates, idx, ws, y, act, xg, xu, dy
 
 
 def main():
@@ -110,18 +110,18 @@ def main():
             row = {"h": h, "s": s, "N": N, "M": M, "k": k, **cfg, **env}
             try:
                 # the backward reuses the forward's routing metadata, as in training
-                meta = moe_gemm.routing_meta(idx, M, moe_gemm.config(h, s, cfg)["BM"])
-                y, act, g, u = moe_gemm.forward(x, gates, idx, *ws, save=True, cfg=cfg,
+                meta = swiglu_experts.routing_meta(idx, M, swiglu_experts.config(h, s, cfg)["BM"])
+                y, act, xg, xu = swiglu_experts.forward(x, gates, idx, *ws, save=True, cfg=cfg,
                                                 meta=meta)
                 dy = torch.randn_like(y)
-                row["fwd_ms"] = time_ms(lambda: moe_gemm.forward(x, gates, idx, *ws, cfg=cfg),
+                row["fwd_ms"] = time_ms(lambda: swiglu_experts.forward(x, gates, idx, *ws, cfg=cfg),
                                         device=dev)
-                row["bwd_ms"] = time_ms(lambda: moe_gemm.backward(dy, x, gates, idx, *ws, act,
+                row["bwd_ms"] = time_ms(lambda: swiglu_experts.backward(dy, x, gates, idx, *ws, act,
                                                                   g, u, cfg=cfg, meta=meta),
                                         device=dev)
                 row["fwd_floor"] = floor_ms(fwd_flops, fwd_bytes, ceil)
                 row["bwd_floor"] = floor_ms(2 * fwd_flops, bwd_bytes, ceil)
-                del y, act, g, u, dy
+                del y, act, xg, xu, dy
             except Exception as err:               # out of shared memory / registers
                 row["error"] = f"{type(err).__name__}: {str(err)[:120]}"
             torch.cuda.empty_cache()
@@ -143,7 +143,7 @@ def main():
     # the combine alone: reads k pair rows per token, writes one
     for h in (512, 4096):
         pairs = torch.randn(N * k, h, device=dev).bfloat16()
-        ms = time_ms(lambda: moe_gemm._combine(pairs, N, k, h, torch.bfloat16), device=dev)
+        ms = time_ms(lambda: swiglu_experts._combine(pairs, N, k, h, torch.bfloat16), device=dev)
         nbytes = 2 * (N * k * h + N * h)
         print(f"combine h={h}: {ms:.3f} ms, {nbytes / ms / 1e9:.0f} GB/s "
               f"({nbytes / ceil['copy_bytes_per_s'] * 1e3:.3f} ms at the copy rate)")

@@ -14,7 +14,8 @@ from moremoe.runtime import environment
 from moremoe.bench.router import Point, op_cost
 from moremoe.kernels import router_linear as kl
 from moremoe.kernels import router_lowrank as kr
-from moremoe.kernels.router_topk import LOWRANK, launch_sweep
+from moremoe.kernels._common import LOWRANK
+from moremoe.kernels.router_topk import launch_sweep
 from moremoe.ops import reference as ref
 
 EXACT = {"rounds": 0}
@@ -63,9 +64,9 @@ def main():
             rec(f"fused lowrank {name} k={k}", lambda c=cfg, k=k: kr.infer(x, R1, R2, k, config=c),
                 variant=name, k=k)
     rec("  probe (no selection) BM128",
-        lambda: launch_sweep(x, R2, R1, p.k, mode=LOWRANK, config=EXACT, probe=True), probe=True)
+        lambda: launch_sweep(x, R1, p.k, r2=R2, mode=LOWRANK, config=EXACT, probe=True), probe=True)
     rec("  probe (no selection) BM256",
-        lambda: launch_sweep(x, R2, R1, p.k, mode=LOWRANK, config=dict(BM=256, **EXACT),
+        lambda: launch_sweep(x, R1, p.k, r2=R2, mode=LOWRANK, config=dict(BM=256, **EXACT),
                              probe=True), probe=True)
     for k in (1, 4, 16):
         rec(f"unfused lowrank k={k}",

@@ -60,7 +60,7 @@ def test_bad_arguments():
 def test_chunked_backward_equals_one_chunk():
     """The standard router's backward recomputes dℓ for chunks of experts; three chunks
     give the same gradients as one."""
-    from moremoe.kernels.router_dense import _linear_backward
+    from moremoe.kernels.router_train import _linear_backward
     N, h, M, k = 40, 32, 300, 3
     x, W = make(N, h, M)
     _, idx, _, m, Z, _ = kl.train_forward(x, W, k)

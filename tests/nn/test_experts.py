@@ -93,11 +93,11 @@ def test_bad_arguments():
 
 
 def test_auto_takes_the_reference_on_cpu():
-    from moremoe.ops.swiglu_experts import resolve_experts_impl
+    from moremoe.ops.dispatch import resolve_impl
     x = torch.randn(3, 32)
-    assert resolve_experts_impl("auto", x) == "reference"
+    assert resolve_impl("auto", x) == "reference"
     with pytest.raises(ValueError, match="impl must be one of"):
-        resolve_experts_impl("fast", x)
+        resolve_impl("fast", x)
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])

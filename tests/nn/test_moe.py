@@ -39,7 +39,7 @@ def test_expert_counts_equal_bincount_and_compile_to_no_index_put():
     """int64 counts, exact; compiled, no sort-based index_put fallback (the int64 scatter's)."""
     from torch._inductor.utils import run_and_get_code
 
-    from moremoe.ops.reference import expert_counts
+    from moremoe.ops.balance import expert_counts
     idx = torch.randint(0, 37, (301, 3), dtype=torch.int32)
     idx[:50] = 5                                             # many duplicates of one expert
     want = torch.bincount(idx.reshape(-1).long(), minlength=37)
@@ -56,7 +56,7 @@ def test_expert_counts_equal_bincount_and_compile_to_no_index_put():
 
 
 def test_switch_loss_is_one_when_balanced():
-    from moremoe.ops.reference import switch_loss
+    from moremoe.ops.balance import switch_loss
     M, N, k = 8, 64, 2
     counts = torch.full((M,), N * k // M)
     psum = torch.full((M,), N / M)

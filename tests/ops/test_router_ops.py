@@ -118,3 +118,24 @@ def test_dispatch():
         resolve_impl("cuda", cpu, 2)
     with pytest.raises(ValueError, match="router_impl must be one of"):
         MoEConfig.moe(4, 2, 8, 8, router_impl="fast")
+
+
+def test_every_kernel_limit_is_decided_in_dispatch(monkeypatch):
+    """A rank, k or dtype beyond the kernels: "auto" takes the reference, "triton" names
+    the limit. (usable_on is made true so that the decision is the limit's alone.)"""
+    from moremoe import kernels
+    from moremoe.ops.dispatch import kernel_limit
+    monkeypatch.setattr(kernels, "usable_on", lambda device: True)
+    x = torch.zeros(3, 8)
+    assert kernel_limit(x, 4, 64) is None
+    assert "rank r=600" in kernel_limit(x, 4, 600)
+    assert "top_k=65" in kernel_limit(x, 65)
+    assert "float64" in kernel_limit(x.double())
+    from types import SimpleNamespace
+    cuda_like = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)
+    assert resolve_impl("auto", cuda_like, 4, rank=64) == "triton"
+    assert resolve_impl("auto", cuda_like, 4, rank=600) == "reference"
+    assert resolve_impl("auto", cuda_like, 65) == "reference"
+    with pytest.raises(ValueError, match=r"impl='triton': the kernels do not cover rank "
+                                         r"r=600 \(they hold at most 512\)"):
+        resolve_impl("triton", cuda_like, 4, rank=600)

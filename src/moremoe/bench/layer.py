@@ -202,13 +202,13 @@ DECODE_VARIANTS = (("moe_fused", False), ("more_fused", False), ("more_fused", T
 
 def decode_step(p: LayerPoint, variant: str, device, env, ceil, experts, *,
                 walk=False) -> dict:
-    from ..kernels import moe_gemm
+    from ..kernels import swiglu_experts as grouped
     layer = make_layer(p, variant, device, experts=experts)
     x = _x(p, device)
 
     def walking():
         routed = layer.router(x)
-        return moe_gemm.forward(x, routed.gates, routed.topk_idx, experts.w_gate,
+        return grouped.forward(x, routed.gates, routed.topk_idx, experts.w_gate,
                                 experts.w_up, experts.w_down, walk_experts=True)
     with torch.no_grad():
         fn = _graph_or_plain(walking if walk else (lambda: layer(x)), device)
@@ -235,7 +235,7 @@ def run_decode(device, *, quick=False, progress=None):
 
 def run_experts(device, *, quick=False, progress=None):
     """Expert kernels alone at h = 512, k = 4, N = 262,144, s in {64, 128, 512}."""
-    from ..kernels import moe_gemm
+    from ..kernels import swiglu_experts as grouped
     env, ceil = environment(device), ceilings(device)
     widths, n, h = ((16,), 256, 32) if quick else ((64, 128, 512), 262144, 512)
     for i, s in enumerate(widths):
@@ -248,16 +248,16 @@ def run_experts(device, *, quick=False, progress=None):
         args = (x, routed.gates, routed.topk_idx, ex.w_gate, ex.w_up, ex.w_down)
         fwd = 6 * p.N * p.k * p.h * s
         # each input read once, each output written once (bf16): forward x, W -> y;
-        # backward dy, x, W, the saved (act, g, u) -> dx, dW
+        # backward dy, x, W, the saved (act, xg, xu) -> dx, dW
         nbytes = 2 * (2 * p.N * p.h) + 2 * (3 * p.M * p.h * s)
         bwd_bytes = 2 * (3 * p.N * p.h) + 2 * (2 * 3 * p.M * p.h * s) + 2 * (3 * p.N * p.k * s)
         # the backward reuses the forward's routing metadata, as in training
-        meta = moe_gemm.routing_meta(routed.topk_idx, p.M, moe_gemm.config(p.h, s)["BM"])
-        y, act, g, u = moe_gemm.forward(*args, save=True, meta=meta)
+        meta = grouped.routing_meta(routed.topk_idx, p.M, grouped.config(p.h, s)["BM"])
+        y, act, xg, xu = grouped.forward(*args, save=True, meta=meta)
         dy = torch.randn_like(y)
         for phase, fn, flops, byts in (
-                ("forward", lambda: moe_gemm.forward(*args), fwd, nbytes),
-                ("backward", lambda: moe_gemm.backward(dy, *args, act, g, u, meta=meta),
+                ("forward", lambda: grouped.forward(*args), fwd, nbytes),
+                ("backward", lambda: grouped.backward(dy, *args, act, xg, xu, meta=meta),
                  2 * fwd, bwd_bytes)):
             ms = time_ms(fn, device=device)
             fl = floor_ms(flops, byts, ceil)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..ops import reference as ref
+from ..ops.balance import expert_counts, switch_loss
 from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
 from ..runtime import environment
@@ -98,8 +98,8 @@ def _training_fn(router, impl, p: Point, device):
 
     def run(*inputs):
         val, idx, gates, psum = _route(router, impl, *inputs, k=p.k, with_psum=True)
-        counts = ref.expert_counts(idx, p.M)
-        loss = (gates * gw).sum() + ref.switch_loss(psum, counts, p.N, p.k)
+        counts = expert_counts(idx, p.M)
+        loss = (gates * gw).sum() + switch_loss(psum, counts, p.N, p.k)
         return torch.autograd.grad(loss, inputs)
     return run
 

@@ -10,6 +10,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # what the kernels take
 MAX_K = 64                                                 # top-k the router sweep keeps
+MAX_RANK = 512                                             # r the low-rank kernels hold
 
 
 def usable_on(device) -> bool:

@@ -5,20 +5,21 @@ Reads x (N, h), W (M, h); writes top-k values (N, k) fp32, indices (N, k) int32 
 Σ_h x_chunk W_chunkᵀ: each token block re-reads a (BM, h) tile of W per expert tile, so the
 work grows with h where the low-rank router's grows with r. Training adds m, Z and psum; the
 backward recomputes dℓ for chunks of experts into an (N, M_c) buffer of at most 1 GiB and
-takes dx and dW from cuBLAS GEMMs on it (router_dense._linear_backward).
+takes dx and dW from cuBLAS GEMMs on it (router_train._linear_backward).
 
 Designed for any N >= 0, M >= k, h in [16, 8192], k in [1, 64], bf16 / fp16 / fp32.
 """
 from __future__ import annotations
 
-from .router_dense import check_rows, launch_backward
-from .router_dense import train_forward as _train_forward
-from .router_topk import LINEAR, launch_sweep
+from .router_train import check_rows, launch_backward
+from .router_train import train_forward as _train_forward
+from ._common import LINEAR
+from .router_topk import launch_sweep
 
 
 def infer(x, W, k: int, *, splits: int | None = None, config: dict | None = None):
     check_rows(x, W, k)
-    val, idx, gates, _, _ = launch_sweep(x, None, W, k, mode=LINEAR, splits=splits,
+    val, idx, gates, _, _ = launch_sweep(x, W, k, mode=LINEAR, splits=splits,
                                          config=config)
     return val, idx, gates
 
@@ -29,8 +30,8 @@ def train_forward(x, W, k: int, **kw):
     return _train_forward(x, W, k, mode=LINEAR, **kw)
 
 
-def train_backward(x, W, m, zs, pbar, idx, dval, *, splits: int | None = None,
+def train_backward(x, W, m, norm, pbar, idx, dval, *, splits: int | None = None,
                    config: dict | None = None):
     """(dx (N, h) fp32, dW (M, h) fp32)."""
-    return launch_backward(x, W, m, zs, pbar, idx, dval, mode=LINEAR, splits=splits,
+    return launch_backward(x, W, m, norm, pbar, idx, dval, mode=LINEAR, splits=splits,
                            config=config)

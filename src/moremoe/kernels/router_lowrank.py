@@ -15,11 +15,11 @@ experts per tile so that keys keep 16 exact mantissa bits).
 """
 from __future__ import annotations
 
-from .router_dense import check_rows, launch_backward
-from .router_dense import train_forward as _train_forward
-from .router_topk import LOWRANK, ZGIVEN, launch_sweep
-
-MAX_RANK = 512
+from .router_train import check_rows, launch_backward
+from .router_train import train_forward as _train_forward
+from . import MAX_RANK
+from ._common import LOWRANK, ZGIVEN
+from .router_topk import launch_sweep
 
 
 def check_inputs(x, R1, R2, k: int) -> None:
@@ -34,7 +34,7 @@ def check_inputs(x, R1, R2, k: int) -> None:
 def infer(x, R1, R2, k: int, *, splits: int | None = None, config: dict | None = None):
     """(val, idx, gates) of the fused inference kernel."""
     check_inputs(x, R1, R2, k)
-    val, idx, gates, _, _ = launch_sweep(x, R2, R1, k, mode=LOWRANK, splits=splits,
+    val, idx, gates, _, _ = launch_sweep(x, R1, k, r2=R2, mode=LOWRANK, splits=splits,
                                          config=config)
     return val, idx, gates
 
@@ -46,8 +46,8 @@ def train_forward(z, R1, k: int, **kw):
     return _train_forward(z, R1, k, mode=ZGIVEN, **kw)
 
 
-def train_backward(z, R1, m, zs, pbar, idx, dval, *, splits: int | None = None,
+def train_backward(z, R1, m, norm, pbar, idx, dval, *, splits: int | None = None,
                    config: dict | None = None):
     """(dz (N, r) fp32, dR1 (M, r) fp32); pbar None when psum has no gradient."""
-    return launch_backward(z, R1, m, zs, pbar, idx, dval, mode=ZGIVEN, splits=splits,
+    return launch_backward(z, R1, m, norm, pbar, idx, dval, mode=ZGIVEN, splits=splits,
                            config=config)

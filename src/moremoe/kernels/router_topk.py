@@ -5,11 +5,12 @@ Logits ℓ = z R1ᵀ with z = x R2ᵀ (low-rank) or ℓ = x Wᵀ (standard) are 
 nor does z in the fused inference kernel. HBM traffic O(N h + M r + N k).
 
 Kernels (grid, reads -> writes):
-  _sweep_kernel      (N/BN, S)      x [, R2], R1|W -> top-k val fp32, idx int32, gates fp32
-                                    [+ online-softmax row max m and sum Z, training]
-  _merge_kernel      (N/BN,)        S per-split top-k lists -> final top-k and gates
-S splits the experts when there are too few token blocks to fill the GPU (small batches);
-each split writes its own exact top-k and the merge keeps the best k.
+  _sweep_kernel      (N/BN, SPLITS) x, R1|W [, R2] -> top-k val fp32, idx int32, gates fp32
+                                    [+ online-softmax row max m and normaliser Z, training]
+  _merge_kernel      (N/BN,)        SPLITS per-split top-k lists -> final top-k and gates
+SPLITS splits the experts when there are too few token blocks to fill the GPU (small
+batches); each split writes its own exact top-k and the merge keeps the best k.
+Z, the softmax normaliser, is named norm in code (z is the projection x R2ᵀ).
 
 Selection (documented in docs/design.md, "Selection semantics"):
   * keys: the low log2(BM) + 1 bits of each fp32 logit are replaced by the code BM - column
@@ -31,14 +32,9 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET
+from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LINEAR, MODE_LOWRANK, NEG_INF,
+                      dot_precision, fill_splits, load_rows, logit_tile, next_pow2, z_rows)
 
-LOWRANK, ZGIVEN, LINEAR = 0, 1, 2   # launch modes (Python side)
-MODE_LOWRANK = tl.constexpr(LOWRANK)  # x, R2, R1: z = x R2ᵀ computed on chip, never stored
-MODE_Z = tl.constexpr(ZGIVEN)         # z given (training: x R2ᵀ from cuBLAS, kept for backward)
-MODE_LINEAR = tl.constexpr(LINEAR)    # x, W: the standard router; "z" = x, R1 = W, R = h
-
-NEG_INF = tl.constexpr(float("-inf"))
-BIG_IDX = tl.constexpr(2 ** 30)
 # Triton's CPU interpreter reduces with numpy, whose SIMD fmax mishandles signalling NaNs
 # (the keys of ±inf logits): there, and only there, they are made -inf before the max.
 QUIET_KEYS = tl.constexpr(INTERPRET)
@@ -94,12 +90,6 @@ def _insert(bk, bi, thr, cand, cidx, ok):
 
 
 @triton.jit
-def _load_rows(PTR, rows64, row_ok, stride_n, cols, col_ok, stride_c):
-    return tl.load(PTR + rows64[:, None] * stride_n + cols[None, :] * stride_c,
-                   mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-
-
-@triton.jit
 def _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h,
              BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr):
     """z (BN, BR) = x[rows] R2ᵀ, fp32 accumulate, returned in x's dtype (bf16 stays bf16)."""
@@ -107,41 +97,11 @@ def _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h,
     acc = tl.zeros((BN, BR), dtype=tl.float32)
     for h0 in range(0, H, BH):
         hh = h0 + tl.arange(0, BH)
-        x = _load_rows(X, rows64, row_ok, sx_n, hh, hh < H, sx_h)
-        w = _load_rows(R2, rr.to(tl.int64), rr < R, s2_r, hh, hh < H, s2_h)
+        x = load_rows(X, rows64, row_ok, sx_n, hh, hh < H, sx_h)
+        w = load_rows(R2, rr.to(tl.int64), rr < R, s2_r, hh, hh < H, s2_h)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
     # padded rank columns are 0 · x, NaN where x is infinite: zero them
     return tl.where((rr < R)[None, :], acc, 0.0).to(X.dtype.element_ty)
-
-
-@triton.jit
-def _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE: tl.constexpr, BN: tl.constexpr,
-            BR: tl.constexpr):
-    """The block's rows of a given z (N, R); zeros for the standard router, which has none."""
-    if MODE == MODE_LINEAR:
-        return tl.zeros((BN, BR), dtype=X.dtype.element_ty)
-    rr = tl.arange(0, BR)
-    return _load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
-
-
-@triton.jit
-def _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
-            MODE: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
-            BH: tl.constexpr, PREC: tl.constexpr, FULL_R: tl.constexpr = False):
-    """fp32 logits (BN, BM) of the rows against experts cols."""
-    cols64 = cols.to(tl.int64)
-    if MODE == MODE_LINEAR:
-        acc = tl.zeros((BN, BM), dtype=tl.float32)
-        for h0 in range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            x = _load_rows(X, rows64, row_ok, sx_n, hh, hh < H, sx_h)
-            w = _load_rows(W, cols64, col_ok, sw_m, hh, hh < H, sw_k)
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
-        return acc
-    else:
-        rr = tl.arange(0, BR)
-        w = _load_rows(W, cols64, col_ok, sw_m, rr, (rr < R) | FULL_R, sw_k)
-        return tl.dot(z, tl.trans(w), input_precision=PREC)
 
 
 @triton.jit
@@ -153,12 +113,12 @@ def _exact_logit(z, X, W, rows64, ok, idx, H, R, sx_n, sx_h, sw_m, sw_k,
         acc = tl.zeros(idx.shape, dtype=tl.float32)
         for h0 in range(0, H, BH):
             hh = h0 + tl.arange(0, BH)
-            x = _load_rows(X, rows64, ok, sx_n, hh, hh < H, sx_h).to(tl.float32)
-            w = _load_rows(W, idx64, ok, sw_m, hh, hh < H, sw_k).to(tl.float32)
+            x = load_rows(X, rows64, ok, sx_n, hh, hh < H, sx_h).to(tl.float32)
+            w = load_rows(W, idx64, ok, sw_m, hh, hh < H, sw_k).to(tl.float32)
             acc += tl.sum(x * w, axis=1)
     else:
         rr = tl.arange(0, BR)
-        w = _load_rows(W, idx64, ok, sw_m, rr, rr < R, sw_k).to(tl.float32)
+        w = load_rows(W, idx64, ok, sw_m, rr, rr < R, sw_k).to(tl.float32)
         acc = tl.sum(z.to(tl.float32) * w, axis=1)
     return tl.where(ok, acc, float("nan"))
 
@@ -263,7 +223,7 @@ def _select_rounds(keys, top, m0, bk, bi, thr, over, ROUNDS: tl.constexpr,
 
 
 @triton.jit
-def _tile(z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_m, run_z,
+def _tile(z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_m, run_norm,
           MODE: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
           BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
           PREC: tl.constexpr):
@@ -272,7 +232,7 @@ def _tile(z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_
     MASK: tl.constexpr = 2 * BM - 1
     cols = m0 + tl.arange(0, BM)
     col_ok = (cols < m_end) | EVEN
-    logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+    logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
                      MODE, BN, BM, BR, BH, PREC, FULL_R)
     keys = _pack(logits, BM - tl.arange(0, BM), MASK)
     if QUIET_KEYS:
@@ -285,15 +245,15 @@ def _tile(z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k, run_
         safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
         p = tl.exp(logits - safe_m[:, None])
         p = tl.where(col_ok[None, :] & (p < float("inf")), p, 0.0)
-        run_z = run_z * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
+        run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
         run_m = new_m
-    return keys, top, run_m, run_z
+    return keys, top, run_m, run_norm
 
 
 @triton.jit
-def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
+def _sweep_block(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, REDO, REDO_N,
                  rows64, row_ok, pid_s, N, H, M, R, m_per_split,
-                 sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s,
+                 sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, STATS: tl.constexpr,
                  GATES: tl.constexpr, ROUNDS: tl.constexpr, WARM: tl.constexpr,
                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
@@ -303,14 +263,14 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
     if MODE == MODE_LOWRANK:
         z = _z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
     else:
-        z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
+        z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
     slots = tl.arange(0, KP)
     bk = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP), tl.float32)
     bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
     thr = tl.full((BN,), NEG_INF, tl.float32)
     over = tl.zeros((BN,), tl.int1)
     run_m = tl.full((BN,), NEG_INF, tl.float32)
-    run_z = tl.zeros((BN,), tl.float32)
+    run_norm = tl.zeros((BN,), tl.float32)
     m_begin = pid_s * m_per_split
     m_end = tl.minimum(M, m_begin + m_per_split)
     warm_end = m_begin
@@ -318,15 +278,15 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
         # the first WARM tiles fill the buffer: all K may enter from one tile
         warm_end = tl.minimum(m_end, m_begin + WARM * BM)
         for m0 in range(m_begin, warm_end, BM):
-            keys, top, run_m, run_z = _tile(
+            keys, top, run_m, run_norm = _tile(
                 z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
-                run_m, run_z, MODE, STATS, EVEN, FULL_R, BN, BM, BR, BH, PREC)
+                run_m, run_norm, MODE, STATS, EVEN, FULL_R, BN, BM, BR, BH, PREC)
             bk, bi, thr, over = _select_rounds(keys, top, m0, bk, bi, thr, over, K, MASK, BM,
                                                False)
     for m0 in range(warm_end, m_end, BM):
-        keys, top, run_m, run_z = _tile(
+        keys, top, run_m, run_norm = _tile(
             z, X, W, rows64, row_ok, m0, m_end, H, R, sx_n, sx_h, sw_m, sw_k,
-            run_m, run_z, MODE, STATS, EVEN, FULL_R, BN, BM, BR, BH, PREC)
+            run_m, run_norm, MODE, STATS, EVEN, FULL_R, BN, BM, BR, BH, PREC)
         if PROBE:
             run_m = tl.maximum(run_m, top)
         elif ROUNDS > 0:
@@ -348,7 +308,7 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
                   OUT_GATE + pid_s * so_s, so_n, K, KP, GATES)
     if STATS:
         tl.store(OUT_M + rows64, run_m, mask=row_ok)
-        tl.store(OUT_Z + rows64, run_z, mask=row_ok)
+        tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
     if ROUNDS > 0:   # queue the flagged rows for the exact redo
         flagged = over & row_ok
         n = tl.sum(flagged.to(tl.int32), axis=0)
@@ -359,9 +319,9 @@ def _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_
 
 
 @triton.jit
-def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
+def _sweep_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, REDO, REDO_N,
                   N, H, M, R, m_per_split,
-                  sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s,
+                  sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
                   K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
                   STATS: tl.constexpr, GATES: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
@@ -373,20 +333,19 @@ def _sweep_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO
     ROUNDS = 0: exact (each tile inserts as many keys as belong, a block-uniform loop);
     ROUNDS > 0: at most ROUNDS per tile (K in the first WARM tiles), straight-line code that
     Triton can pipeline; rows that may have needed more are queued in REDO for the exact
-    redo kernel. EVEN: every tile is full (no expert masks); FULL_R: r == BR (no rank masks);
-    PREFETCH: load the next R1 tile by hand before this tile's selection (the exact path's
-    data-dependent loop stops Triton's own pipelining). PROBE (benchmarks only) keeps the
-    loads, the MMA and one row max per tile and drops the selection."""
+    redo kernel. EVEN: every tile is full (no expert masks); FULL_R: r == BR (no rank masks).
+    PROBE (benchmarks only) keeps the loads, the MMA and one row max per tile and drops the
+    selection."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_Z, REDO, REDO_N,
+    _sweep_block(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, REDO, REDO_N,
                  rows.to(tl.int64), rows < N, tl.program_id(1), N, H, M, R, m_per_split,
-                 sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n, so_s, K, KP, MODE, STATS, GATES,
+                 sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s, K, KP, MODE, STATS, GATES,
                  ROUNDS, WARM, BN, BM, BR, BH, PREC, EVEN, FULL_R, PROBE)
 
 
 @triton.jit
-def _redo_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
-                 N, H, M, R, sx_n, sx_h, s2_r, s2_h, sw_m, sw_k, so_n,
+def _redo_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
+                 N, H, M, R, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n,
                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                  PREC: tl.constexpr, EVEN: tl.constexpr = False, FULL_R: tl.constexpr = False):
@@ -397,22 +356,22 @@ def _redo_kernel(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
         pos = start + tl.arange(0, BN)
         ok = pos < count
         rows = tl.load(REDO + pos, mask=ok, other=0)
-        _sweep_block(X, R2, W, OUT_VAL, OUT_IDX, OUT_GATE, OUT_VAL, OUT_VAL, REDO, REDO_N,
-                     rows.to(tl.int64), ok, 0, N, H, M, R, M, sx_n, sx_h, s2_r, s2_h,
-                     sw_m, sw_k, so_n, 0, K, KP, MODE, False, True, 0, 1,
+        _sweep_block(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_VAL, OUT_VAL, REDO, REDO_N,
+                     rows.to(tl.int64), ok, 0, N, H, M, R, M, sx_n, sx_h, sw_m, sw_k,
+                     s2_r, s2_h, so_n, 0, K, KP, MODE, False, True, 0, 1,
                      BN, BM, BR, BH, PREC, EVEN, FULL_R, False)
 
 
 @triton.jit
 def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, N, M, si_n, so_n,
-                  S: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
+                  SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                   BN: tl.constexpr):
-    """Top-k of the S·K candidates (exact values) each split wrote for a row."""
+    """Top-k of the SPLITS·K candidates (exact values) each split wrote for a row."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
     c = tl.arange(0, CP)
-    c_ok = (c < S * KP) & ((c % KP) < K)
+    c_ok = (c < SPLITS * KP) & ((c % KP) < K)
     offs = rows64[:, None] * si_n + c[None, :]
     v = tl.load(IN_VAL + offs, mask=row_ok[:, None] & c_ok[None, :], other=NEG_INF)
     i = tl.load(IN_IDX + offs, mask=row_ok[:, None] & c_ok[None, :], other=BIG_IDX)
@@ -423,10 +382,6 @@ def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, N, M, si_n, so_n,
 
 
 # ---------------------------------------------------------------- launcher
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
 
 def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = None) -> dict:
     """Block sizes and the selection schedule, from measurements on an H100 (h=512, M=8192,
@@ -446,24 +401,10 @@ def sweep_config(mode: int, R: int, H: int, K: int, overrides: dict | None = Non
     return cfg
 
 
-def auto_splits(device, n_blocks: int, M: int, BM: int) -> int:
-    """Split the experts when the token blocks alone leave the GPU half idle."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if n_blocks >= 2 * sms:
-        return 1
-    return max(1, min(triton.cdiv(2 * sms, n_blocks), triton.cdiv(M, 4 * BM)))
-
-
-def dot_precision(dtype) -> str:
-    """fp32 inputs get exact fp32 products (the reference's selection); others the MMA's own."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: int | None = None,
-                 config: dict | None = None, probe: bool = False):
-    """Run the top-k sweep. Returns (val (N,k) fp32, idx (N,k) int32, gates (N,k) fp32,
+def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
+                 splits: int | None = None, config: dict | None = None, probe: bool = False):
+    """Run the top-k sweep of x against w (R1, or W) and, for the low-rank inference mode,
+    r2 (R2). Returns (val (N,k) fp32, idx (N,k) int32, gates (N,k) fp32,
     m (N,) fp32 | None, Z (N,) fp32 | None)."""
     N, M = x.shape[0], w.shape[0]
     H = x.shape[1]
@@ -474,41 +415,41 @@ def launch_sweep(x, r2, w, k: int, *, mode: int, stats: bool = False, splits: in
     idx = torch.empty(N, k, device=dev, dtype=torch.int32)
     gates = torch.empty(N, k, device=dev, dtype=torch.float32)
     m_row = torch.empty(N if stats else 1, device=dev, dtype=torch.float32)
-    z_row = torch.empty(N if stats else 1, device=dev, dtype=torch.float32)
+    norm_row = torch.empty(N if stats else 1, device=dev, dtype=torch.float32)
     if N == 0:
-        return val, idx, gates, (m_row if stats else None), (z_row if stats else None)
+        return val, idx, gates, (m_row if stats else None), (norm_row if stats else None)
     cfg = sweep_config(mode, R, H, k, config)
     n_blocks = triton.cdiv(N, cfg["BN"])
-    S = 1 if stats else (splits or auto_splits(dev, n_blocks, M, cfg["BM"]))
-    m_per_split = triton.cdiv(triton.cdiv(M, S), cfg["BM"]) * cfg["BM"]
-    S = triton.cdiv(M, m_per_split)
-    if S == 1:
+    splits = 1 if stats else (splits or fill_splits(dev, n_blocks, M, cfg["BM"]))
+    m_per_split = triton.cdiv(triton.cdiv(M, splits), cfg["BM"]) * cfg["BM"]
+    splits = triton.cdiv(M, m_per_split)
+    if splits == 1:
         out_v, out_i, out_g, so_n, so_s = val, idx, gates, k, 0
     else:
-        out_v = torch.empty(N, S, KP, device=dev, dtype=torch.float32)
-        out_i = torch.empty(N, S, KP, device=dev, dtype=torch.int32)
-        out_g, so_n, so_s = out_v, S * KP, KP
+        out_v = torch.empty(N, splits, KP, device=dev, dtype=torch.float32)
+        out_i = torch.empty(N, splits, KP, device=dev, dtype=torch.int32)
+        out_g, so_n, so_s = out_v, splits * KP, KP
     r2_ = r2 if r2 is not None else x
-    rounds = cfg["rounds"] if S == 1 and not probe else 0
+    rounds = cfg["rounds"] if splits == 1 and not probe else 0
     redo = torch.empty(N if rounds else 1, device=dev, dtype=torch.int32)
     redo_n = torch.zeros(1, device=dev, dtype=torch.int32)
     even = M % cfg["BM"] == 0 and m_per_split % cfg["BM"] == 0
     full_r = mode != LINEAR and R == cfg["BR"]
-    strides = (x.stride(0), x.stride(1), r2_.stride(0), r2_.stride(1), w.stride(0), w.stride(1))
+    strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1))
     blocks = dict(BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"],
                   PREC=dot_precision(x.dtype), EVEN=even, FULL_R=full_r)
-    _sweep_kernel[(n_blocks, S)](
-        x, r2_, w, out_v, out_i, out_g, m_row, z_row, redo, redo_n, N, H, M, R, m_per_split,
-        *strides, so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=S == 1,
+    _sweep_kernel[(n_blocks, splits)](
+        x, w, r2_, out_v, out_i, out_g, m_row, norm_row, redo, redo_n, N, H, M, R, m_per_split,
+        *strides, so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats, GATES=splits == 1,
         ROUNDS=rounds, WARM=cfg["warm"], PROBE=probe, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **blocks)
     if rounds:
         _redo_kernel[(n_blocks,)](
-            x, r2_, w, val, idx, gates, redo, redo_n, N, H, M, R, *strides, k, K=k, KP=KP,
+            x, w, r2_, val, idx, gates, redo, redo_n, N, H, M, R, *strides, k, K=k, KP=KP,
             MODE=mode, num_warps=cfg["num_warps"], **blocks)
-    if S > 1:
+    if splits > 1:
         BNm = 32
         _merge_kernel[(triton.cdiv(N, BNm),)](
-            out_v, out_i, val, idx, gates, N, M, S * KP, k, S=S, K=k, KP=KP,
-            CP=next_pow2(S * KP), BN=BNm, num_warps=4)
-    return val, idx, gates, (m_row if stats else None), (z_row if stats else None)
+            out_v, out_i, val, idx, gates, N, M, splits * KP, k, SPLITS=splits, K=k, KP=KP,
+            CP=next_pow2(splits * KP), BN=BNm, num_warps=4)
+    return val, idx, gates, (m_row if stats else None), (norm_row if stats else None)

@@ -14,7 +14,7 @@ from torch import nn
 
 from .. import accounting
 from ..checks import check_int, check_tensor, check_top_k
-from ..ops import reference as ref
+from ..ops.balance import expert_counts, switch_loss
 from ..ops.dispatch import IMPLS
 from .experts import SwiGLUExperts
 from .router import ROUTER_INITS, LinearRouter, LowRankRouter, RouterOutput
@@ -118,10 +118,10 @@ class MoELayer(nn.Module):
         y_NH = self.experts(x_NH, routed.gates, routed.topk_idx, check_ids=False)
         counts = routed.counts
         if counts is None and return_counts:
-            counts = ref.expert_counts(routed.topk_idx, c.experts)
+            counts = expert_counts(routed.topk_idx, c.experts)
         switch = aux = None
         if routed.psum is not None:
-            switch = ref.switch_loss(routed.psum, routed.counts, x_NH.shape[0], c.top_k)
+            switch = switch_loss(routed.psum, routed.counts, x_NH.shape[0], c.top_k)
             aux = c.balance_coef * switch
         return MoEOutput(y_NH.reshape(x.shape), aux, switch, counts, routed)
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..checks import check_int, check_same_device, check_tensor, check_top_k
-from ..ops import reference as ref
+from ..ops.balance import expert_counts
 from ..ops.dispatch import IMPLS
 from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
@@ -33,7 +33,7 @@ class RouterOutput:
 
 def _finish(routed, experts: int, training: bool) -> RouterOutput:
     topk_val_NK, topk_idx_NK, gates_NK, psum_M = routed
-    counts_M = ref.expert_counts(topk_idx_NK, experts) if training else None
+    counts_M = expert_counts(topk_idx_NK, experts) if training else None
     return RouterOutput(topk_val_NK, topk_idx_NK, gates_NK, psum_M, counts_M)
 
 

@@ -1,4 +1,5 @@
-"""Plain-PyTorch references for every op: the routers, the balancing statistics and the experts.
+"""Plain-PyTorch references for every op: the routers (the oracle of the documented selection
+semantics) and the experts; the balancing loss is ops/balance.py.
 
 These are the ground truth the fused kernels are tested against, and the path the modules
 take on CPU or without Triton. Each takes ``upcast``: compute in float32 (float64 stays
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 
-def compute_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
+def upcast_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
     if not upcast:
         return dtype
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -21,7 +22,7 @@ def compute_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
 
 def router_logits_linear(x_NH: torch.Tensor, W_MH: torch.Tensor, *, upcast: bool = False):
     """Standard-router logits x Wᵀ as an (N, M) float32 (float64 when upcast from float64)."""
-    dt = compute_dtype(x_NH.dtype, upcast)
+    dt = upcast_dtype(x_NH.dtype, upcast)
     logits_NM = F.linear(x_NH.to(dt), W_MH.to(dt))
     return logits_NM if logits_NM.dtype == torch.float64 else logits_NM.float()
 
@@ -29,7 +30,7 @@ def router_logits_linear(x_NH: torch.Tensor, W_MH: torch.Tensor, *, upcast: bool
 def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor, R2_RH: torch.Tensor, *,
                           upcast: bool = False):
     """Low-rank logits (x R2ᵀ) R1ᵀ; z = x R2ᵀ is rounded to the compute dtype, as in a kernel."""
-    dt = compute_dtype(x_NH.dtype, upcast)
+    dt = upcast_dtype(x_NH.dtype, upcast)
     z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt))
     logits_NM = F.linear(z_NR, R1_MR.to(dt))
     return logits_NM if logits_NM.dtype == torch.float64 else logits_NM.float()
@@ -91,27 +92,6 @@ def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False,
     return topk_val_NK, topk_idx_NK, psum_M
 
 
-def expert_counts(topk_idx_NK: torch.Tensor, experts: int) -> torch.Tensor:
-    """Per-expert number of (token, slot) assignments, int64 (M,). No host synchronisation.
-    Counted in int32 where it cannot overflow: under torch.compile an int64 index_add falls
-    back to a sort-based index_put (1.3 ms per call at 65K slots on an H100, a quarter of a
-    training step's GPU time), an int32 one is a Triton atomic add."""
-    flat = topk_idx_NK.reshape(-1).long()
-    dt = torch.int32 if flat.numel() < 2 ** 31 else torch.int64
-    counts_M = torch.zeros(experts, dtype=dt, device=flat.device)
-    return counts_M.index_add_(0, flat, torch.ones_like(flat, dtype=dt)).long()
-
-
-def switch_loss(psum_M: torch.Tensor, counts_M: torch.Tensor, n_tokens: int, k: int):
-    """Switch balancing loss M · Σ_i f_i p_i, f = counts / (N k) (no gradient), p = psum / N."""
-    M = psum_M.shape[0]
-    if n_tokens == 0:
-        return psum_M.sum() * 0.0
-    f_M = counts_M.detach().to(psum_M.dtype) / (n_tokens * k)
-    p_M = psum_M / n_tokens
-    return M * torch.dot(f_M, p_M)
-
-
 def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down_MHS, *,
                        upcast: bool = False):
     """y (N, h) = Σ_j gates[:, j] · f_{idx[:, j]}(x), f_e(x) = W_down,e (silu(W_gate,e x) ⊙ W_up,e x).
@@ -121,7 +101,7 @@ def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down
     the compute dtype.
     """
     N, k = topk_idx_NK.shape
-    dt = compute_dtype(x_NH.dtype, upcast)
+    dt = upcast_dtype(x_NH.dtype, upcast)
     acc_dt = torch.float64 if dt == torch.float64 else torch.float32
     flat_idx = topk_idx_NK.reshape(-1).long()
     order = torch.argsort(flat_idx, stable=True)

@@ -5,9 +5,14 @@
 """
 from __future__ import annotations
 
+from typing import Optional
+
+import torch
+from torch import Tensor
+
 from . import reference as ref
-from .dispatch import compute_dtype, needs_grad, resolve_impl
-from .router_common import register_router_ops
+from .dispatch import kernel_dtype, needs_grad, resolve_impl
+from .router_common import infer_fakes, save_for_backward, train_backward, train_fakes
 
 
 def _kernels():
@@ -15,12 +20,48 @@ def _kernels():
     return router_linear
 
 
-infer_op, train_op, bwd_op = register_router_ops(
-    "router_linear",
-    infer=lambda x, W, _unused, k: _kernels().infer(x, W, k),
-    train_forward=lambda x, W, k, with_psum: _kernels().train_forward(x, W, k,
-                                                                      with_psum=with_psum),
-    train_backward=lambda *args: _kernels().train_backward(*args))
+@torch.library.custom_op("moremoe::router_linear", mutates_args=())
+def infer_op(x: Tensor, W: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _kernels().infer(x, W, k)
+
+
+@infer_op.register_fake
+def _(x, W, k):
+    return infer_fakes(x, k)
+
+
+@torch.library.custom_op("moremoe::router_linear_train", mutates_args=())
+def train_op(x: Tensor, W: Tensor, k: int,
+             with_psum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(val, idx, m, norm, psum); psum is zeros when not asked for."""
+    val, idx, _, m, norm, psum = _kernels().train_forward(x, W, k, with_psum=with_psum)
+    if psum is None:
+        psum = x.new_zeros(W.shape[0], dtype=torch.float32)
+    return val, idx, m, norm, psum
+
+
+@train_op.register_fake
+def _(x, W, k, with_psum):
+    return train_fakes(x, W, k)
+
+
+@torch.library.custom_op("moremoe::router_linear_train_bwd", mutates_args=())
+def bwd_op(x: Tensor, W: Tensor, m: Tensor, norm: Tensor, pbar: Optional[Tensor], idx: Tensor,
+           dval: Tensor) -> tuple[Tensor, Tensor]:
+    dx, dW = _kernels().train_backward(x, W, m, norm, pbar, idx, dval)
+    return dx.to(x.dtype), dW.to(W.dtype)
+
+
+@bwd_op.register_fake
+def _(x, W, m, norm, pbar, idx, dval):
+    return x.new_empty(x.shape), W.new_empty(W.shape)
+
+
+def _backward(ctx, *grads):
+    return train_backward(bwd_op, ctx, *grads)
+
+
+train_op.register_autograd(_backward, setup_context=save_for_backward)
 
 
 def router_linear(x_NH, W_MH, k: int, *, with_psum: bool = False, impl: str = "auto"):
@@ -28,10 +69,10 @@ def router_linear(x_NH, W_MH, k: int, *, with_psum: bool = False, impl: str = "a
     if resolve_impl(impl, x_NH, k) == "reference":
         val, idx, psum = ref.router_linear_ref(x_NH, W_MH, k, with_psum=with_psum)
         return val, idx, ref.topk_gates(val), psum
-    dt = compute_dtype(x_NH)          # under autocast, the autocast dtype
+    dt = kernel_dtype(x_NH)          # under autocast, the autocast dtype
     x, W = x_NH.to(dt), W_MH.to(dt)
     if not (with_psum or needs_grad(x_NH, W_MH)):
-        val, idx, gates = infer_op(x, W, W, k)
+        val, idx, gates = infer_op(x, W, k)
         return val, idx, gates, None
     val, idx, _, _, psum = train_op(x, W, k, with_psum)
     return val, idx, ref.topk_gates(val), (psum if with_psum else None)

@@ -7,11 +7,15 @@ is a cuBLAS GEMM whose autograd gives dx and dR2 from the kernel's dz.
 """
 from __future__ import annotations
 
+from typing import Optional
+
+import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from . import reference as ref
-from .dispatch import compute_dtype, needs_grad, resolve_impl
-from .router_common import register_router_ops
+from .dispatch import kernel_dtype, needs_grad, resolve_impl
+from .router_common import infer_fakes, save_for_backward, train_backward, train_fakes
 
 
 def _kernels():
@@ -19,20 +23,56 @@ def _kernels():
     return router_lowrank
 
 
-infer_op, train_op, bwd_op = register_router_ops(
-    "router_lowrank",
-    infer=lambda x, R1, R2, k: _kernels().infer(x, R1, R2, k),
-    train_forward=lambda z, R1, k, with_psum: _kernels().train_forward(z, R1, k,
-                                                                       with_psum=with_psum),
-    train_backward=lambda *args: _kernels().train_backward(*args))
+@torch.library.custom_op("moremoe::router_lowrank", mutates_args=())
+def infer_op(x: Tensor, R1: Tensor, R2: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _kernels().infer(x, R1, R2, k)
+
+
+@infer_op.register_fake
+def _(x, R1, R2, k):
+    return infer_fakes(x, k)
+
+
+@torch.library.custom_op("moremoe::router_lowrank_train", mutates_args=())
+def train_op(z: Tensor, R1: Tensor, k: int,
+             with_psum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(val, idx, m, norm, psum) from z = x R2ᵀ; psum is zeros when not asked for."""
+    val, idx, _, m, norm, psum = _kernels().train_forward(z, R1, k, with_psum=with_psum)
+    if psum is None:
+        psum = z.new_zeros(R1.shape[0], dtype=torch.float32)
+    return val, idx, m, norm, psum
+
+
+@train_op.register_fake
+def _(z, R1, k, with_psum):
+    return train_fakes(z, R1, k)
+
+
+@torch.library.custom_op("moremoe::router_lowrank_train_bwd", mutates_args=())
+def bwd_op(z: Tensor, R1: Tensor, m: Tensor, norm: Tensor, pbar: Optional[Tensor], idx: Tensor,
+           dval: Tensor) -> tuple[Tensor, Tensor]:
+    dz, dR1 = _kernels().train_backward(z, R1, m, norm, pbar, idx, dval)
+    return dz.to(z.dtype), dR1.to(R1.dtype)
+
+
+@bwd_op.register_fake
+def _(z, R1, m, norm, pbar, idx, dval):
+    return z.new_empty(z.shape), R1.new_empty(R1.shape)
+
+
+def _backward(ctx, *grads):
+    return train_backward(bwd_op, ctx, *grads)
+
+
+train_op.register_autograd(_backward, setup_context=save_for_backward)
 
 
 def router_lowrank(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False, impl: str = "auto"):
     """Returns (topk_val (N,k) fp32, topk_idx (N,k) int32, gates (N,k) fp32, psum (M,) | None)."""
-    if resolve_impl(impl, x_NH, k) == "reference":
+    if resolve_impl(impl, x_NH, k, rank=R2_RH.shape[0]) == "reference":
         val, idx, psum = ref.router_lowrank_ref(x_NH, R1_MR, R2_RH, k, with_psum=with_psum)
         return val, idx, ref.topk_gates(val), psum
-    dt = compute_dtype(x_NH)          # under autocast, the autocast dtype
+    dt = kernel_dtype(x_NH)          # under autocast, the autocast dtype
     x, R1, R2 = x_NH.to(dt), R1_MR.to(dt), R2_RH.to(dt)
     if not (with_psum or needs_grad(x_NH, R1_MR, R2_RH)):
         val, idx, gates = infer_op(x, R1, R2, k)

@@ -13,12 +13,12 @@ from torch import Tensor
 
 from ..checks import check_expert_ids
 from . import reference as ref
-from .dispatch import compute_dtype, needs_grad, resolve_impl
+from .dispatch import kernel_dtype, needs_grad, resolve_impl
 
 
 def _kernels():
-    from ..kernels import moe_gemm
-    return moe_gemm
+    from ..kernels import swiglu_experts
+    return swiglu_experts
 
 
 @torch.library.custom_op("moremoe::swiglu_experts", mutates_args=())
@@ -41,13 +41,13 @@ def _block_rows(w_gate: Tensor) -> int:
 def train_op(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
              w_down: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                       Tensor]:
-    """y, the saved act, g, u, and the routing metadata (order, offsets, block_expert,
+    """y, the saved act, xg, xu, and the routing metadata (order, offsets, block_expert,
     block_start) that the backward reuses."""
     from ..kernels.routing_meta import routing_meta
     meta = routing_meta(idx, w_gate.shape[0], _block_rows(w_gate))
-    y, act, g, u = _kernels().forward(x, gates, idx, w_gate, w_up, w_down, save=True,
+    y, act, xg, xu = _kernels().forward(x, gates, idx, w_gate, w_up, w_down, save=True,
                                       meta=meta)
-    return y, act, g, u, meta.order, meta.offsets, meta.block_expert, meta.block_start
+    return y, act, xg, xu, meta.order, meta.offsets, meta.block_expert, meta.block_start
 
 
 @train_op.register_fake
@@ -64,7 +64,7 @@ def _(x, gates, idx, w_gate, w_up, w_down):
 
 @torch.library.custom_op("moremoe::swiglu_experts_train_bwd", mutates_args=())
 def bwd_op(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-           w_down: Tensor, act: Tensor, g: Tensor, u: Tensor, order: Tensor, offsets: Tensor,
+           w_down: Tensor, act: Tensor, xg: Tensor, xu: Tensor, order: Tensor, offsets: Tensor,
            block_expert: Tensor,
            block_start: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     from ..kernels.routing_meta import RoutingMeta
@@ -72,12 +72,12 @@ def bwd_op(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_
                        block_start=block_start, block_rows=_block_rows(w_gate),
                        tokens=idx.shape[0], top_k=idx.shape[1])
     dx, dgates, dwg, dwu, dwd = _kernels().backward(dy, x, gates, idx, w_gate, w_up, w_down,
-                                                    act, g, u, meta=meta)
+                                                    act, xg, xu, meta=meta)
     return dx, dgates.to(gates.dtype), dwg, dwu, dwd
 
 
 @bwd_op.register_fake
-def _(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, order, offsets, block_expert,
+def _(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, order, offsets, block_expert,
       block_start):
     return (x.new_empty(x.shape), gates.new_empty(gates.shape), w_gate.new_empty(w_gate.shape),
             w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape))
@@ -95,11 +95,6 @@ def _backward(ctx, dy, *_unused):
 train_op.register_autograd(_backward, setup_context=_setup)
 
 
-def resolve_experts_impl(impl: str, x: Tensor) -> str:
-    """resolve_impl for the experts (no top-k limit applies)."""
-    return resolve_impl(impl, x, 1)
-
-
 def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: str = "auto",
                    check_ids: bool = True):
     """y (N, h) in x's dtype (the autocast dtype under autocast on the fused path).
@@ -108,9 +103,9 @@ def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: s
     check_ids (default) their range is checked, which reads two numbers back from the
     device; check_ids=False skips that for ids a router made (in range by construction)."""
     check_expert_ids(topk_idx_NK, w_gate.shape[0], values=check_ids)
-    if resolve_experts_impl(impl, x_NH) == "reference":
+    if resolve_impl(impl, x_NH) == "reference":
         return ref.swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down)
-    dt = compute_dtype(x_NH)
+    dt = kernel_dtype(x_NH)
     x, ws = x_NH.to(dt), (w_gate, w_up, w_down)
     if any(w.dtype != torch.float32 for w in ws):     # fp32 weights are read as they are
         ws = tuple(w.to(dt) for w in ws)

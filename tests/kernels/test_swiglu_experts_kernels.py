@@ -5,7 +5,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-mg = pytest.importorskip("moremoe.kernels.moe_gemm")
+mg = pytest.importorskip("moremoe.kernels.swiglu_experts")
 from moremoe.kernels.routing_meta import max_blocks, routing_meta  # noqa: E402
 from moremoe.nn import SwiGLUExperts  # noqa: E402
 from moremoe.ops import swiglu_experts as ose  # noqa: E402
@@ -37,11 +37,11 @@ def test_forward_and_gradients_match_reference(N, h, s, M, k):
 def check_against_reference(x, gates, idx, ws):
     """Forward against the fp64 reference, every gradient against fp64 autograd."""
     N, h = x.shape
-    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True)
     ref = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
     dy = torch.randn(N, h, device=DEV)
-    dx, dgates, dwg, dwu, dwd = mg.backward(dy, x, gates, idx, *ws, act, g, u)
+    dx, dgates, dwg, dwu, dwd = mg.backward(dy, x, gates, idx, *ws, act, xg, xu)
     x64, g64 = x.double().requires_grad_(), gates.double().requires_grad_()
     w64 = [w.double().requires_grad_() for w in ws]
     (swiglu_experts_ref(x64, g64, idx, *w64) * dy.double()).sum().backward()
@@ -88,18 +88,18 @@ def test_fp32_weights_with_half_x_equal_the_cast_weights():
 def test_empty_batch_gives_empty_outputs_and_zero_weight_gradients():
     x, gates, idx, ws = make(0, 16, 16, 4, 2)
     assert mg.forward(x, gates, idx, *ws).shape == (0, 16)
-    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
-    dx, dgates, *dws = mg.backward(torch.zeros_like(y), x, gates, idx, *ws, act, g, u)
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True)
+    dx, dgates, *dws = mg.backward(torch.zeros_like(y), x, gates, idx, *ws, act, xg, xu)
     assert dx.shape == (0, 16) and dgates.shape == (0, 2)
     assert all(torch.equal(d, torch.zeros_like(w)) for d, w in zip(dws, ws))
 
 
 def test_deterministic_run_to_run():
     x, gates, idx, ws = make(64, 32, 16, 5, 3)
-    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True)
     dy = torch.randn(64, 32, device=DEV)
-    a = mg.backward(dy, x, gates, idx, *ws, act, g, u)
-    b = mg.backward(dy, x, gates, idx, *ws, act, g, u)
+    a = mg.backward(dy, x, gates, idx, *ws, act, xg, xu)
+    b = mg.backward(dy, x, gates, idx, *ws, act, xg, xu)
     for t1, t2 in zip(a, b):
         assert torch.equal(t1, t2)
 
@@ -173,10 +173,10 @@ def test_custom_ops_opcheck_and_autograd_through_the_module():
 def test_backward_reuses_the_forwards_routing_metadata():
     x, gates, idx, ws = make(13, 32, 16, 7, 3)
     meta = routing_meta(idx, 7, mg.config(32, 16)["BM"])
-    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True, meta=meta)
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True, meta=meta)
     dy = torch.randn_like(y)
-    for a, b in zip(mg.backward(dy, x, gates, idx, *ws, act, g, u, meta=meta),
-                    mg.backward(dy, x, gates, idx, *ws, act, g, u)):
+    for a, b in zip(mg.backward(dy, x, gates, idx, *ws, act, xg, xu, meta=meta),
+                    mg.backward(dy, x, gates, idx, *ws, act, xg, xu)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ValueError, match="meta was built for BM=32"):
         mg.forward(x, gates, idx, *ws, meta=routing_meta(idx, 7, 32))
@@ -193,10 +193,10 @@ def test_weight_gradient_tiles_are_their_own_config():
     with pytest.raises(ValueError, match=r"unknown expert kernel config keys \['BX'\]"):
         mg.config(512, 56, {"BX": 1})
     x, gates, idx, ws = make(29, 40, 24, 5, 3)
-    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True)
     dy = torch.randn_like(y)
-    want = mg.backward(dy, x, gates, idx, *ws, act, g, u)
-    got = mg.backward(dy, x, gates, idx, *ws, act, g, u,
+    want = mg.backward(dy, x, gates, idx, *ws, act, xg, xu)
+    got = mg.backward(dy, x, gates, idx, *ws, act, xg, xu,
                       cfg={"dw_BR": 16, "dw_BS": 16, "dw_BH": 32})
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)

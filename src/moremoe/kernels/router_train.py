@@ -1,69 +1,75 @@
-"""Fused router kernels over the dense softmax: the balancing statistic psum (forward) and
-the backward (Algorithm 3 of the paper), shared by the low-rank and the standard router.
+"""The training half of the fused routers, over the softmax of all M experts: the balancing
+statistic psum (forward, after the top-k sweep of router_topk.py) and the backward
+(Algorithm 3 of the paper), shared by the low-rank and the standard router.
+
+Legend: P the softmax over all M experts (P_ni), Z its normaliser (norm in code), m the
+row max, p̄ the gradient of psum, g_n = Σ_i p̄_i P_ni; SPLITS the token splits of the
+column-wise kernels.
 
 Kernels (grid, reads -> writes):
-  _psum_kernel       (M/BM, P)      z|x, R1|W, m, Z -> psum partials (P, M) fp32
+  _psum_kernel       (M/BM, SPLITS) z|x, R1|W, m, Z -> psum partials (SPLITS, M) fp32
   _bwd_rows_kernel   (N/BN,)        z, R1, m, Z, p̄, idx, dval -> dz (N, r) fp32, g (N)
                                     (standard router: g only)
-  _bwd_cols_kernel   (M/BM, P)      z, R1, m, Z, p̄, g, idx, dval -> dR1 partials (P, M, r)
+  _bwd_cols_kernel   (M/BM, SPLITS) z, R1, m, Z, p̄, g, idx, dval -> dR1 partials
+                                    (SPLITS, M, r)
   _dlogits_kernel    (N/BN, Mc/BM)  x, W, m, Z, p̄, g, idx, dval -> dℓ for a chunk of experts
 
-P splits the tokens of the column-wise kernels; partials are summed by torch afterwards, so
+SPLITS splits the tokens of the column-wise kernels; partials are summed by torch afterwards, so
 psum and the weight gradients are deterministic (no float atomics). The standard router's
 rank is h, too wide for an on-chip accumulator: its dx and dW are cuBLAS GEMMs on dℓ
-recomputed one chunk of experts at a time. Logit
-tiles are recomputed from z (or x) and R1 (or W) and never stored: with P = softmax over all
-M experts, g_n = Σ_i p̄_i P_ni and dℓ = scatter(dval) + P ⊙ (p̄ − g). The sparse top-k part of
-dz is added by gathers; that of dR1 by comparing each tile's columns with the k indices.
+recomputed one chunk of experts at a time. Logit tiles are recomputed from z (or x) and R1
+(or W) and never stored: dℓ = scatter(dval) + P ⊙ (p̄ − g). The sparse top-k part of dz is
+added by gathers; that of dR1 by comparing each tile's columns with the k indices.
 """
 import torch
 import triton
 import triton.language as tl
 
 from . import DTYPES, MAX_K
-from .router_topk import (LINEAR, MODE_LINEAR, NEG_INF, _load_rows, _logits, _z_rows,
-                          dot_precision, launch_sweep, sweep_config)
+from ._common import (LINEAR, MODE_LINEAR, NEG_INF, dot_precision, fill_splits, load_rows,
+                      logit_tile, z_rows)
+from .router_topk import launch_sweep, sweep_config
 
 
 @triton.jit
-def _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW):
+def _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW):
     m = tl.load(M_ROW + rows64, mask=row_ok, other=0.0)
-    zs = tl.load(Z_ROW + rows64, mask=row_ok, other=1.0)
+    norm = tl.load(NORM_ROW + rows64, mask=row_ok, other=1.0)
     m = tl.where(m == NEG_INF, 0.0, m)
-    p = tl.exp(logits - m[:, None]) / zs[:, None]
+    p = tl.exp(logits - m[:, None]) / norm[:, None]
     # NaN or inf exactly where the logit is not finite (or the row has no finite one): 0
     return tl.where(row_ok[:, None] & col_ok[None, :] & (p < float("inf")), p, 0.0)
 
 
 @triton.jit
-def _psum_kernel(X, W, M_ROW, Z_ROW, OUT, N, H, M, R, n_per_split,
-                 sx_n, sx_h, sw_m, sw_k, so_p,
+def _psum_kernel(X, W, M_ROW, NORM_ROW, OUT, N, H, M, R, n_per_split,
+                 sx_n, sx_h, sw_m, sw_k, so_s,
                  MODE: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
                  BH: tl.constexpr, PREC: tl.constexpr):
     """Column sums over the tokens of split program_id(1) of the softmax over all experts."""
     cols = tl.program_id(0) * BM + tl.arange(0, BM)
     col_ok = cols < M
-    pid_p = tl.program_id(1)
+    pid_s = tl.program_id(1)
     acc = tl.zeros((BM,), tl.float32)
-    n_end = tl.minimum(N, (pid_p + 1) * n_per_split)
-    for n0 in range(pid_p * n_per_split, n_end, BN):
+    n_end = tl.minimum(N, (pid_s + 1) * n_per_split)
+    for n0 in range(pid_s * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
         row_ok = rows < n_end
         rows64 = rows.to(tl.int64)
-        z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+        z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
+        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
                          MODE, BN, BM, BR, BH, PREC)
-        acc += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW), axis=0)
-    tl.store(OUT + pid_p * so_p + cols, acc, mask=col_ok)
+        acc += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW), axis=0)
+    tl.store(OUT + pid_s * so_s + cols, acc, mask=col_ok)
 
 
 @triton.jit
-def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, si_n,
+def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, si_n,
              K: tl.constexpr):
     """dℓ tile = scatter(dval into the selected columns) + P ⊙ (p̄ − g)."""
     pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
     g = tl.load(G + rows64, mask=row_ok, other=0.0)
-    d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW) * (pbar[None, :] - g[:, None])
+    d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * (pbar[None, :] - g[:, None])
     for j in tl.static_range(K):
         idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=-1)
         dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
@@ -72,7 +78,7 @@ def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, D
 
 
 @triton.jit
-def _bwd_rows_kernel(X, W, M_ROW, Z_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
+def _bwd_rows_kernel(X, W, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
                      N, H, M, R, sx_n, sx_h, sw_m, sw_k, si_n, so_n,
                      K: tl.constexpr, MODE: tl.constexpr,
                      BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
@@ -84,40 +90,40 @@ def _bwd_rows_kernel(X, W, M_ROW, Z_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
     rows64 = rows.to(tl.int64)
     cc = tl.arange(0, BR)
     c_ok = cc < R
-    z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
+    z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
     acc = tl.zeros((BN, BR), tl.float32)
     g = tl.zeros((BN,), tl.float32)
     for m0 in range(0, M, BM):
         cols = m0 + tl.arange(0, BM)
         col_ok = cols < M
-        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
+        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
                          sw_k, MODE, BN, BM, BR, BH, PREC)
         pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-        g += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW) * pbar[None, :],
+        g += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * pbar[None, :],
                     axis=1)
     tl.store(OUT_G + rows64, g, mask=row_ok)
     if not G_ONLY:
         for m0 in range(0, M, BM):
             cols = m0 + tl.arange(0, BM)
             col_ok = cols < M
-            logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
+            logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
                              sw_k, MODE, BN, BM, BR, BH, PREC)
-            d = _probs(logits, rows64, row_ok, col_ok, M_ROW, Z_ROW)
+            d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW)
             pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
             d = d * (pbar[None, :] - g[:, None])
-            w = _load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
+            w = load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
             acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
         for j in tl.static_range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
             idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
             dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
-            w = _load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, cc, c_ok, sw_k).to(tl.float32)
+            w = load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, cc, c_ok, sw_k).to(tl.float32)
             acc += dv_j[:, None] * w
         tl.store(OUT_DZ + rows64[:, None] * so_n + cc[None, :], acc,
                  mask=row_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
-def _dlogits_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT, N, H, m0, mc,
+def _dlogits_kernel(X, W, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, OUT, N, H, m0, mc,
                     sx_n, sx_h, sw_m, sw_k, si_n, K: tl.constexpr, BN: tl.constexpr,
                     BM: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr):
     """The standard router's dℓ for experts [m0, m0 + mc) of a token block, (N, mc)."""
@@ -127,38 +133,38 @@ def _dlogits_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT, N, H, m0, mc,
     local = tl.program_id(1) * BM + tl.arange(0, BM)
     col_ok = local < mc
     cols = m0 + local
-    logits = _logits(tl.zeros((BN, 16), dtype=X.dtype.element_ty), X, W, rows64, row_ok, cols,
+    logits = logit_tile(tl.zeros((BN, 16), dtype=X.dtype.element_ty), X, W, rows64, row_ok, cols,
                      col_ok, H, H, sx_n, sx_h, sw_m, sw_k, MODE_LINEAR, BN, BM, 16, BH, PREC)
-    d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, si_n,
+    d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, si_n,
                  K)
     tl.store(OUT + rows64[:, None] * mc + local[None, :], d.to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def _bwd_cols_kernel(X, W, M_ROW, Z_ROW, PBAR, G, IDX, DVAL, OUT,
-                     N, H, M, R, n_per_split, sx_n, sx_h, sw_m, sw_k, si_n, so_p, so_m,
+def _bwd_cols_kernel(X, W, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, OUT,
+                     N, H, M, R, n_per_split, sx_n, sx_h, sw_m, sw_k, si_n, so_s, so_m,
                      K: tl.constexpr, MODE: tl.constexpr,
                      BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                      PREC: tl.constexpr):
     """dR1 partial (BM, r) over the tokens of split program_id(1): Σ_blocks dℓᵀ z."""
     cols = tl.program_id(0) * BM + tl.arange(0, BM)
     col_ok = cols < M
-    pid_p = tl.program_id(1)
+    pid_s = tl.program_id(1)
     cc = tl.arange(0, BR)
     acc = tl.zeros((BM, BR), tl.float32)
-    n_end = tl.minimum(N, (pid_p + 1) * n_per_split)
-    for n0 in range(pid_p * n_per_split, n_end, BN):
+    n_end = tl.minimum(N, (pid_s + 1) * n_per_split)
+    for n0 in range(pid_s * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
         row_ok = rows < n_end
         rows64 = rows.to(tl.int64)
-        z = _z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-        logits = _logits(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+        z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
+        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
                          MODE, BN, BM, BR, BH, PREC)
-        d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, Z_ROW, PBAR, G, IDX, DVAL,
+        d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL,
                      si_n, K)
         acc = tl.dot(tl.trans(d.to(z.dtype)), z, acc, input_precision=PREC)
-    offs = pid_p.to(tl.int64) * so_p + cols.to(tl.int64)[:, None] * so_m + cc[None, :]
+    offs = pid_s.to(tl.int64) * so_s + cols.to(tl.int64)[:, None] * so_m + cc[None, :]
     tl.store(OUT + offs, acc, mask=col_ok[:, None] & (cc < R)[None, :])
 
 
@@ -185,20 +191,17 @@ def check_rows(x, w, k: int, *, x_name: str = "x", w_name: str = "W", rows: str 
 def train_forward(x, w, k: int, *, mode: int, with_psum: bool = True,
                   config: dict | None = None, psum_splits: int | None = None):
     """(val, idx, gates, m, Z, psum | None): the sweep with row statistics, then psum."""
-    val, idx, gates, m, zs = launch_sweep(x, None, w, k, mode=mode, stats=True, config=config)
-    psum = launch_psum(x, w, m, zs, mode=mode, splits=psum_splits,
+    val, idx, gates, m, norm = launch_sweep(x, w, k, mode=mode, stats=True, config=config)
+    psum = launch_psum(x, w, m, norm, mode=mode, splits=psum_splits,
                        config=config) if with_psum else None
-    return val, idx, gates, m, zs, psum
+    return val, idx, gates, m, norm, psum
 
 
 def _token_splits(device, tiles: int, N: int, BN: int, splits: int | None) -> int:
     """Split the tokens of a column-wise kernel so that the grid fills the GPU."""
     if splits is not None:
         return max(1, min(splits, triton.cdiv(N, BN)))
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(N, 4 * BN)))
+    return fill_splits(device, tiles, N, BN)
 
 
 def _sparse_backward(x, w, idx, dval):
@@ -213,7 +216,7 @@ def _sparse_backward(x, w, idx, dval):
     return dz, dw
 
 
-def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 << 30):
+def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config, chunk_bytes=1 << 30):
     """Standard router: dℓ is recomputed for chunks of experts into an (N, M_c) buffer of at
     most chunk_bytes, then dx += dℓ W_c and dW_c = dℓᵀ x are cuBLAS GEMMs: the (N, M) dℓ is
     never whole, and no logit tile is recomputed per chunk of h."""
@@ -225,7 +228,7 @@ def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 
     idx, dval, pbar = idx.contiguous(), dval.float().contiguous(), pbar.float().contiguous()
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
     _bwd_rows_kernel[(triton.cdiv(N, BN), 1)](
-        x, w, m_row, z_row, pbar, idx, dval, g, g, N, H, M, H, *strides, idx.stride(0), 0,
+        x, w, m_row, norm_row, pbar, idx, dval, g, g, N, H, M, H, *strides, idx.stride(0), 0,
         K=k, MODE=LINEAR, BN=BN, BM=BM, BR=16, BH=cfg["BH"],
         PREC=dot_precision(x.dtype), G_ONLY=True, num_warps=cfg["num_warps"])
     dl_dtype = x.dtype                  # check_rows: w has x's dtype
@@ -236,7 +239,7 @@ def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 
         mc = min(mc_max, M - m0)
         dl = torch.empty(N, mc, device=x.device, dtype=dl_dtype)
         _dlogits_kernel[(triton.cdiv(N, BN), triton.cdiv(mc, BM))](
-            x, w, m_row, z_row, pbar, g, idx, dval, dl, N, H, m0, mc, *strides, idx.stride(0),
+            x, w, m_row, norm_row, pbar, g, idx, dval, dl, N, H, m0, mc, *strides, idx.stride(0),
             K=k, BN=BN, BM=BM, BH=cfg["BH"], PREC=dot_precision(x.dtype),
             num_warps=cfg["num_warps"])
         dx += (dl @ w[m0:m0 + mc]).float()
@@ -244,26 +247,26 @@ def _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config, chunk_bytes=1 
     return dx, dw
 
 
-def launch_psum(x, w, m_row, z_row, *, mode: int, splits: int | None = None,
+def launch_psum(x, w, m_row, norm_row, *, mode: int, splits: int | None = None,
                 config: dict | None = None):
     """psum (M,) fp32 = Σ_n softmax(ℓ_n)."""
     N, M, R = x.shape[0], w.shape[0], x.shape[1]
     cfg = sweep_config(mode, R, x.shape[1], 1, config)
     tiles = triton.cdiv(M, cfg["BM"])
-    P = _token_splits(x.device, tiles, N, cfg["BN"], splits)
-    n_per_split = triton.cdiv(triton.cdiv(max(N, 1), P), cfg["BN"]) * cfg["BN"]
-    P = max(1, triton.cdiv(N, n_per_split))
-    out = torch.zeros(P, M, device=x.device, dtype=torch.float32)
+    n_splits = _token_splits(x.device, tiles, N, cfg["BN"], splits)
+    n_per_split = triton.cdiv(triton.cdiv(max(N, 1), n_splits), cfg["BN"]) * cfg["BN"]
+    n_splits = max(1, triton.cdiv(N, n_per_split))
+    out = torch.zeros(n_splits, M, device=x.device, dtype=torch.float32)
     if N > 0:
-        _psum_kernel[(tiles, P)](
-            x, w, m_row, z_row, out, N, x.shape[1], M, R, n_per_split, x.stride(0), x.stride(1),
+        _psum_kernel[(tiles, n_splits)](
+            x, w, m_row, norm_row, out, N, x.shape[1], M, R, n_per_split, x.stride(0), x.stride(1),
             w.stride(0), w.stride(1), out.stride(0), MODE=mode, BN=cfg["BN"], BM=cfg["BM"],
             BR=cfg["BR"], BH=cfg["BH"], PREC=dot_precision(x.dtype),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.sum(0)
 
 
-def launch_backward(x, w, m_row, z_row, pbar, idx, dval, *, mode: int, splits: int | None = None,
+def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits: int | None = None,
                     config: dict | None = None):
     """(dz|dx (N, R) fp32, dR1|dW (M, R) fp32) from dval = d topk_val (N, k) and p̄ = d psum
     (M,) or None (no balancing-loss gradient: only the sparse top-k part)."""
@@ -273,16 +276,16 @@ def launch_backward(x, w, m_row, z_row, pbar, idx, dval, *, mode: int, splits: i
     if pbar is None:
         return _sparse_backward(x, w, idx, dval)
     if mode == LINEAR:
-        return _linear_backward(x, w, m_row, z_row, pbar, idx, dval, config)
+        return _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config)
     cfg = sweep_config(mode, R, x.shape[1], 1, config)
     dz = torch.empty(N, R, device=dev, dtype=torch.float32)
     g = torch.zeros(max(N, 1), device=dev, dtype=torch.float32)
     pbar, idx, dval = pbar.float().contiguous(), idx.contiguous(), dval.float().contiguous()
     tiles = triton.cdiv(M, cfg["BM"])
-    P = _token_splits(dev, tiles, N, cfg["BN"], splits)
-    n_per_split = triton.cdiv(triton.cdiv(max(N, 1), P), cfg["BN"]) * cfg["BN"]
-    P = max(1, triton.cdiv(N, n_per_split))
-    dw = torch.zeros(P, M, R, device=dev, dtype=torch.float32)
+    n_splits = _token_splits(dev, tiles, N, cfg["BN"], splits)
+    n_per_split = triton.cdiv(triton.cdiv(max(N, 1), n_splits), cfg["BN"]) * cfg["BN"]
+    n_splits = max(1, triton.cdiv(N, n_per_split))
+    dw = torch.zeros(n_splits, M, R, device=dev, dtype=torch.float32)
     if N == 0:
         return dz, dw.sum(0)
     common = dict(MODE=mode, BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"],
@@ -290,9 +293,9 @@ def launch_backward(x, w, m_row, z_row, pbar, idx, dval, *, mode: int, splits: i
                   num_stages=cfg["num_stages"])
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), idx.stride(0))
     _bwd_rows_kernel[(triton.cdiv(N, cfg["BN"]),)](
-        x, w, m_row, z_row, pbar, idx, dval, dz, g, N, x.shape[1], M, R, *strides,
+        x, w, m_row, norm_row, pbar, idx, dval, dz, g, N, x.shape[1], M, R, *strides,
         dz.stride(0), K=k, **common)
-    _bwd_cols_kernel[(tiles, P)](
-        x, w, m_row, z_row, pbar, g, idx, dval, dw, N, x.shape[1], M, R, n_per_split, *strides,
+    _bwd_cols_kernel[(tiles, n_splits)](
+        x, w, m_row, norm_row, pbar, g, idx, dval, dw, N, x.shape[1], M, R, n_per_split, *strides,
         dw.stride(0), dw.stride(1), K=k, **common)
     return dz, dw.sum(0)

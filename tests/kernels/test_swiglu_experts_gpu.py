@@ -20,14 +20,14 @@ def _setup(N, h, s, M, k, seed=0):
 
 
 def test_full_size_forward_and_backward_bf16():
-    from moremoe.kernels import moe_gemm as mg
+    from moremoe.kernels import swiglu_experts as mg
     from moremoe.ops.reference import swiglu_experts_ref
     x, gates, idx, ws = _setup(65536, 512, 64, 8192, 4)
-    y, act, g, u = mg.forward(x, gates, idx, *ws, save=True)
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True)
     ref = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
     assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
     dy = torch.randn_like(y)
-    got = mg.backward(dy, x, gates, idx, *ws, act, g, u)
+    got = mg.backward(dy, x, gates, idx, *ws, act, xg, xu)
     xr, gr = x.float().requires_grad_(), gates.clone().requires_grad_()
     wr = [w.float().requires_grad_() for w in ws]
     (swiglu_experts_ref(xr, gr, idx, *wr) * dy.float()).sum().backward()
@@ -36,7 +36,7 @@ def test_full_size_forward_and_backward_bf16():
 
 
 def test_int64_offsets_beyond_2_pow_31():
-    from moremoe.kernels import moe_gemm as mg
+    from moremoe.kernels import swiglu_experts as mg
     from moremoe.ops.reference import swiglu_experts_ref
     N, h, s, M, k = 2 ** 20 + 5, 512, 64, 256, 4
     assert N * k * h > 2 ** 31
@@ -54,7 +54,7 @@ def test_auto_dispatch_edges_with_autograd(case):
     not a multiple of 16, as the paper's MoRE-1792) through autograd."""
     from moremoe.nn.experts import SwiGLUExperts
     from moremoe.ops.reference import swiglu_experts_ref
-    from moremoe.ops.swiglu_experts import resolve_experts_impl
+    from moremoe.ops.dispatch import resolve_impl
     N, h, s, M, k = {"one_token": (1, 256, 64, 16384, 4), "all_on_one_expert": (3000, 128, 32, 64, 1),
                      "most_experts_empty": (777, 512, 128, 4096, 2),
                      "width_56": (5000, 512, 56, 1792, 4)}[case]
@@ -69,7 +69,7 @@ def test_auto_dispatch_edges_with_autograd(case):
     else:
         idx = torch.randn(N, M, device="cuda").topk(k, 1).indices.int()
     ex = SwiGLUExperts(h, s, M).cuda().bfloat16()
-    assert resolve_experts_impl("auto", x) == "triton"
+    assert resolve_impl("auto", x) == "triton"
     xr, gr = x.clone().requires_grad_(), gates.clone().requires_grad_()
     y = ex(xr, gr, idx)
     xf, gf = x.float().requires_grad_(), gates.clone().requires_grad_()
@@ -92,7 +92,7 @@ def test_fp32_weights_with_bf16_x_equal_the_cast_weights_at_training_size():
     """The MoRE-1792 layer of the h = 512 pair at one micro-batch: fp32 master weights read by
     the kernels give the products of the bf16-cast weights bit for bit, and fp32 weight
     gradients that round to the bf16 ones."""
-    from moremoe.kernels import moe_gemm as mg
+    from moremoe.kernels import swiglu_experts as mg
     x, gates, idx, ws16 = _setup(16384, 512, 56, 1792, 4, seed=2)
     ws32 = [w.float() for w in ws16]
     out32 = mg.forward(x, gates, idx, *ws32, save=True)

@@ -1,22 +1,24 @@
 """Grouped SwiGLU expert kernels: gather and scatter inside the kernels (scatter2scatter).
 
-Legend: N tokens, k slots, P = N·k (token, slot) pairs, h hidden, s expert width, M experts.
+Legend: N tokens, k slots, P = N·k (token, slot) pairs, h hidden (H), s expert width (S),
+M experts; xg = x W_gateᵀ and xu = x W_upᵀ the two SwiGLU branches (act = silu(xg) ⊙ xu),
+gates the router's (one per pair).
 Weights: w_gate, w_up (M, s, h), w_down (M, h, s). Rows are processed in the expert-sorted
 order of routing_meta: each program owns one block of at most BM sorted rows of one expert,
 so a block never loops over experts (decoding touches only the experts present).
 
 Forward
-  _gate_up_kernel  (B, s/BS)  x (gathered by token), w_gate, w_up -> act = silu(g) u (P, s)
-                              [+ g, u (P, s) kept for the backward]
+  _gate_up_kernel  (B, s/BS)  x (gathered by token), w_gate, w_up -> act = silu(xg) xu (P, s)
+                              [+ xg, xu (P, s) kept for the backward]
   _down_kernel     (B, h/BH)  act, w_down, gates -> out (P, h) in pair order (row n·k + j),
                               out = gate · act W_downᵀ
   _combine_kernel  (N/BN, h/BH) out -> y (N, h) = Σ_j out[n·k + j]: the k rows of a token
                               are summed in a fixed order, so y is deterministic (no atomics)
 Backward
-  _down_bwd_kernel (B, s/BS)  dy (gathered), w_down, act, g, u, gates -> dg, du (P, s) and
+  _down_bwd_kernel (B, s/BS)  dy (gathered), w_down, act, xg, xu, gates -> dxg, dxu (P, s) and
                               the gate gradient partials (s/BS, P): t = dy W_down,
                               dgate = t · act, dact = gate t, then the SwiGLU derivative
-  _dx_kernel       (B, h/BH)  dg, du, w_gate, w_up -> dx pair rows (P, h), combined as above
+  _dx_kernel       (B, h/BH)  dxg, dxu, w_gate, w_up -> dx pair rows (P, h), combined as above
   _dw_kernel       (M, C/BC, D/BD)  per expert: Σ over its rows of Aᵀ B (dW_gate = dgᵀ x,
                               dW_up = duᵀ x, dW_down = (gate dy)ᵀ act), rows in a fixed order
 
@@ -34,7 +36,7 @@ import triton
 import triton.language as tl
 
 from . import DTYPES
-from .router_topk import _load_rows, next_pow2
+from ._common import load_rows, next_pow2
 from .routing_meta import RoutingMeta, routing_meta
 
 
@@ -52,7 +54,7 @@ def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(X, WG, WU, ACT, G, U, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
                     H, S, K, sx_n, sw_e, sw_s, sw_h,
                     SAVE: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
@@ -62,23 +64,23 @@ def _gate_up_kernel(X, WG, WU, ACT, G, U, BLOCK_EXPERT, BLOCK_START, OFFSETS, OR
         s_ok = ss < S
         wg_base = WG + e.to(tl.int64) * sw_e
         wu_base = WU + e.to(tl.int64) * sw_e
-        acc_g = tl.zeros((BM, BS), tl.float32)
-        acc_u = tl.zeros((BM, BS), tl.float32)
+        acc_xg = tl.zeros((BM, BS), tl.float32)
+        acc_xu = tl.zeros((BM, BS), tl.float32)
         for h0 in range(0, H, BH):
             hh = h0 + tl.arange(0, BH)
             h_ok = hh < H
-            x = _load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
-            wg = _load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-            wu = _load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-            acc_g = tl.dot(x, tl.trans(wg), acc_g)
-            acc_u = tl.dot(x, tl.trans(wu), acc_u)
-        act = acc_g * tl.sigmoid(acc_g) * acc_u
+            x = load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
+            wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            acc_xg = tl.dot(x, tl.trans(wg), acc_xg)
+            acc_xu = tl.dot(x, tl.trans(wu), acc_xu)
+        act = acc_xg * tl.sigmoid(acc_xg) * acc_xu
         offs = rows[:, None] * S + ss[None, :]
         mask = ok[:, None] & s_ok[None, :]
         tl.store(ACT + offs, act.to(ACT.dtype.element_ty), mask=mask)
         if SAVE:
-            tl.store(G + offs, acc_g.to(G.dtype.element_ty), mask=mask)
-            tl.store(U + offs, acc_u.to(U.dtype.element_ty), mask=mask)
+            tl.store(XG + offs, acc_xg.to(XG.dtype.element_ty), mask=mask)
+            tl.store(XU + offs, acc_xu.to(XU.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -94,8 +96,8 @@ def _down_kernel(ACT, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
         for s0 in range(0, S, BS):
             ss = s0 + tl.arange(0, BS)
             s_ok = ss < S
-            a = _load_rows(ACT, rows, ok, S, ss, s_ok, 1)
-            wd = _load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(a.dtype)
+            a = load_rows(ACT, rows, ok, S, ss, s_ok, 1)
+            wd = load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(a.dtype)
             acc = tl.dot(a, tl.trans(wd), acc)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         tl.store(OUT + pair[:, None] * H + hh[None, :], (acc * gate[:, None]).to(
@@ -110,13 +112,13 @@ def _combine_kernel(IN, Y, N, H, K: tl.constexpr, BN: tl.constexpr, BH: tl.const
     h_ok = hh < H
     acc = tl.zeros((BN, BH), tl.float32)
     for j in tl.static_range(K):
-        acc += _load_rows(IN, n * K + j, n_ok, H, hh, h_ok, 1).to(tl.float32)
+        acc += load_rows(IN, n * K + j, n_ok, H, hh, h_ok, 1).to(tl.float32)
     tl.store(Y + n[:, None] * H + hh[None, :], acc.to(Y.dtype.element_ty),
              mask=n_ok[:, None] & h_ok[None, :])
 
 
 @triton.jit
-def _down_bwd_kernel(DY, WD, ACT, G, U, GATES, DG, DU, DGATE, BLOCK_EXPERT, BLOCK_START,
+def _down_bwd_kernel(DY, WD, ACT, XG, XU, GATES, DXG, DXU, DGATE, BLOCK_EXPERT, BLOCK_START,
                      OFFSETS, ORDER, H, S, P, K, sdy_n, sw_e, sw_h, sw_s,
                      BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
@@ -129,8 +131,8 @@ def _down_bwd_kernel(DY, WD, ACT, G, U, GATES, DG, DU, DGATE, BLOCK_EXPERT, BLOC
         for h0 in range(0, H, BH):
             hh = h0 + tl.arange(0, BH)
             h_ok = hh < H
-            dy = _load_rows(DY, tok, ok, sdy_n, hh, h_ok, 1)
-            t = tl.dot(dy, _load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(dy.dtype), t)
+            dy = load_rows(DY, tok, ok, sdy_n, hh, h_ok, 1)
+            t = tl.dot(dy, load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(dy.dtype), t)
         offs = rows[:, None] * S + ss[None, :]
         mask = ok[:, None] & s_ok[None, :]
         act = tl.load(ACT + offs, mask=mask, other=0.0).to(tl.float32)
@@ -138,16 +140,16 @@ def _down_bwd_kernel(DY, WD, ACT, G, U, GATES, DG, DU, DGATE, BLOCK_EXPERT, BLOC
                  mask=ok)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         dact = t * gate[:, None]
-        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
-        sig = tl.sigmoid(g)
-        tl.store(DU + offs, (dact * g * sig).to(DU.dtype.element_ty), mask=mask)
-        dsilu = sig * (1.0 + g * (1.0 - sig))
-        tl.store(DG + offs, (dact * u * dsilu).to(DG.dtype.element_ty), mask=mask)
+        xg = tl.load(XG + offs, mask=mask, other=0.0).to(tl.float32)
+        xu = tl.load(XU + offs, mask=mask, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(xg)
+        tl.store(DXU + offs, (dact * xg * sig).to(DXU.dtype.element_ty), mask=mask)
+        dsilu = sig * (1.0 + xg * (1.0 - sig))
+        tl.store(DXG + offs, (dact * xu * dsilu).to(DXG.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _dx_kernel(DG, DU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
                H, S, sw_e, sw_s, sw_h, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
     if e >= 0:
@@ -159,10 +161,12 @@ def _dx_kernel(DG, DU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
         for s0 in range(0, S, BS):
             ss = s0 + tl.arange(0, BS)
             s_ok = ss < S
-            dg = _load_rows(DG, rows, ok, S, ss, s_ok, 1)
-            du = _load_rows(DU, rows, ok, S, ss, s_ok, 1)
-            acc = tl.dot(dg, _load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dg.dtype), acc)
-            acc = tl.dot(du, _load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(du.dtype), acc)
+            dxg = load_rows(DXG, rows, ok, S, ss, s_ok, 1)
+            dxu = load_rows(DXU, rows, ok, S, ss, s_ok, 1)
+            wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dxg.dtype)
+            wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dxu.dtype)
+            acc = tl.dot(dxg, wg, acc)
+            acc = tl.dot(dxu, wu, acc)
         tl.store(OUT + pair[:, None] * H + hh[None, :], acc.to(OUT.dtype.element_ty),
                  mask=ok[:, None] & h_ok[None, :])
 
@@ -172,7 +176,7 @@ def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, C, D, K, sa_r, sb_r, sw_e, sw_c,
                A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
                BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
     """dW[e][c, d] = Σ_rows A[row, c] B[row, d] over expert e's sorted rows; a row of A (or B)
-    is a token's (x, dy: gathered by pair // K) or a sorted row (act, dg, du); SCALE_A
+    is a token's (x, dy: gathered by pair // K) or a sorted row (act, dxg, dxu); SCALE_A
     multiplies A's rows by their gate."""
     e = tl.program_id(0)
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -192,11 +196,11 @@ def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, C, D, K, sa_r, sb_r, sw_e, sw_c,
             ra = pair // K
         if B_BY_TOKEN:
             rb = pair // K
-        a = _load_rows(A, ra, ok, sa_r, cc, c_ok, 1)
+        a = load_rows(A, ra, ok, sa_r, cc, c_ok, 1)
         if SCALE_A:
             gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
             a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
-        b = _load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
+        b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
         acc = tl.dot(tl.trans(a), b, acc)
     tl.store(DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d,
              acc.to(DW.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
@@ -263,7 +267,7 @@ def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, **kw) -> RoutingMeta:
 def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
             cfg: dict | None = None, walk_experts: bool = False,
             meta: RoutingMeta | None = None):
-    """y (N, h) in x's dtype; with save also (act, g, u) (P, s) in sorted-row order.
+    """y (N, h) in x's dtype; with save also (act, xg, xu) (P, s) in sorted-row order.
     meta: routing_meta(idx, M, BM) when the caller has it (the backward reuses the
     forward's); walk_experts: the benchmarks' baseline schedule (routing_meta)."""
     check_inputs(x, gates, idx, w_gate, w_up, w_down)
@@ -275,27 +279,27 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     meta = _meta(meta, idx, M, c, walk_experts=walk_experts)
     P, dev, dt = N * k, x.device, x.dtype
     act = torch.empty(P, s, device=dev, dtype=dt)
-    g = torch.empty(P if save else 1, s, device=dev, dtype=dt)
-    u = torch.empty_like(g)
+    xg = torch.empty(P if save else 1, s, device=dev, dtype=dt)
+    xu = torch.empty_like(xg)
     gates_flat = gates.reshape(-1).contiguous()
     out = torch.empty(P, h, device=dev, dtype=dt)
     B = meta.max_blocks
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
     if P:
         _gate_up_kernel[(B, triton.cdiv(s, c["BS"]))](
-            x, w_gate, w_up, act, g, u, *args, h, s, k, x.stride(0), *w_gate.stride(),
+            x, w_gate, w_up, act, xg, xu, *args, h, s, k, x.stride(0), *w_gate.stride(),
             SAVE=save, BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
             num_stages=c["num_stages"])
         _down_kernel[(B, triton.cdiv(h, c["BH"]))](
             act, w_down, gates_flat, out, *args, h, s, *w_down.stride(), BM=c["BM"],
             BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"], num_stages=c["num_stages"])
     y = _combine(out, N, k, h, dt)
-    return (y, act, g, u) if save else y
+    return (y, act, xg, xu) if save else y
 
 
-def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | None = None,
+def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict | None = None,
              meta: RoutingMeta | None = None):
-    """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, g, u
+    """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, xg, xu
     (and the forward's routing metadata when given)."""
     x, dy = x.contiguous(), dy.contiguous().to(x.dtype)
     N, h = x.shape
@@ -308,8 +312,8 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | 
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
     gates_flat = gates.reshape(-1).contiguous()
     n_s = triton.cdiv(s, c["BS"])
-    dg = torch.empty(P, s, device=dev, dtype=dt)
-    du = torch.empty_like(dg)
+    dxg = torch.empty(P, s, device=dev, dtype=dt)
+    dxu = torch.empty_like(dxg)
     dgate = torch.zeros(n_s, max(P, 1), device=dev, dtype=torch.float32)
     dx_pairs = torch.empty(P, h, device=dev, dtype=dt)
     # the dW kernels write every element (experts with no rows get zeros); with no pairs
@@ -319,13 +323,13 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, g, u, *, cfg: dict | 
     if P:
         blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
                    num_stages=c["num_stages"])
-        _down_bwd_kernel[(B, n_s)](dy, w_down, act, g, u, gates_flat, dg, du, dgate, *args,
+        _down_bwd_kernel[(B, n_s)](dy, w_down, act, xg, xu, gates_flat, dxg, dxu, dgate, *args,
                                    h, s, P, k, dy.stride(0), *w_down.stride(), **blk)
-        _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dg, du, w_gate, w_up, dx_pairs, *args, h, s,
+        _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, h, s,
                                                  *w_gate.stride(), **blk)
         bs, bh = c["dw_BS"], c["dw_BH"]
         dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"])
-        for a, dw in ((dg, dws[0]), (du, dws[1])):       # dW = aᵀ x: (s, h) per expert
+        for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
             _dw_kernel[(M, triton.cdiv(s, bs), triton.cdiv(h, bh))](
                 a, x, gates_flat, dw, meta.offsets, meta.order, s, h, k, s, x.stride(0),
                 *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, BC=bs, BD=bh,
