@@ -12,7 +12,7 @@ pytest.importorskip("tiktoken")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from moremoe.eval.harness import PAPER_TASKS, run_harness  # noqa: E402
+from moremoe.eval.zero_shot import PAPER_TASKS, run_harness  # noqa: E402
 from moremoe.eval.lm_eval_adapter import EOT_ID, MoremoeLM  # noqa: E402
 from moremoe.model import Transformer, TransformerConfig  # noqa: E402
 from moremoe.nn import MoEConfig  # noqa: E402

@@ -23,7 +23,7 @@ def _quiet_transformers() -> None:
 
 
 def _model_and_device(args):
-    from ..eval.harness import load_eval_model
+    from ..eval.zero_shot import load_eval_model
     from ..runtime import resolve_device
     device = resolve_device(args.device)
     _quiet_transformers()
@@ -50,7 +50,7 @@ def _val_rows(data: str, config):
 
 
 def cmd_eval(args) -> int:
-    from ..eval.harness import offline_unless_hub_reachable, run_harness
+    from ..eval.zero_shot import offline_unless_hub_reachable, run_harness
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
@@ -98,7 +98,7 @@ def _write_report(path: Path, result: dict) -> None:
 def format_eval(result: dict) -> str:
     """The paper's layout: value ± standard error in %, the paper's metric of each task
     first and starred."""
-    from ..eval.harness import PAPER_METRIC
+    from ..eval.zero_shot import PAPER_METRIC
     rows = []
     ppl = result.get("perplexity")
     if ppl:
@@ -116,7 +116,7 @@ def format_eval(result: dict) -> str:
 
 
 def add_eval_parser(sub) -> None:
-    from ..eval.harness import PAPER_TASKS
+    from ..eval.zero_shot import PAPER_TASKS
     p = sub.add_parser("eval", help="validation perplexity and zero-shot lm-eval tasks",
                        description="Validation perplexity on a prepared data directory (--data) "
                        "and zero-shot lm-evaluation-harness tasks, each task's metrics with "

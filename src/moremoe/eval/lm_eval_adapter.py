@@ -28,7 +28,7 @@ except ImportError as err:
 from ..model.generate import generate
 from ..tasks.tokenizer import EOT_ID, gpt2_encoding
 from ..runtime import autocast_dtype, resolve_device
-from .harness import load_eval_model
+from .zero_shot import load_eval_model
 
 @register_model("moremoe")
 class MoremoeLM(TemplateLM):

@@ -6,7 +6,8 @@ embeddings. Single-device code: parallelism is applied from outside. With a key/
 (model/cache.py, or a Hugging Face ``Cache``) the forward pass continues the cached sequence:
 rotary positions start at the cached length and the new queries see every cached key.
 
-Legend: B batch, T sequence, h hidden, V vocabulary, H heads, G kv heads, D head dim.
+Legend: B batch, T positions (S those of the keys, cache included), h hidden, V vocabulary,
+H query heads, G key/value heads, D head dim.
 """
 from __future__ import annotations
 
@@ -25,18 +26,18 @@ IGNORE_INDEX = -100
 HEAD_ROWS_MULTIPLE = 64       # the output head's rows are padded to this on CUDA (see padded_linear)
 
 
-def padded_linear(x: torch.Tensor, weight_VH: torch.Tensor, multiple: int) -> torch.Tensor:
+def padded_linear(x: torch.Tensor, weight_Vh: torch.Tensor, multiple: int) -> torch.Tensor:
     """x @ weight.T with weight's V rows padded with zeros to a multiple of `multiple`, the
     padded columns sliced off: the same values and gradients as F.linear, returned as a
     (..., V) view with a row stride of round_up(V, multiple). With V = 50,257 the plain
     product's output rows are not 16-byte aligned and cuBLAS falls back to slow kernels (on an
     H100 the three head GEMMs of a 16,384-token micro-batch ran 5.7-9.1 ms each in sm75
     cutlass kernels)."""
-    V = weight_VH.shape[0]
+    V = weight_Vh.shape[0]
     pad = -V % multiple
     if pad == 0:
-        return F.linear(x, weight_VH)
-    return F.linear(x, F.pad(weight_VH, (0, 0, 0, pad)))[..., :V]
+        return F.linear(x, weight_Vh)
+    return F.linear(x, F.pad(weight_Vh, (0, 0, 0, pad)))[..., :V]
 
 
 @dataclass(frozen=True)

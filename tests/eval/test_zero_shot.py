@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from moremoe.eval.harness import summarize, token_f1
+from moremoe.eval.zero_shot import summarize, token_f1
 
 
 def test_token_f1_normalises_like_squad():
