@@ -97,23 +97,61 @@ def peer_active_flops(M: int, h: int, heads: int, d_q: int, topk_per_head: int) 
     return 12 * k * h + 6 * heads * d_q * (h + math.isqrt(M))
 
 
+def layer_name(experts: int, rank: int | None = None) -> str:
+    """The paper's short name of a layer: "MoE-256" (standard router) or "MoRE-1792"."""
+    return f"{'MoE' if rank is None else 'MoRE'}-{experts}"
+
+
+def _int_in(name: str, value, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        expected = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {expected}, got {value}")
+
+
 @dataclass(frozen=True)
 class LayerShape:
-    """One MoE (rank None) or MoRE layer shape with its accounting at given (C_e, C_r)."""
+    """The shape of one MoE(M, k, h, s) layer (rank None) or MoRE(M, k, h, s, r) layer: the
+    one record the layers (nn.MoEConfig), the planner and the presets build on, checked here
+    once: positive integers, k <= M, r <= h."""
 
-    experts: int
-    width: int
-    top_k: int
-    hidden: int
-    rank: int | None
-    flops: float          # active FLOPs at the planner's (C_e, C_r)
-    params_mlp: int       # 3 M h s
-    params_router: int
+    experts: int                      # M
+    top_k: int                        # k
+    hidden: int                       # h
+    width: int                        # s
+    rank: int | None = None           # r; None = the standard router
+
+    def __post_init__(self):
+        _int_in("experts", self.experts, 1)
+        _int_in("top_k", self.top_k, 1, self.experts)
+        _int_in("hidden", self.hidden, 1)
+        _int_in("width", self.width, 1)
+        if self.rank is not None:
+            _int_in("rank", self.rank, 1, self.hidden)
 
     @property
     def name(self) -> str:
-        kind = "MoE" if self.rank is None else "MoRE"
-        return f"{kind}-{self.experts}"
+        return layer_name(self.experts, self.rank)
+
+    @property
+    def label(self) -> str:
+        """The full shape, e.g. "MoRE(M=1792, k=4, h=512, s=56, r=64)"."""
+        args = f"M={self.experts}, k={self.top_k}, h={self.hidden}, s={self.width}"
+        return f"MoE({args})" if self.rank is None else f"MoRE({args}, r={self.rank})"
+
+    def active_flops(self, *, training: bool = False) -> int:
+        return active_flops(self.experts, self.top_k, self.hidden, self.width, self.rank,
+                            training=training)
+
+
+@dataclass(frozen=True)
+class PlannedLayer(LayerShape):
+    """A layer of a plan with its accounting at the planner's (C_e, C_r)."""
+
+    flops: float = 0.0                # active FLOPs at the planner's (C_e, C_r)
+    params_mlp: int = 0               # 3 M h s
+    params_router: int = 0
 
     def to_dict(self) -> dict:
         return {"name": self.name, **asdict(self)}
@@ -126,8 +164,8 @@ class MatchedPlan:
     budget: float              # tau
     ce: float
     cr: float
-    moe: LayerShape            # optimal MoE (or the reference one when given)
-    more: LayerShape           # MoRE matched to the same budget
+    moe: PlannedLayer          # optimal MoE (or the reference one when given)
+    more: PlannedLayer         # MoRE matched to the same budget
     moe_optimum: tuple[float, float]   # (M*, s*) before rounding
     more_optimum: tuple[float, float]  # (M', s') before rounding
 
@@ -147,10 +185,10 @@ class MatchedPlan:
                 "param_ratio": self.param_ratio, "expert_ratio": self.expert_ratio}
 
 
-def _shape(M, s, k, h, r, ce, cr) -> LayerShape:
-    return LayerShape(experts=M, width=s, top_k=k, hidden=h, rank=r,
-                      flops=ce * k * h * s + cr * router_params(M, h, r),
-                      params_mlp=expert_params(M, h, s), params_router=router_params(M, h, r))
+def _shape(M, s, k, h, r, ce, cr) -> PlannedLayer:
+    return PlannedLayer(experts=M, width=s, top_k=k, hidden=h, rank=r,
+                        flops=ce * k * h * s + cr * router_params(M, h, r),
+                        params_mlp=expert_params(M, h, s), params_router=router_params(M, h, r))
 
 
 def optimum(budget: float, hidden: int, top_k: int, rank: int | None = None, *,
@@ -195,7 +233,7 @@ def _round_to(x: float, multiple: int) -> int:
     return max(multiple, multiple * int(math.floor(x / multiple + 0.5)))
 
 
-def _rounded(opt, budget, h, k, r, ce, cr, round_width, refit) -> LayerShape:
+def _rounded(opt, budget, h, k, r, ce, cr, round_width, refit) -> PlannedLayer:
     M_opt, s_opt = opt
     s = _round_to(s_opt, round_width)
     M = fit_experts(budget, h, k, s, r, ce=ce, cr=cr) if refit else max(k, round(M_opt))

@@ -72,20 +72,23 @@ def test_eval_mode_has_no_aux_loss_but_counts_on_request():
 
 def test_config_names_and_flops():
     moe, more = MoEConfig.moe(32, 4, 64, 8), MoEConfig.more(96, 4, 64, 8, 16)
-    assert moe.name == "MoE(M=32, k=4, h=64, s=8)"
-    assert more.name == "MoRE(M=96, k=4, h=64, s=8, r=16)"
+    assert (moe.name, more.name) == ("MoE-32", "MoRE-96")           # the paper's names
+    assert moe.label == "MoE(M=32, k=4, h=64, s=8)"
+    assert more.label == "MoRE(M=96, k=4, h=64, s=8, r=16)"
     assert moe.active_flops() == 6 * 4 * 64 * 8 + 6 * 32 * 64
     assert more.active_flops(training=True) == 18 * 4 * 64 * 8 + 14 * (96 + 64) * 16
     assert not moe.is_lowrank and more.is_lowrank
 
 
 def test_config_errors_name_the_argument():
-    with pytest.raises(ValueError, match=r"top_k must be in \[1, experts=4\], got 5"):
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, 4\], got 5"):
         MoEConfig.moe(4, 5, 16, 8)
     with pytest.raises(ValueError, match="top_k must be in"):
         MoEConfig.moe(4, 0, 16, 8)
-    with pytest.raises(ValueError, match="rank must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"rank must be in \[1, 16\], got 0"):
         MoEConfig.more(4, 2, 16, 8, 0)
+    with pytest.raises(ValueError, match=r"rank must be in \[1, 16\], got 17"):
+        MoEConfig.more(4, 2, 16, 8, 17)
     for bad in (-1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="balance_coef must be a finite number >= 0"):
             MoEConfig.moe(4, 2, 16, 8, balance_coef=bad)

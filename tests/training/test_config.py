@@ -56,6 +56,7 @@ def test_layers_preset_file_set_and_flags(tmp_path):
      r"train\.compile_mode='reduce-overhead' uses CUDA graphs.*use one of default"),
     ("model.kind=dense", ValueError, r"model\.kind must be one of \('moe', 'more'\)"),
     ("model.rank=8", ValueError, r"model\.rank must be null when model\.kind='moe'"),
+    ("model.top_k=99", ValueError, r"model\.top_k must be in \[1, 8\], got 99"),
     ("optim.lr=-1", ValueError, r"optim\.lr must be a finite number > 0, got -1"),
     ("optim.lr=.inf", ValueError, r"optim\.lr must be a finite number > 0, got inf"),
     ("optim.eps=.nan", ValueError, r"optim\.eps must be a finite number > 0, got nan"),

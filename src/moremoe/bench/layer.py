@@ -137,8 +137,8 @@ def _layer_plan(quick: bool, sweeps) -> list[tuple[LayerPoint, list]]:
     """[(point, [(sweep, variant or memory impl), ...])] grouped so that each point's
     experts are built once."""
     n = 256 if quick else 262144
-    hs, ms = ((32,), (16,)) if quick else (HS, MS)
-    h0 = 32 if quick else 512
+    hs, ms = ((64,), (16,)) if quick else (HS, MS)
+    h0 = 64 if quick else 512
     plan: dict[LayerPoint, list] = {}
     for h, M in itertools.product(hs, ms):
         p = LayerPoint(h, M, N=n)
@@ -220,7 +220,7 @@ def decode_step(p: LayerPoint, variant: str, device, env, ceil, experts, *,
 def run_decode(device, *, quick=False, progress=None):
     """Each (h, M) builds its experts once; every B and variant reuses them."""
     env, ceil = environment(device), ceilings(device)
-    hs, ms, bs = ((32,), (16, 64), (4,)) if quick else (HS, MS, DECODE_BS)
+    hs, ms, bs = ((64,), (16, 64), (4,)) if quick else (HS, MS, DECODE_BS)
     total, i = len(hs) * len(ms) * len(bs) * len(DECODE_VARIANTS), 0
     for h, M in itertools.product(hs, ms):
         experts = _experts(LayerPoint(h, M, N=1), device)
@@ -237,7 +237,7 @@ def run_experts(device, *, quick=False, progress=None):
     """Expert kernels alone at h = 512, k = 4, N = 262,144, s in {64, 128, 512}."""
     from ..kernels import swiglu_experts as grouped
     env, ceil = environment(device), ceilings(device)
-    widths, n, h = ((16,), 256, 32) if quick else ((64, 128, 512), 262144, 512)
+    widths, n, h = ((16,), 256, 64) if quick else ((64, 128, 512), 262144, 512)
     for i, s in enumerate(widths):
         p = LayerPoint(h, 8192 if not quick else 16, s=s, N=n)
         layer = make_layer(p, "more_fused", device)

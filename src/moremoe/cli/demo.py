@@ -62,7 +62,7 @@ def run_demo(cfg: DemoConfig, *, out_dir: Path, progress: bool = True) -> dict:
     for moe in moes:
         model_cfg = phonebook_model_config(moe, layers=cfg.layers)
         run, model = train_phonebook(model_cfg, train_cfg, progress=progress,
-                                     desc=f"{moe.name.split('(')[0]}-{moe.experts}")
+                                     desc=moe.name)
         record = run.to_dict()
         record["router_seconds_per_token"] = router_seconds_per_token(model.blocks[0].moe.router)
         result["runs"].append(record)

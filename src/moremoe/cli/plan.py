@@ -17,7 +17,7 @@ def cmd_flops(args) -> int:
         missing = ", ".join(f"--{n.replace('_', '-')}" for n, v in model.items() if v is None)
         raise ValueError(f"total parameters need --layers, --vocab and --heads; "
                          f"missing {missing}")
-    out = {"name": f"{'MoE' if r is None else 'MoRE'}-{M}", "experts": M, "top_k": k,
+    out = {"name": accounting.layer_name(M, r), "experts": M, "top_k": k,
            "hidden": h, "width": s, "rank": r,
            "params_router": accounting.router_params(M, h, r),
            "params_experts": accounting.expert_params(M, h, s),

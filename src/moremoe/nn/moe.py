@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .. import accounting
-from ..checks import check_int, check_tensor, check_top_k
+from ..checks import check_tensor
 from ..ops.balance import expert_counts, switch_loss
 from ..ops.dispatch import IMPLS
 from .experts import SwiGLUExperts
@@ -21,12 +21,10 @@ from .router import ROUTER_INITS, LinearRouter, LowRankRouter, RouterOutput
 
 
 @dataclass(frozen=True)
-class MoEConfig:
-    experts: int                      # M
-    top_k: int                        # k
-    hidden: int                       # h
-    width: int                        # s
-    rank: int | None = None           # r; None = standard router (MoE), else MoRE
+class MoEConfig(accounting.LayerShape):
+    """A layer: its shape (M, k, h, s, r; accounting.LayerShape checks it) and how it is
+    built and run."""
+
     router_init: str = "variance_matched"
     init_std: float = 0.02
     balance_coef: float = 0.001
@@ -34,12 +32,7 @@ class MoEConfig:
     experts_impl: str = "auto"        # "auto" (Triton on CUDA) | "triton" | "reference"
 
     def __post_init__(self):
-        check_int("experts", self.experts)
-        check_top_k(self.top_k, self.experts)
-        check_int("hidden", self.hidden)
-        check_int("width", self.width)
-        if self.rank is not None:
-            check_int("rank", self.rank)
+        super().__post_init__()
         if self.router_init not in ROUTER_INITS:
             raise ValueError(f"router_init must be one of {ROUTER_INITS}, "
                              f"got {self.router_init!r}")
@@ -65,15 +58,6 @@ class MoEConfig:
     @property
     def is_lowrank(self) -> bool:
         return self.rank is not None
-
-    @property
-    def name(self) -> str:
-        args = f"M={self.experts}, k={self.top_k}, h={self.hidden}, s={self.width}"
-        return f"MoRE({args}, r={self.rank})" if self.is_lowrank else f"MoE({args})"
-
-    def active_flops(self, *, training: bool = False) -> int:
-        return accounting.active_flops(self.experts, self.top_k, self.hidden, self.width,
-                                       self.rank, training=training)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,4 +110,4 @@ class MoELayer(nn.Module):
         return MoEOutput(y_NH.reshape(x.shape), aux, switch, counts, routed)
 
     def extra_repr(self) -> str:
-        return self.config.name
+        return self.config.label

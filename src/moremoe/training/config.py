@@ -12,6 +12,7 @@ import types
 from dataclasses import asdict, dataclass, field, fields
 from typing import Union, get_args, get_origin, get_type_hints
 
+from ..accounting import LayerShape, layer_name
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
 from ..tasks.tokenizer import VOCAB_SIZE
@@ -46,6 +47,10 @@ class ModelSpec:
             raise ValueError("model.rank must be set (e.g. 64) when model.kind='more'")
         if self.kind == "moe" and self.rank is not None:
             raise ValueError(f"model.rank must be null when model.kind='moe', got {self.rank}")
+        try:                          # the layer's shape is checked in one place
+            LayerShape(self.experts, self.top_k, self.hidden, self.width, self.rank)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"model.{err}") from None
         if self.seq_len < 2:
             raise ValueError(f"model.seq_len must be >= 2, got {self.seq_len}")
         if not 0 <= self.balance_coef < math.inf:
@@ -54,7 +59,7 @@ class ModelSpec:
 
     @property
     def name(self) -> str:
-        return f"{'MoE' if self.kind == 'moe' else 'MoRE'}-{self.experts}"
+        return layer_name(self.experts, self.rank)
 
     def moe_config(self) -> MoEConfig:
         return MoEConfig(experts=self.experts, top_k=self.top_k, hidden=self.hidden,

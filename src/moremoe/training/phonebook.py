@@ -114,7 +114,7 @@ def train_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
     if lr is None:
         calibration = calibrate_lr(model_cfg, cfg, progress=progress)
         lr = max(calibration, key=calibration.get)
-    name = desc or model_cfg.moe.name
+    name = desc or model_cfg.moe.label
     run = PhonebookRun(name=name, model=model_cfg.to_dict(), train=asdict(cfg), lr=lr,
                        params_total=model_cfg.total_params(),
                        flops_inference=model_cfg.moe.active_flops(),
@@ -182,7 +182,7 @@ def calibrate_lr(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
         short = replace(cfg, lr=lr, max_steps=cfg.calibration_steps, max_minutes=None,
                         threshold=float("inf"), eval_every=cfg.calibration_steps)
         run, _ = train_phonebook(model_cfg, short, progress=progress,
-                                 desc=f"{model_cfg.moe.name} lr={lr:g}")
+                                 desc=f"{model_cfg.moe.label} lr={lr:g}")
         results[lr] = run.char_accuracy
     return results
 
@@ -209,12 +209,12 @@ def capacity_search(model_cfg: TransformerConfig, sizes, cfg: PhonebookTrainConf
     grid = sorted(set(int(s) for s in sizes))
     if not grid or grid[0] < 1:
         raise ValueError(f"sizes must be positive integers, got {sizes!r}")
-    result = CapacityResult(name=model_cfg.moe.name, sizes=grid, capacity=None)
+    result = CapacityResult(name=model_cfg.moe.label, sizes=grid, capacity=None)
     lo, hi = 0, len(grid) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
         run, _ = train_phonebook(model_cfg, replace(cfg, size=grid[mid]), progress=progress,
-                                 desc=f"{model_cfg.moe.name} size={grid[mid]}")
+                                 desc=f"{model_cfg.moe.label} size={grid[mid]}")
         result.trials.append(run.to_dict())
         if run.reached:
             result.capacity, lo = grid[mid], mid + 1
