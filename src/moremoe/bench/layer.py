@@ -130,7 +130,7 @@ def train_memory(p: LayerPoint, router_impl: str, device, env, ceil, experts) ->
     return row
 
 
-LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")   # also in cli_bench (no torch there)
+LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")   # also in cli/bench.py (no torch there)
 
 
 def _layer_plan(quick: bool, sweeps) -> list[tuple[LayerPoint, list]]:
