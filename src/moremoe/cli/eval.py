@@ -3,6 +3,7 @@ line, the report printed before it is written."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -92,7 +93,7 @@ def _write_report(path: Path, result: dict) -> None:
         write_json(spare, result)
         raise UserError(f"--out {path}: cannot write the report ({err.strerror or err}); it "
                         f"is in {spare} (and printed above)") from err
-    print(f"report: {path}", file=__import__("sys").stderr)
+    print(f"report: {path}", file=sys.stderr)
 
 
 def format_eval(result: dict) -> str:
