@@ -191,6 +191,22 @@ def test_outputs_under_a_file_are_refused_before_the_work(capsys, tmp_path, text
           "is a folder; give a file name")
 
 
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.ENOSPC])
+def test_an_unwritable_folder_is_refused_before_the_work(capsys, tmp_path, monkeypatch, code):
+    """A read-only file system, a folder without write permission (root writes anyway, so it
+    is simulated at the probe) or a full disk: named before any training starts."""
+    real_open = os.open
+
+    def refuse(path, flags, *args):
+        if ".moremoe-write-test" in str(path):
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, flags, *args)
+    monkeypatch.setattr(os, "open", refuse)
+    out = tmp_path / "ro"
+    fails(capsys, ["phonebook", "train", *PB, "--out", str(out)],
+          rf"--out {out}: cannot write there \({os.strerror(code)}\)")
+
+
 def test_a_failed_command_leaves_no_empty_folders(capsys, tmp_path):
     out = tmp_path / "new" / "run"
     fails(capsys, ["train", "--preset", "tiny-moe", "--data", str(tmp_path / "nowhere"),
