@@ -68,12 +68,16 @@ def _break(ckpt, how):
         path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
     elif how == "empty_config":
         (ckpt / stored.CONFIG_FILE).write_text("")
+    elif how == "foreign_weights":          # a safetensors-sized file of other JSON
+        header = b'["not", "a", "header"]'
+        (ckpt / stored.MODEL_FILE).write_bytes(len(header).to_bytes(8, "little") + header)
 
 
 @pytest.mark.parametrize("how, what", [("missing", "state.pt is missing"),
                                        ("truncated_weights", "model.safetensors has"),
                                        ("truncated_state", "state.pt is truncated"),
-                                       ("empty_config", "config.json cannot be read")])
+                                       ("empty_config", "config.json cannot be read"),
+                                       ("foreign_weights", "model.safetensors holds no safetensors header")])
 def test_incomplete_checkpoints_are_found_and_named(tmp_path, how, what):
     model = tiny_model()
     for step in (1, 2):

@@ -84,6 +84,7 @@ def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = 
 
 
 HUB = ("huggingface.co", 443)
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def offline_unless_hub_reachable(timeout: float = 3.0) -> bool:
@@ -107,8 +108,6 @@ def offline_unless_hub_reachable(timeout: float = 3.0) -> bool:
         ds.HF_DATASETS_OFFLINE = True
     return False
 
-
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def summarize(results: dict) -> dict:

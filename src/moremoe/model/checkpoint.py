@@ -52,7 +52,7 @@ def problems(ckpt: str | Path, *, weights_only: bool = False) -> list[str]:
             continue
         try:
             why = check(path)
-        except (OSError, ValueError, UnicodeDecodeError) as err:
+        except (OSError, ValueError, LookupError, TypeError) as err:   # any bytes at all
             why = f"cannot be read ({err})"
         if why:
             out.append(f"{name} {why}")
@@ -69,6 +69,8 @@ def _safetensors_ok(path: Path) -> str | None:
         if n > size - 8:
             return f"is truncated ({size:,} bytes, its header alone needs {n + 8:,})"
         header = json.loads(f.read(n))
+    if not isinstance(header, dict) or not all(isinstance(t, dict) for t in header.values()):
+        return "holds no safetensors header"
     end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
               default=0)
     if 8 + n + end != size:
