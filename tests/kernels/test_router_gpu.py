@@ -39,7 +39,7 @@ def test_full_size_lowrank_inference(h, k):
     from moremoe.kernels import router_lowrank as kr
     x, R1, R2 = _lowrank(262144, h, 8192, 64)
     val, idx, gates = kr.infer(x, R1, R2, k)
-    exact = kr.infer(x, R1, R2, k, config={"rounds": 0})
+    exact = kr.infer(x, R1, R2, k, config={"C": 0})
     assert torch.equal(idx, exact[1])              # the redo selects as the exact sweep
     torch.testing.assert_close(val, exact[0], **reduction_tol(torch.bfloat16, 64))
     for start in (0, 131072, 262144 - 8192):

@@ -187,35 +187,70 @@ def test_bad_arguments():
         kr.infer(x, R1.double(), R2, 2)
 
 
-@pytest.mark.parametrize("rounds,warm", [(1, 1), (2, 1), (2, 3), (3, 2)])
+@pytest.mark.parametrize("C,tuple_reduce", [(1, False), (2, False), (3, False), (4, False),
+                                           (2, True), (4, True)])
 @pytest.mark.parametrize("negative", [False, True])
-def test_bounded_rounds_with_exact_redo_equal_the_exact_sweep(rounds, warm, negative):
-    """Bounded steps per tile plus the redo of the rows that may have needed more select
-    exactly what the exact sweep selects, also when the logits are negative (those rows are
-    redone). The redo recomputes a row's z and values in another block of rows, so the
-    values agree to the rounding of an h-term and an r-term sum, not bit for bit."""
-    x, R1, R2 = make(150, 32, 700, 16)
+def test_candidates_with_exact_redo_equal_the_exact_sweep(C, tuple_reduce, negative):
+    """C keys per tile plus the exact sweep of the queued rows (C of a tile selected, a
+    negative key selected) select exactly what the exact sweep selects, also when most
+    logits are negative and some exactly tied (those rows are queued). tuple_reduce runs the
+    GPU's one-pass C-tuple reduction (slow in the interpreter: small tiles). The queued rows'
+    z and values are recomputed in another block of rows, so values agree to the rounding of
+    an h-term and an r-term sum, not bit for bit."""
+    N, M, BM = (24, 96, 16) if tuple_reduce else (150, 700, 32)
+    x, R1, R2 = make(N, 32, M, 16)
     if negative:
-        R1 = R1 - 3.0 * R1.abs().max()       # most logits negative, some exactly tied
-        R1[[5, 300]] = R1[7].clone()
+        R1 = R1 - 3.0 * R1.abs().max()
+        R1[[5, 50]] = R1[7].clone()
         x = x.abs() + 0.1
         R2 = R2.abs()
-    # one split: a split sweep always runs the exact rounds, so this compares two sweeps
-    exact = kr.infer(x, R1, R2, 6, splits=1, config={"rounds": 0})
-    bounded = kr.infer(x, R1, R2, 6, splits=1, config={"rounds": rounds, "warm": warm})
-    assert torch.equal(exact[1], bounded[1])
+    cfg = {"BM": BM, "C": C, "tuple": tuple_reduce}
+    exact = kr.infer(x, R1, R2, 6, config={"BM": BM, "C": 0})
+    cands = kr.infer(x, R1, R2, 6, config=cfg)
+    assert torch.equal(exact[1], cands[1])
     tol = reduction_tol(torch.float32, 32 + 16)
-    torch.testing.assert_close(bounded[0], exact[0], **tol)
-    torch.testing.assert_close(bounded[2], exact[2], **tol)
+    torch.testing.assert_close(cands[0], exact[0], **tol)
+    torch.testing.assert_close(cands[2], exact[2], **tol)
     logits = logits_lowrank(x, R1, R2)
     assert_valid_topk(exact[0], exact[1], logits, 6, tol=1e-6 * logits.abs().max().item())
+    split = kr.infer(x, R1, R2, 6, splits=3, config=cfg)
+    assert torch.equal(split[1], cands[1])
 
 
-def test_training_forward_with_bounded_rounds():
+def test_rows_with_c_keys_in_one_tile_are_redone():
+    """Expert tiles of 16 with the top-4 of every row in tile 2: one key per tile cannot
+    find them, so every row is queued and the exact sweep must produce the answer."""
+    x, R1, R2 = make(10, 16, 64, 8)
+    z = x @ R2.T
+    z[:, 0] = z[:, 0].abs() + 1.0
+    R2[0] = torch.linalg.lstsq(x, z[:, :1]).solution[:, 0]   # z0 > 0 for every row
+    big = torch.zeros(4, 8)
+    big[:, 0] = 40.0 * torch.tensor([1.0, 0.9, 0.8, 0.7])
+    R1[32:36] = big
+    logits = logits_lowrank(x, R1, R2)
+    want = torch.topk(logits, 4, dim=1).indices
+    assert (want.sort(1).values == torch.arange(32, 36)).all()
+    got = kr.infer(x, R1, R2, 4, config={"BM": 16, "C": 1})[1]
+    assert torch.equal(got.long(), want)
+
+
+def test_pick_candidates_follows_the_cost_model():
+    from moremoe.kernels.router_topk import pick_candidates
+    assert pick_candidates(1, 64) == 1 and pick_candidates(2, 64) == 2
+    assert pick_candidates(4, 64) == 2          # 9 % of rows redone beats a third key
+    assert pick_candidates(8, 64) == 3          # 1.4 % redone
+    assert pick_candidates(16, 1) == 0          # one tile: every row would be redone
+
+
+def test_training_forward_candidates_equal_the_exact_sweep():
     x, R1, R2 = make(90, 32, 600, 16)
     z = x @ R2.T
-    exact = kr.train_forward(z, R1, 5, config={"rounds": 0})
-    bounded = kr.train_forward(z, R1, 5, config={"rounds": 2, "warm": 1})
-    assert torch.equal(exact[1], bounded[1])                      # the same experts
-    for a, b in zip(exact[:1] + exact[2:], bounded[:1] + bounded[2:]):
-        torch.testing.assert_close(b, a, **reduction_tol(torch.float32, 16))
+    exact = kr.train_forward(z, R1, 5, config={"C": 0})
+    cands = kr.train_forward(z, R1, 5, config={"C": 2, "BM": 32})
+    assert torch.equal(exact[1], cands[1])                      # the same experts
+    tol = reduction_tol(torch.float32, 16)
+    for j in (0, 2, 5):                                         # values, gates, psum
+        torch.testing.assert_close(cands[j], exact[j], **tol)
+    # m is a shift (a key of the tile size's code), m + log Z the row's log-normaliser
+    lse = [out[3] + out[4].log() for out in (exact, cands)]
+    torch.testing.assert_close(lse[1], lse[0], **tol)

@@ -9,12 +9,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import INTERPRET
+
 LOWRANK, ZGIVEN, LINEAR = 0, 1, 2   # router launch modes (Python side)
 MODE_LOWRANK = tl.constexpr(LOWRANK)  # x, R1, R2: z = x R2ᵀ computed on chip, never stored
 MODE_Z = tl.constexpr(ZGIVEN)         # z given (training: x R2ᵀ from cuBLAS, kept for backward)
 MODE_LINEAR = tl.constexpr(LINEAR)    # x, W: the standard router; "z" = x, R1 = W, r = h
 
 NEG_INF = tl.constexpr(float("-inf"))
+# Triton's CPU interpreter reduces with numpy, whose SIMD fmax mishandles signalling NaNs
+# (the keys of ±inf logits): there, and only there, they are made -inf before the max.
+QUIET_KEYS = tl.constexpr(INTERPRET)
 BIG_IDX = tl.constexpr(2 ** 30)       # "no expert": larger than any expert index
 
 
@@ -23,6 +28,32 @@ def load_rows(PTR, rows64, row_ok, stride_n, cols, col_ok, stride_c):
     """(rows, cols) of a 2-D tensor, zero where a row or a column is masked."""
     return tl.load(PTR + rows64[:, None] * stride_n + cols[None, :] * stride_c,
                    mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton.jit
+def insert_key(bk, bi, thr, cand, cidx, ok):
+    """Put cand (truncated key) with expert cidx into each row's running buffer where ok:
+    it replaces the smallest key (among equal smallest, the highest expert index)."""
+    evict = tl.max(tl.where(bk == thr[:, None], bi, -BIG_IDX), axis=1)
+    hit = (bi == evict[:, None]) & ok[:, None]
+    bk = tl.where(hit, cand[:, None], bk)
+    bi = tl.where(hit, cidx[:, None], bi)
+    return bk, bi, tl.min(bk, axis=1)
+
+
+@triton.jit
+def z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h,
+             BN: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr):
+    """z (BN, BR) = x[rows] R2ᵀ, fp32 accumulate, returned in x's dtype (bf16 stays bf16)."""
+    rr = tl.arange(0, BR)
+    acc = tl.zeros((BN, BR), dtype=tl.float32)
+    for h0 in range(0, H, BH):
+        hh = h0 + tl.arange(0, BH)
+        x = load_rows(X, rows64, row_ok, sx_n, hh, hh < H, sx_h)
+        w = load_rows(R2, rr.to(tl.int64), rr < R, s2_r, hh, hh < H, s2_h)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+    # padded rank columns are 0 · x, NaN where x is infinite: zero them
+    return tl.where((rr < R)[None, :], acc, 0.0).to(X.dtype.element_ty)
 
 
 @triton.jit
@@ -54,6 +85,126 @@ def logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw
         rr = tl.arange(0, BR)
         w = load_rows(W, cols64, col_ok, sw_m, rr, (rr < R) | FULL_R, sw_k)
         return tl.dot(z, tl.trans(w), input_precision=PREC)
+
+
+# ---------------------------------------------------------------- selection keys
+# A key is an fp32 logit whose low log2(BM) + 1 bits hold the code 2 BM - 1 - column of its
+# place in the tile: one float max yields value and column and, among keys equal after the
+# code bits are cleared (truncated), the lower column (for non-negative values). Every code
+# has the bit BM set, so no code is 0 and every ±inf logit becomes a NaN key, which no max
+# selects. Logits that differ by less than 2^(log2(BM) - 22) relative may be ordered by
+# index rather than by value; values are recomputed exactly for the winners.
+
+@triton.jit
+def key_code(cols, BM: tl.constexpr):
+    """Code of tile columns cols (in [0, BM)): their bits complemented, plus the bit BM."""
+    return (2 * BM - 1) - cols
+
+
+@triton.jit
+def pack_keys(logits, BM: tl.constexpr, LANEB: tl.constexpr):
+    """(BN, BM) fp32 -> keys. LANEB (GPU only) names the column bits that come from the lane
+    in the MMA accumulator's layout: the code is then split into B (its lane bits; one
+    register per thread) and C (the rest, with the bit BM; an immediate per element), both
+    with every bit above the code set, and (bits & B & C) | (B ^ C) = (bits & ~MASK) | code
+    is one LOP3 (0xE6) per logit instead of two. Exact for any LANEB."""
+    MASK: tl.constexpr = 2 * BM - 1
+    cols = tl.arange(0, BM)
+    bits = logits.to(tl.int32, bitcast=True)
+    if LANEB == 0:
+        keys = (bits & ~MASK) | key_code(cols, BM)[None, :]
+    else:
+        code = key_code(cols, BM)
+        lane_b = (code & LANEB) | ~MASK
+        reg_c = (code & (MASK & ~LANEB)) | ~MASK
+        keys = tl.inline_asm_elementwise(
+            "lop3.b32 $0, $1, $2, $3, 0xE6;", "=r,r,r,r",
+            [bits, tl.zeros_like(bits) + lane_b[None, :], tl.zeros_like(bits) + reg_c[None, :]],
+            dtype=tl.int32, is_pure=True, pack=1)
+    return keys.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def trunc_keys(keys, BM: tl.constexpr):
+    """Keys with the code bits cleared: what the running buffers compare."""
+    return (keys.to(tl.int32, bitcast=True) & ~(2 * BM - 1)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def key_column(keys, BM: tl.constexpr):
+    return (2 * BM - 1) - (keys.to(tl.int32, bitcast=True) & (2 * BM - 1))
+
+
+@triton.jit
+def exact_logit(z, X, W, rows64, ok, idx, H, R, sx_n, sx_h, sw_m, sw_k,
+                MODE: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+    """fp32 logit of each row against one expert per row (idx (BN,)); NaN where not ok."""
+    idx64 = tl.where(ok, idx, 0).to(tl.int64)
+    if MODE == MODE_LINEAR:
+        acc = tl.zeros(idx.shape, dtype=tl.float32)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            x = load_rows(X, rows64, ok, sx_n, hh, hh < H, sx_h).to(tl.float32)
+            w = load_rows(W, idx64, ok, sw_m, hh, hh < H, sw_k).to(tl.float32)
+            acc += tl.sum(x * w, axis=1)
+    else:
+        rr = tl.arange(0, BR)
+        w = load_rows(W, idx64, ok, sw_m, rr, rr < R, sw_k).to(tl.float32)
+        acc = tl.sum(z.to(tl.float32) * w, axis=1)
+    return tl.where(ok, acc, float("nan"))
+
+
+@triton.jit
+def column(t, j, KP: tl.constexpr):
+    """Column j (runtime) of a (BN, KP) tensor."""
+    return tl.sum(tl.where(tl.arange(0, KP)[None, :] == j, t, 0), axis=1)
+
+
+@triton.jit
+def exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
+                 K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, BR: tl.constexpr,
+                 BH: tl.constexpr):
+    """(BN, KP) exact logits of the experts bi (NaN where bi is no expert); a runtime loop
+    over the k slots keeps the compiled code the same size for every k."""
+    slots = tl.arange(0, KP)
+    vals = tl.zeros(bi.shape, tl.float32)
+    for j in range(K):
+        idx_j = column(bi, j, KP)
+        v = exact_logit(z, X, W, rows64, row_ok & (idx_j >= 0) & (idx_j < M), idx_j, H, R,
+                        sx_n, sx_h, sw_m, sw_k, MODE, BR, BH)
+        vals = tl.where(slots[None, :] == j, v[:, None], vals)
+    return vals
+
+
+@triton.jit
+def write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
+                 K: tl.constexpr, KP: tl.constexpr):
+    """Sort (finite values descending, then the non-finite, ties by lower index) and store
+    values, indices and gates (softmax over the finite values: fillers get 0, a row of none
+    NaN)."""
+    slots = tl.arange(0, KP)
+    live = slots[None, :] < K
+    sk = tl.where(live & (tl.abs(vals) < float("inf")), vals, NEG_INF)
+    work = tl.where(live, bi, BIG_IDX)
+    out_v = tl.zeros(vals.shape, dtype=tl.float32)
+    out_i = tl.zeros(bi.shape, dtype=tl.int32)
+    for j in range(K):
+        mv = tl.max(sk, axis=1)
+        pick = tl.min(tl.where(sk == mv[:, None], work, BIG_IDX), axis=1)
+        sel = work == pick[:, None]
+        out_v = tl.where(slots[None, :] == j, tl.sum(tl.where(sel, vals, 0.0), axis=1)[:, None],
+                         out_v)
+        out_i = tl.where(slots[None, :] == j, pick[:, None], out_i)
+        sk = tl.where(sel, NEG_INF, sk)
+        work = tl.where(sel, BIG_IDX, work)
+    mask = row_ok[:, None] & live
+    offs = rows64[:, None] * so_n + slots[None, :]
+    tl.store(OUT_VAL + offs, out_v, mask=mask)
+    tl.store(OUT_IDX + offs, out_i, mask=mask)
+    fin = live & (tl.abs(out_v) < float("inf"))
+    top = tl.max(tl.where(fin, out_v, NEG_INF), axis=1)
+    e = tl.where(fin, tl.exp(out_v - top[:, None]), 0.0)
+    tl.store(OUT_GATE + offs, e / tl.sum(e, axis=1)[:, None], mask=mask)
 
 
 def next_pow2(n: int) -> int:

@@ -1,0 +1,259 @@
+"""The candidates pass of the top-k routers: per expert tile only the C best keys of each row
+leave the chip, then a small kernel picks the top-k among them.
+
+One logit costs the selection about 2C ALU ops here (the key packing, then C running maxima
+in the MMA accumulator's registers), against 1 + 3 per extraction in a running top-k that
+inserts key by key: at k = 4, C = 2, four ops instead of about eight. The candidates are
+exact whenever no tile holds more than C of a row's top-k; the pick detects the rows where a
+tile might (C of its keys selected), where a tile held a non-finite logit, or where a
+selected key is negative (the code order of equal negative keys is reversed), and queues
+them for the exact sweep (router_topk). For top-k positions spread evenly over T tiles the
+queued share is about binom(k, C + 1) / T^C: 9 % at k = 4, C = 2, T = 64 (M = 8,192).
+
+Kernels (grid, reads -> writes):
+  _candidates_kernel (N/BN, SPLITS) x, R1|W [, R2] -> CAND (T, C, N) fp32 keys,
+                                    z (N, r) in x's dtype (low-rank inference), m and Z
+                                    (training: the online softmax over the finite logits)
+  _pick_kernel       (N/BNP,)       CAND, z|x, R1|W -> top-k val fp32, idx int32, gates fp32;
+                                    REDO, REDO_N: the queued rows
+T = ceil(M / BM) tiles; SPLITS splits the tiles when there are too few token blocks to fill
+the GPU; BNP, BT the rows and candidates per step of the pick. HBM traffic of the candidates:
+4 T C N bytes written and read (134 MB at N = 262,144, M = 8,192, C = 2), z 2 N r.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from . import INTERPRET
+from ._common import (BIG_IDX, LOWRANK, LINEAR, MODE_LINEAR, MODE_LOWRANK, NEG_INF,
+                      QUIET_KEYS, column, dot_precision, exact_values, fill_splits, insert_key,
+                      key_column, load_rows, logit_tile, next_pow2, pack_keys, trunc_keys,
+                      write_sorted, z_block, z_rows)
+
+
+@triton.jit
+def _mx(a, b):
+    # NaN-propagating: a NaN key anywhere in a row's tile makes its first candidate NaN (the
+    # pick queues the row), and LLVM folds max(x, -inf) -> x, so the in-thread part of the
+    # reduction costs 2C - 1 ops per key. The mins are the plain ones: min(x, -inf) -> -inf.
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _top2(a1, a2, b1, b2):
+    """The best 2 of two sorted pairs; the j-th best of two sorted lists a, b is
+    max over i of min(a_i, b_(j-i)) with a_0 = b_0 = +inf."""
+    return _mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1))
+
+
+@triton.jit
+def _top3(a1, a2, a3, b1, b2, b3):
+    return (_mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1)),
+            _mx(_mx(a3, b3), _mx(tl.minimum(a1, b2), tl.minimum(a2, b1))))
+
+
+@triton.jit
+def _top4(a1, a2, a3, a4, b1, b2, b3, b4):
+    return (_mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1)),
+            _mx(_mx(a3, b3), _mx(tl.minimum(a1, b2), tl.minimum(a2, b1))),
+            _mx(_mx(a4, b4), _mx(_mx(tl.minimum(a1, b3), tl.minimum(a3, b1)),
+                                 tl.minimum(a2, b2))))
+
+
+@triton.jit
+def _peel(keys, top):
+    """The next best key after top (keys are distinct per row, or -inf)."""
+    keys = tl.where(keys == top[:, None], NEG_INF, keys)
+    return keys, tl.max(keys, axis=1)
+
+
+@triton.jit
+def _best_keys(keys, C: tl.constexpr, TUPLE: tl.constexpr):
+    """The C best keys of each row (C (BN,) tensors, best first). TUPLE: one reduction
+    over C-tuples (the GPU path, 2C - 1 ops per key); otherwise C max-and-mask rounds (the
+    same result: Triton's interpreter calls a tuple combine once per element)."""
+    ninf = tl.full(keys.shape, NEG_INF, tl.float32)
+    if TUPLE:
+        if C == 1:
+            c1 = tl.reduce(keys, 1, _mx)
+            c2 = c1
+            c3 = c1
+            c4 = c1
+        elif C == 2:
+            c1, c2 = tl.reduce((keys, ninf), 1, _top2)
+            c3 = c2
+            c4 = c2
+        elif C == 3:
+            c1, c2, c3 = tl.reduce((keys, ninf, ninf), 1, _top3)
+            c4 = c3
+        else:
+            c1, c2, c3, c4 = tl.reduce((keys, ninf, ninf, ninf), 1, _top4)
+    else:
+        c1 = tl.max(keys, axis=1)
+        c2 = c1
+        c3 = c1
+        c4 = c1
+        if C > 1:
+            keys, c2 = _peel(keys, c1)
+        if C > 2:
+            keys, c3 = _peel(keys, c2)
+        if C > 3:
+            keys, c4 = _peel(keys, c3)
+    return c1, c2, c3, c4
+
+
+@triton.jit
+def _store_best(keys, CAND, t, rows64, row_ok, N, C: tl.constexpr, TUPLE: tl.constexpr):
+    """The C best keys of each row of the tile t into CAND[t, 0:C, rows]."""
+    base = CAND + (tl.zeros_like(rows64) + t) * C * N + rows64   # int64: T C N may pass 2^31
+    c1, c2, c3, c4 = _best_keys(keys, C, TUPLE)
+    tl.store(base, c1, mask=row_ok)
+    if C > 1:
+        tl.store(base + N, c2, mask=row_ok)
+    if C > 2:
+        tl.store(base + 2 * N, c3, mask=row_ok)
+    if C > 3:
+        tl.store(base + 3 * N, c4, mask=row_ok)
+
+
+@triton.jit
+def _candidates_kernel(X, W, R2, CAND, ZOUT, OUT_M, OUT_NORM, N, H, M, R, m_per_split,
+                       sx_n, sx_h, sw_m, sw_k, s2_r, s2_h,
+                       C: tl.constexpr, MODE: tl.constexpr, STATS: tl.constexpr,
+                       BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+                       BH: tl.constexpr, PREC: tl.constexpr, EVEN: tl.constexpr,
+                       FULL_R: tl.constexpr, LANEB: tl.constexpr, TUPLE: tl.constexpr):
+    """The C best keys per row of every tile of split program_id(1); STATS (one split)
+    adds m, Z; the low-rank mode stores z for the pick's exact values (split 0 only)."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    row_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    pid_s = tl.program_id(1)
+    if MODE == MODE_LOWRANK:
+        z = z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
+        if pid_s == 0:
+            rr = tl.arange(0, BR)
+            tl.store(ZOUT + rows64[:, None] * BR + rr[None, :], z, mask=row_ok[:, None])
+    else:
+        z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
+    run_m = tl.full((BN,), NEG_INF, tl.float32)
+    run_norm = tl.zeros((BN,), tl.float32)
+    m_begin = pid_s * m_per_split
+    for m0 in range(m_begin, tl.minimum(M, m_begin + m_per_split), BM):
+        cols = m0 + tl.arange(0, BM)
+        col_ok = (cols < M) | EVEN
+        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
+                            sw_k, MODE, BN, BM, BR, BH, PREC, FULL_R)
+        keys = pack_keys(logits, BM, LANEB)
+        if QUIET_KEYS:
+            keys = tl.where(keys == keys, keys, NEG_INF)
+        if not EVEN:
+            keys = tl.where(col_ok[None, :], keys, NEG_INF)
+        if STATS:   # the keys of non-finite logits are NaN: tl.max skips them
+            top = tl.max(keys, axis=1)
+            new_m = tl.maximum(run_m, tl.where(top == top, top, NEG_INF))
+            safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
+            p = tl.exp(logits - safe_m[:, None])
+            p = tl.where(col_ok[None, :] & (p < float("inf")), p, 0.0)
+            run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
+            run_m = new_m
+        _store_best(keys, CAND, m0 // BM, rows64, row_ok, N, C, TUPLE)
+    if STATS:
+        tl.store(OUT_M + rows64, run_m, mask=row_ok)
+        tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
+
+
+@triton.jit
+def _doubtful(bk, bi, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr,
+              BM: tl.constexpr):
+    """Rows whose selection the candidates cannot vouch for: a slot left empty, a negative
+    key selected, or (C < K) C selected keys from one tile, whose next key might belong."""
+    live = tl.arange(0, KP)[None, :] < K
+    weak = live & ((bi < 0) | (bk.to(tl.int32, bitcast=True) < 0))
+    bad = tl.max(weak.to(tl.int32), axis=1) > 0
+    if C < K:
+        tile = tl.where(live & (bi >= 0), bi // BM, -1)
+        for j in range(K):
+            t_j = column(tile, j, KP)
+            n_j = tl.sum(((tile == t_j[:, None]) & (t_j[:, None] >= 0)).to(tl.int32), axis=1)
+            bad = bad | (n_j >= C)
+    return bad
+
+
+@triton.jit
+def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H, M, R, TC,
+                 sx_n, sx_h, sw_m, sw_k, sz_n, sz_r, so_n,
+                 K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr, MODE: tl.constexpr,
+                 BN: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+                 BH: tl.constexpr):
+    """Top-k of the TC = T·C candidates of each row by truncated key, ties by lower expert
+    index (candidates are read in tile order, so a strictly larger key is needed to enter),
+    exact values and gates; doubtful rows are queued in REDO."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    row_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    slots = tl.arange(0, KP)
+    bk = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP), tl.float32)
+    bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
+    thr = tl.full((BN,), NEG_INF, tl.float32)
+    nan_seen = tl.zeros((BN,), tl.int32)
+    for c0 in range(0, TC, BT):
+        cc = c0 + tl.arange(0, BT)
+        keys = tl.load(CAND + cc.to(tl.int64)[None, :] * N + rows64[:, None],
+                       mask=row_ok[:, None] & (cc < TC)[None, :], other=NEG_INF)
+        nan_seen = tl.maximum(nan_seen, tl.max((keys != keys).to(tl.int32), axis=1))
+        tk = trunc_keys(tl.where(keys == keys, keys, NEG_INF), BM)
+        gidx = (cc // C)[None, :] * BM + key_column(keys, BM)
+        top = tl.max(tk, axis=1)
+        ok = top > thr
+        while tl.max(ok.to(tl.int32), axis=0) > 0:
+            pick = tl.min(tl.where(tk == top[:, None], gidx, BIG_IDX), axis=1)
+            bk, bi, thr = insert_key(bk, bi, thr, top, pick, ok)
+            tk = tl.where(gidx == pick[:, None], NEG_INF, tk)
+            top = tl.max(tk, axis=1)
+            ok = top > thr
+    bad = (_doubtful(bk, bi, K, KP, C, BM) | (nan_seen > 0)) & row_ok
+    z = z_rows(ZS, rows64, row_ok, R, sz_n, sz_r, MODE, BN, BR)
+    vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
+                        K, KP, MODE, BR, BH)
+    write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
+    n = tl.sum(bad.to(tl.int32), axis=0)
+    if n > 0:
+        pos = tl.atomic_add(REDO_N, n) + tl.cumsum(bad.to(tl.int32), axis=0) - 1
+        tl.store(REDO + pos, rows, mask=bad)
+
+
+def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, out, stats=None,
+                      splits: int | None = None):
+    """Candidates and pick into out = (val, idx, gates) [and stats = (m, Z)]; returns the
+    queued rows (REDO, REDO_N) for the exact sweep."""
+    N, H, M = x.shape[0], x.shape[1], w.shape[0]
+    R = r2.shape[0] if mode == LOWRANK else H
+    dev = x.device
+    BN, BM, BR, C = cfg["BN"], cfg["BM"], cfg["BR"], cfg["C"]
+    T = triton.cdiv(M, BM)
+    n_blocks = triton.cdiv(N, BN)
+    if stats is not None:
+        splits = 1
+    splits = splits or fill_splits(dev, n_blocks, M, BM)
+    m_per_split = triton.cdiv(T, max(1, min(splits, T))) * BM
+    cand = torch.empty(T * C, N, device=dev, dtype=torch.float32)
+    z_out = torch.empty(N if mode == LOWRANK else 1, BR, device=dev, dtype=x.dtype)
+    m_row, norm_row = stats if stats is not None else (cand, cand)
+    r2_ = r2 if r2 is not None else x
+    laneb = cfg["laneb"] if dev.type == "cuda" else 0
+    _candidates_kernel[(n_blocks, triton.cdiv(M, m_per_split))](
+        x, w, r2_, cand, z_out, m_row, norm_row, N, H, M, R, m_per_split,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1),
+        C=C, MODE=mode, STATS=stats is not None, BN=BN, BM=BM, BR=BR, BH=cfg["BH"],
+        PREC=dot_precision(x.dtype), EVEN=M % BM == 0, FULL_R=mode != LINEAR and R == BR,
+        LANEB=laneb, TUPLE=cfg.get("tuple", not INTERPRET), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    zs, sz = (z_out, (BR, 1)) if mode == LOWRANK else (x, (x.stride(0), x.stride(1)))
+    rows = torch.empty(N, device=dev, dtype=torch.int32)
+    rows_n = torch.zeros(1, device=dev, dtype=torch.int32)
+    BNP = 32
+    _pick_kernel[(triton.cdiv(N, BNP),)](
+        cand, x, w, zs, *out, rows, rows_n, N, H, M, R, T * C, x.stride(0), x.stride(1),
+        w.stride(0), w.stride(1), *sz, k, K=k, KP=next_pow2(k), C=C, MODE=mode, BN=BNP,
+        BT=min(64, next_pow2(T * C)), BM=BM, BR=BR, BH=cfg["BH"], num_warps=4)
+    return rows, rows_n
