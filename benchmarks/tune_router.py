@@ -1,93 +1,140 @@
-"""Tuning probe for the fused router kernels (run on the GPU): times block configurations of
-the inference sweep at the target point, the same kernel with the selection removed (PROBE:
-loads + MMA + one max per tile) and the references, against the measured ceilings.
+"""Tuning probe for the fused router kernels (run on the GPU): times configurations of the
+candidates pass (keys per tile C, tile BM, the one-LOP3 packing, warps and stages) at the
+target points, the share of rows the exact sweep redoes, the pass alone, the exact sweep
+alone, the prototype and Algorithm 1 of `.anchors/` when present (the anchors of the issue,
+copied there to run beside us), and block configurations of the standard router at
+h = 2,048. One JSON line per measurement.
 
-    python benchmarks/tune_router.py [--out results.json]
+    python benchmarks/tune_router.py [--out rows.jsonl] [--only lowrank|linear]
 """
 import argparse
+import importlib.util
 import json
+import os
+import sys
 
 import torch
 
 from moremoe.bench.harness import ceilings, floor_ms, time_ms
-from moremoe.runtime import environment
 from moremoe.bench.router import Point, op_cost
 from moremoe.kernels import router_linear as kl
 from moremoe.kernels import router_lowrank as kr
 from moremoe.kernels._common import LOWRANK
-from moremoe.kernels.router_topk import launch_sweep
+from moremoe.kernels.router_candidates import launch_candidates
+from moremoe.kernels.router_topk import sweep_config
 from moremoe.ops import reference as ref
+from moremoe.runtime import environment
 
-EXACT = {"rounds": 0}
-VARIANTS = {
-    "exact BM128": dict(BM=128, **EXACT),
-    "bounded BM128": dict(BM=128),
-    "bounded BM256": dict(BM=256),
-    "bounded BM256 warm2": dict(BM=256, warm=2),
-}
+POINTS = [(512, 4), (2048, 4), (512, 8), (512, 16), (512, 1)]
+VARIANTS = {4: [{}, {"C": 3}, {"laneb": 0}, {"num_stages": 3}, {"BM": 256},
+                {"BN": 128, "num_warps": 8}, {"C": 0}],
+            8: [{}, {"C": 4}, {"C": 2}, {"num_stages": 3}],
+            16: [{}, {"C": 4}, {"C": 0}],
+            1: [{}, {"num_stages": 3}]}
+LINEAR = [{}, {"BN": 64, "num_warps": 4, "num_stages": 2}, {"num_stages": 4},
+          {"BM": 256}, {"BH": 128}, {"BN": 128, "BM": 128, "num_warps": 4, "num_stages": 3}]
+
+
+def _anchor(name):
+    path = os.path.join(".anchors", f"{name}.py")
+    if not os.path.exists(path):
+        return None
+    sys.path.insert(0, ".anchors")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def emit(rows, out, **row):
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def lowrank(dev, ceil, rows, out, env):
+    fast, alg1 = _anchor("fast_router"), _anchor("paper_alg1")
+    for h, k in POINTS:
+        p = Point(h=h, k=k)
+        g = torch.Generator(device=dev).manual_seed(h)
+        x = torch.randn(p.N, h, device=dev, generator=g).bfloat16()
+        R1 = (torch.randn(p.M, p.r, device=dev, generator=g) * 0.1).bfloat16()
+        R2 = (torch.randn(p.r, h, device=dev, generator=g) * 0.1).bfloat16()
+        fl = floor_ms(*op_cost(p, "lowrank", False), ceil)
+        base = dict(h=h, M=p.M, r=p.r, k=k, N=p.N, floor_ms=fl, **env)
+        exact = kr.infer(x, R1, R2, k, config={"C": 0})[1]
+        for v in VARIANTS[k]:
+            cfg = sweep_config(LOWRANK, p.r, h, k, p.M, v)
+            try:
+                ms = time_ms(lambda: kr.infer(x, R1, R2, k, config=v), device=dev)
+                same = torch.equal(kr.infer(x, R1, R2, k, config=v)[1], exact)
+                outs = tuple(torch.empty(p.N, k, device=dev, dtype=dt)
+                             for dt in (torch.float32, torch.int32, torch.float32))
+                redo = launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg, out=outs)[1]
+                pass_ms = (time_ms(lambda: launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg,
+                                                             out=outs), device=dev)
+                           if cfg["C"] else None)
+                emit(rows, out, impl="moremoe", variant=v, cfg=cfg, ms=ms, x_floor=ms / fl,
+                     same_as_exact=same, pass_ms=pass_ms,
+                     redo_share=redo.item() / p.N if cfg["C"] else 1.0, **base)
+            except Exception as err:  # one bad config must not stop the run
+                emit(rows, out, impl="moremoe", variant=v, error=repr(err)[:300], **base)
+        emit(rows, out, impl="unfused", ms=time_ms(
+            lambda: torch.softmax(ref.router_lowrank_ref(x, R1, R2, k)[0], -1), device=dev),
+            **base)
+        if fast is not None and k in (4, 8):
+            for st, bm in ((3, 128), (4, 128), (3, 64)):
+                ms = time_ms(lambda: fast.topcf(x, R2, R1, k, 64, bm, 64, 4, st, C=2, pf=False,
+                                                ifr=True), device=dev)
+                emit(rows, out, impl="prototype", cfg=dict(BM=bm, stages=st), ms=ms, **base)
+            ms = time_ms(lambda: fast.topcf(x, R2, R1, k, 64, 128, 64, 4, 3, floor=True,
+                                            pf=False, ifr=True), device=dev)
+            emit(rows, out, impl="prototype skeleton (loads+MMA+pack+max)", ms=ms, **base)
+        if alg1 is not None and k == 4:
+            ms = time_ms(lambda: alg1.alg1(x, R2, R1, k, 64, 128, 64, 4), device=dev)
+            emit(rows, out, impl="anchor alg1 64x128", ms=ms, **base)
+        del x, R1, R2
+        torch.cuda.empty_cache()
+
+
+def linear(dev, ceil, rows, out, env):
+    for h in (2048, 1024, 512):
+        p = Point(h=h)
+        g = torch.Generator(device=dev).manual_seed(7)
+        x = torch.randn(p.N, h, device=dev, generator=g).bfloat16()
+        W = (torch.randn(p.M, h, device=dev, generator=g) * 0.05).bfloat16()
+        fl = floor_ms(*op_cost(p, "linear", False), ceil)
+        base = dict(h=h, M=p.M, k=p.k, N=p.N, floor_ms=fl, **env)
+        emit(rows, out, impl="cuBLAS x W^T (bf16 out)", ms=time_ms(lambda: x @ W.T, device=dev),
+             **base)
+        emit(rows, out, impl="unfused", ms=time_ms(
+            lambda: torch.softmax(ref.router_linear_ref(x, W, p.k)[0], -1), device=dev), **base)
+        for v in LINEAR if h == 2048 else LINEAR[:2]:
+            try:
+                ms = time_ms(lambda: kl.infer(x, W, p.k, config=v), device=dev)
+                emit(rows, out, impl="moremoe linear", variant=v, ms=ms, x_floor=ms / fl, **base)
+            except Exception as err:
+                emit(rows, out, impl="moremoe linear", variant=v, error=repr(err)[:300], **base)
+        del x, W
+        torch.cuda.empty_cache()
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--h", type=int, default=512)
-    ap.add_argument("--M", type=int, default=8192)
+    ap.add_argument("--only", choices=["lowrank", "linear"], default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
+    env = environment(dev)
     ceil = ceilings(dev)
-    p = Point(h=args.h, M=args.M)
-    x = torch.randn(p.N, p.h, device=dev).bfloat16()
-    R1 = (torch.randn(p.M, p.r, device=dev) * 0.1).bfloat16()
-    R2 = (torch.randn(p.r, p.h, device=dev) * 0.1).bfloat16()
-    W = (torch.randn(p.M, p.h, device=dev) * 0.05).bfloat16()
-    flops, nbytes = op_cost(p, "lowrank", False)
-    fl = floor_ms(flops, nbytes, ceil)
-    out = {"env": environment(dev), "ceilings": ceil, "point": p.__dict__, "floor_ms": fl,
-           "rows": []}
-
-    def rec(name, fn, **kw):
-        try:
-            ms = time_ms(fn, device=dev)
-        except Exception as err:  # report and continue: one bad config must not stop the run
-            print(f"{name:48s} FAILED {type(err).__name__}: {str(err)[:200]}", flush=True)
-            return
-        out["rows"].append({"name": name, "ms": ms, **kw})
-        print(f"{name:48s} {ms:8.3f} ms   {ms / fl:5.2f}x floor", flush=True)
-
-    print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
-          f"{ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s; floor {fl:.3f} ms", flush=True)
-    rec("unfused lowrank (2 matmuls + topk + softmax)",
-        lambda: torch.softmax(ref.router_lowrank_ref(x, R1, R2, p.k)[0], -1))
-    rec("matmul x R2^T then z R1^T only (cuBLAS)", lambda: (x @ R2.T) @ R1.T)
-    for name, cfg in VARIANTS.items():
-        for k in (1, 2, 4, 8, 16):
-            rec(f"fused lowrank {name} k={k}", lambda c=cfg, k=k: kr.infer(x, R1, R2, k, config=c),
-                variant=name, k=k)
-    rec("  probe (no selection) BM128",
-        lambda: launch_sweep(x, R1, p.k, r2=R2, mode=LOWRANK, config=EXACT, probe=True), probe=True)
-    rec("  probe (no selection) BM256",
-        lambda: launch_sweep(x, R1, p.k, r2=R2, mode=LOWRANK, config=dict(BM=256, **EXACT),
-                             probe=True), probe=True)
-    for k in (1, 4, 16):
-        rec(f"unfused lowrank k={k}",
-            lambda k=k: torch.softmax(ref.router_lowrank_ref(x, R1, R2, k)[0], -1), k=k)
-    xs = x[:2048].clone()
-    rec("B=2 fused auto split", lambda: kr.infer(xs, R1, R2, p.k))
-    rec("B=2 fused one sweep", lambda: kr.infer(xs, R1, R2, p.k, splits=1))
-    rec("B=2 unfused", lambda: torch.softmax(ref.router_lowrank_ref(xs, R1, R2, p.k)[0], -1))
-    rec("fused linear default", lambda: kl.infer(x, W, p.k))
-    rec("fused linear exact", lambda: kl.infer(x, W, p.k, config=EXACT))
-    rec("unfused linear", lambda: torch.softmax(ref.router_linear_ref(x, W, p.k)[0], -1))
-    from moremoe.bench.router import measure
-    for router in ("lowrank", "linear"):
-        for impl in ("triton", "reference"):
-            row = measure(p, router, impl, True, dev, ceil)
-            out["rows"].append({"name": f"train {router} {impl}", **row})
-            print(f"train fwd+bwd {router:8s} {impl:9s} {row['ms'] or float('nan'):8.3f} ms  "
-                  f"peak {(row.get('peak_bytes') or 0) / 2**30:6.2f} GiB", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    rows = []
+    emit(rows, args.out, ceilings=ceil, **env)
+    if args.only in (None, "lowrank"):
+        lowrank(dev, ceil, rows, args.out, env)
+    if args.only in (None, "linear"):
+        linear(dev, ceil, rows, args.out, env)
 
 
 if __name__ == "__main__":
