@@ -20,14 +20,13 @@ from moremoe.bench.router import Point, op_cost
 from moremoe.kernels import router_linear as kl
 from moremoe.kernels import router_lowrank as kr
 from moremoe.kernels._common import LOWRANK
-from moremoe.kernels.router_candidates import launch_candidates
+from moremoe.kernels.router_candidates import launch_candidates, launch_pick
 from moremoe.kernels.router_topk import sweep_config
 from moremoe.ops import reference as ref
 from moremoe.runtime import environment
 
 POINTS = [(512, 4), (2048, 4), (512, 8), (512, 16), (512, 1)]
-VARIANTS = {4: [{}, {"C": 3}, {"laneb": 0}, {"num_stages": 3}, {"BM": 256},
-                {"BN": 128, "num_warps": 8}, {"C": 0}],
+VARIANTS = {4: [{}, {"C": 3}, {"num_stages": 3}, {"C": 0}],
             8: [{}, {"C": 4}, {"C": 2}, {"num_stages": 3}],
             16: [{}, {"C": 4}, {"C": 0}],
             1: [{}, {"num_stages": 3}]}
@@ -70,15 +69,17 @@ def lowrank(dev, ceil, rows, out, env):
             try:
                 ms = time_ms(lambda: kr.infer(x, R1, R2, k, config=v), device=dev)
                 same = torch.equal(kr.infer(x, R1, R2, k, config=v)[1], exact)
-                outs = tuple(torch.empty(p.N, k, device=dev, dtype=dt)
-                             for dt in (torch.float32, torch.int32, torch.float32))
-                redo = launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg, out=outs)[1]
-                pass_ms = (time_ms(lambda: launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg,
-                                                             out=outs), device=dev)
-                           if cfg["C"] else None)
+                pass_ms, share = None, 1.0
+                if cfg["C"]:
+                    outs = tuple(torch.empty(p.N, k, device=dev, dtype=dt)
+                                 for dt in (torch.float32, torch.int32, torch.float32))
+                    cand, z = launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg)
+                    share = launch_pick(cand, z, x, R1, k, mode=LOWRANK, cfg=cfg,
+                                        out=outs)[1].item() / p.N
+                    pass_ms = time_ms(lambda: launch_candidates(x, R1, R2, k, mode=LOWRANK,
+                                                                cfg=cfg), device=dev)
                 emit(rows, out, impl="moremoe", variant=v, cfg=cfg, ms=ms, x_floor=ms / fl,
-                     same_as_exact=same, pass_ms=pass_ms,
-                     redo_share=redo.item() / p.N if cfg["C"] else 1.0, **base)
+                     same_as_exact=same, candidates_ms=pass_ms, redo_share=share, **base)
             except Exception as err:  # one bad config must not stop the run
                 emit(rows, out, impl="moremoe", variant=v, error=repr(err)[:300], **base)
         emit(rows, out, impl="unfused", ms=time_ms(

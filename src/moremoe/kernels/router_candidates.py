@@ -223,14 +223,16 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H,
         tl.store(REDO + pos, rows, mask=bad)
 
 
-def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, out, stats=None,
+def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, stats=None,
                       splits: int | None = None):
-    """Candidates and pick into out = (val, idx, gates) [and stats = (m, Z)]; returns the
-    queued rows (REDO, REDO_N) for the exact sweep."""
+    """The candidates pass: returns CAND (T·C, N) fp32 and z (N, BR) (low-rank; else a
+    placeholder); stats = (m, Z) to fill, or None."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = r2.shape[0] if mode == LOWRANK else H
     dev = x.device
     BN, BM, BR, C = cfg["BN"], cfg["BM"], cfg["BR"], cfg["C"]
+    if not 1 <= C <= 4:
+        raise ValueError(f"keys per tile C must be in [1, 4], got {C}")
     T = triton.cdiv(M, BM)
     n_blocks = triton.cdiv(N, BN)
     if stats is not None:
@@ -247,13 +249,24 @@ def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, out, stats=None
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1),
         C=C, MODE=mode, STATS=stats is not None, BN=BN, BM=BM, BR=BR, BH=cfg["BH"],
         PREC=dot_precision(x.dtype), EVEN=M % BM == 0, FULL_R=mode != LINEAR and R == BR,
-        LANEB=laneb, TUPLE=cfg.get("tuple", not INTERPRET), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    zs, sz = (z_out, (BR, 1)) if mode == LOWRANK else (x, (x.stride(0), x.stride(1)))
-    rows = torch.empty(N, device=dev, dtype=torch.int32)
-    rows_n = torch.zeros(1, device=dev, dtype=torch.int32)
+        LANEB=laneb, TUPLE=cfg.get("tuple", not INTERPRET), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    return cand, z_out
+
+
+def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out):
+    """Top-k of the candidates into out = (val, idx, gates); returns the queued rows
+    (REDO, REDO_N) for the exact sweep."""
+    N, H, M = x.shape[0], x.shape[1], w.shape[0]
+    R = w.shape[1]                      # r (R1 is (M, r)), or h for the standard router
+    BM, C = cfg["BM"], cfg["C"]
+    TC = cand.shape[0]
+    zs, sz = (z_out, (z_out.stride(0), 1)) if mode == LOWRANK else (x, (x.stride(0), x.stride(1)))
+    rows = torch.empty(N, device=x.device, dtype=torch.int32)
+    rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
     BNP = 32
     _pick_kernel[(triton.cdiv(N, BNP),)](
-        cand, x, w, zs, *out, rows, rows_n, N, H, M, R, T * C, x.stride(0), x.stride(1),
+        cand, x, w, zs, *out, rows, rows_n, N, H, M, R, TC, x.stride(0), x.stride(1),
         w.stride(0), w.stride(1), *sz, k, K=k, KP=next_pow2(k), C=C, MODE=mode, BN=BNP,
-        BT=min(64, next_pow2(T * C)), BM=BM, BR=BR, BH=cfg["BH"], num_warps=4)
+        BT=min(64, next_pow2(TC)), BM=BM, BR=cfg["BR"], BH=cfg["BH"], num_warps=4)
     return rows, rows_n

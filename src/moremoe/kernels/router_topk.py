@@ -40,7 +40,7 @@ import triton.language as tl
 from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, QUIET_KEYS, column,
                       dot_precision, exact_values, insert_key, key_column, logit_tile,
                       next_pow2, pack_keys, trunc_keys, write_sorted, z_block, z_rows)
-from .router_candidates import launch_candidates
+from .router_candidates import launch_candidates, launch_pick
 
 
 @triton.jit
@@ -230,7 +230,8 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
         if cfg["C"] == 0:
             launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, stats=st)
         else:
-            rows, rows_n = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, out=out,
-                                             stats=st, splits=splits)
+            cand, z = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, stats=st,
+                                        splits=splits)
+            rows, rows_n = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg, out=out)
             launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, rows=rows, rows_n=rows_n)
     return (*out, *(st if stats else (None, None)))
