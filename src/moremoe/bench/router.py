@@ -2,11 +2,13 @@
 
 One run measures the device's copy bandwidth and bf16 matmul rate, then times on the same
 inputs: the fused low-rank (MoRE) inference kernel, the unfused low-rank reference (two
-matmuls + torch.topk + softmax), the fused and the unfused standard router, and the
-training forward + backward with the Switch balancing loss of each, with its peak memory.
-Every row carries its floor: the larger of FLOPs / measured matmul rate and minimal bytes /
-measured copy bandwidth (each input read once, each output written once), for the operation
-(not the implementation), so rows of one point compare directly.
+matmuls + torch.topk + softmax), the paper's Algorithm 1 (bench/paper_alg1.py, inference),
+the fused and the unfused standard router, and the training forward + backward with the
+Switch balancing loss of each, with its peak memory. Every row carries its floor: the
+larger of FLOPs / measured matmul rate and minimal bytes / measured copy bandwidth (each
+input read once, each output written once), for the operation (not the implementation), so
+rows of one point compare directly; a fused row also carries its speedup over the unfused
+router and (low-rank inference) over Algorithm 1, timed in the same run.
 """
 from __future__ import annotations
 
@@ -42,10 +44,13 @@ SWEEPS = {
     "r": [Point(r=r) for r in (16, 32, 64, 128, 256)],
     "k": [Point(k=k) for k in (1, 2, 4, 8, 16)],
     "B": [Point(B=B) for B in (2, 8, 32, 128, 256)],
+    # the paper's fusion-benefit figure: h = 2,048, M = 4,096, r = 16, k = 4 over B
+    "paper": [Point(h=2048, M=4096, r=16, B=B) for B in (2, 8, 32, 128, 256)],
 }
 QUICK = Point(h=32, M=300, r=16, k=4, B=2, T=40)   # code-path check (CPU interpreter)
-IMPLS = [("lowrank", "triton"), ("lowrank", "reference"), ("linear", "triton"),
-         ("linear", "reference")]
+# baselines first, so that each fused row can carry its speedup over them
+IMPLS = [("lowrank", "reference"), ("lowrank", "alg1"), ("lowrank", "triton"),
+         ("linear", "reference"), ("linear", "triton")]
 
 
 def op_cost(p: Point, router: str, training: bool) -> tuple[float, float]:
@@ -81,6 +86,9 @@ def _make_inputs(p: Point, router: str, device, *, grad: bool, seed: int):
 
 
 def _route(router, impl, x, *w, k, with_psum):
+    if impl == "alg1":
+        from .paper_alg1 import route
+        return route(x, w[0], w[1], k)
     if router == "lowrank":
         return router_lowrank(x, w[0], w[1], k, with_psum=with_psum, impl=impl)
     return router_linear(x, w[0], k, with_psum=with_psum, impl=impl)
@@ -141,15 +149,21 @@ def run(sweeps: list[str], *, device, training: bool = True, quick: bool = False
     ceil = ceilings(device)
     plan = []
     for sweep, pt in points(sweeps, quick):
-        for (router, impl), phase in itertools.product(IMPLS, (False, True)):
+        for phase, (router, impl) in itertools.product((False, True), IMPLS):
             if router == "linear" and sweep == "r":
                 continue          # the standard router has no rank
-            if phase and not training:
-                continue
+            if phase and (not training or impl == "alg1"):
+                continue          # Algorithm 1 is the paper's inference kernel
             plan.append((sweep, pt, router, impl, phase))
+    times = {}
     for i, (sweep, pt, router, impl, phase) in enumerate(plan):
         row = measure(pt, router, impl, phase, device, ceil)
         row.update(env, sweep=sweep, **{f"ceiling_{k}": v for k, v in ceil.items()})
+        times[(pt, router, impl, phase)] = row["ms"]
+        if impl == "triton" and row["ms"]:
+            for base, key in (("reference", "speedup_vs_unfused"), ("alg1", "speedup_vs_alg1")):
+                if times.get((pt, router, base, phase)):
+                    row[key] = times[(pt, router, base, phase)] / row["ms"]
         if progress:
             progress(i + 1, len(plan), row)
         yield row

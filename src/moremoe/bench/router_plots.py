@@ -1,13 +1,16 @@
 """Figures of ``moremoe bench router``, rendered from its JSON lines: time against k, r, the
-batch size and M (the paper's Figure 4 left and middle and its batch-size figure), with the
-fused-over-unfused speedup, and training time and peak memory against M."""
+batch size and M (the paper's Figure 4 left and middle and its batch-size figure, also at
+the paper's own router point), with the fused-over-unfused speedup and the paper's
+Algorithm 1 beside them, and training time and peak memory against M."""
 from __future__ import annotations
 
 from pathlib import Path
 
 LABELS = {("lowrank", "triton"): "MoRE fused", ("lowrank", "reference"): "MoRE unfused",
+          ("lowrank", "alg1"): "MoRE, paper's Algorithm 1",
           ("linear", "triton"): "MoE fused", ("linear", "reference"): "MoE unfused"}
 STYLE = {("lowrank", "triton"): ("C0", "-"), ("lowrank", "reference"): ("C0", "--"),
+         ("lowrank", "alg1"): ("C2", ":"),
          ("linear", "triton"): ("C3", "-"), ("linear", "reference"): ("C3", "--")}
 
 
@@ -63,7 +66,9 @@ def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
     paths = []
     figs = [("router_k.png", "k", "k", "inference vs k (h=512, M=8192, r=64, N=262,144)"),
             ("router_r.png", "r", "r", "inference vs rank r (h=512, M=8192, k=4, N=262,144)"),
-            ("router_batch.png", "B", "B", "inference vs batch B (T=1024; h=512, M=8192, r=64)")]
+            ("router_batch.png", "B", "B", "inference vs batch B (T=1024; h=512, M=8192, r=64)"),
+            ("router_paper_batch.png", "paper", "B",
+             "inference vs batch B, the paper's point (T=1024; h=2048, M=4096, r=16)")]
     for name, sweep, key, title in figs:
         series = _series(rows, sweep, "inference", key)
         if not series:

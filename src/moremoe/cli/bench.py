@@ -16,14 +16,16 @@ def _bench_table(rows: list[dict]) -> str:
     for r in rows:
         pt = f"h={r['h']} M={r['M']} r={r['r']} k={r['k']} B={r['B']}"
         name = ("MoRE" if r["router"] == "lowrank" else "MoE") + (
-            " fused" if r["fused"] else " unfused")
+            {"triton": " fused", "alg1": " Alg. 1"}.get(r["impl"], " unfused"))
         ms = "OOM" if r.get("oom") else f"{r['ms']:.3f}"
         floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-"
         ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
         mem = f"{r['peak_bytes'] / 2 ** 20:,.0f}" if r.get("peak_bytes") is not None else "-"
-        out.append([r["sweep"], pt, name, r["phase"], ms, floor, ratio, mem])
+        vs = [f"{r[key]:.2f}x" if r.get(key) else "-"
+              for key in ("speedup_vs_unfused", "speedup_vs_alg1")]
+        out.append([r["sweep"], pt, name, r["phase"], ms, floor, ratio, *vs, mem])
     return table(out, ["sweep", "point", "router", "phase", "ms", "floor ms", "/floor",
-                       "peak MiB"])
+                       "vs unfused", "vs Alg. 1", "peak MiB"])
 
 
 def _run_bench(args, name: str, runner, render) -> int:
@@ -94,6 +96,16 @@ def _matched(rows):
 LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")
 
 
+def _router_sweeps(text: str) -> list[str]:
+    from ..bench.router import SWEEPS
+    names = [s for s in text.split(",") if s]
+    bad = [s for s in names if s not in SWEEPS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown sweep(s) {', '.join(bad) or repr(text)}; "
+                                         f"expected a comma list of {', '.join(SWEEPS)}")
+    return names
+
+
 def _layer_sweeps(text: str) -> list[str]:
     sweeps = [s for s in text.split(",") if s]
     bad = [s for s in sweeps if s not in LAYER_SWEEPS]
@@ -124,9 +136,11 @@ def add_bench_parser(sub) -> None:
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
     descriptions = {
         "router": "fused vs unfused routers: the fused low-rank router, its unfused reference, "
-                  "the fused and unfused standard router, inference and training (forward + "
-                  "backward with the balancing loss, with peak memory); sweeps of M (h=512 and "
-                  "2048), r, k and the batch size",
+                  "the paper's Algorithm 1 (inference), the fused and unfused standard router, "
+                  "inference and training (forward + backward with the balancing loss, with "
+                  "peak memory), each fused row with its speedup over the unfused router and "
+                  "Algorithm 1; sweeps of M (h=512 and 2048), r, k, the batch size, and the "
+                  "paper's router points (h=2048, M=4096, r=16 over B)",
         "layer": "whole-layer prefill over h x M for MoE (unfused and fused standard router) "
                  "and MoRE, wider experts at h=512, forward+backward peak memory, and the "
                  "matched wall-clock point",
@@ -140,9 +154,10 @@ def add_bench_parser(sub) -> None:
                              "<device>/" + name + ".jsonl as it is measured (device, versions, "
                              "commit, date, the measured ceilings); plots are rendered beside it.")
         if name == "router":
-            pb.add_argument("--sweeps", type=lambda t: [s for s in t.split(",") if s],
-                            default=["M", "r", "k", "B"],
-                            help="which sweeps: M (at h=512 and 2048), r, k, B (default all)")
+            pb.add_argument("--sweeps", type=_router_sweeps,
+                            default=["M", "r", "k", "B", "paper"],
+                            help="which sweeps: M (at h=512 and 2048), r, k, B, paper "
+                                 "(h=2048, M=4096, r=16 over B) (default all)")
             pb.add_argument("--no-training", action="store_true", help="inference rows only")
         if name == "layer":
             pb.add_argument("--sweeps", type=_layer_sweeps, default=list(LAYER_SWEEPS),

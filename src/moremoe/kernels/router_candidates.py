@@ -199,8 +199,9 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H,
     nan_seen = tl.zeros((BN,), tl.int32)
     for c0 in range(0, TC, BT):
         cc = c0 + tl.arange(0, BT)
-        keys = tl.load(CAND + cc.to(tl.int64)[None, :] * N + rows64[:, None],
-                       mask=row_ok[:, None] & (cc < TC)[None, :], other=NEG_INF)
+        # loaded (BT, BN) with rows contiguous (coalesced), then turned to (BN, BT)
+        keys = tl.trans(tl.load(CAND + cc.to(tl.int64)[:, None] * N + rows64[None, :],
+                                mask=(cc < TC)[:, None] & row_ok[None, :], other=NEG_INF))
         nan_seen = tl.maximum(nan_seen, tl.max((keys != keys).to(tl.int32), axis=1))
         tk = trunc_keys(tl.where(keys == keys, keys, NEG_INF), BM)
         gidx = (cc // C)[None, :] * BM + key_column(keys, BM)

@@ -176,17 +176,21 @@ def pick_candidates(k: int, tiles: int, redo_cost: float = 12.0) -> int:
 
 
 def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
-                 overrides: dict | None = None) -> dict:
+                 overrides: dict | None = None, *, fp32: bool = False) -> dict:
     """Block sizes and the selection schedule, from measurements on an H100 (h=512, M=8192,
     r=64, N=262,144; benchmarks/NOTES.md): BN = 64 rows (one warpgroup MMA); BR the rank
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ; BM = 128
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
-    shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep)."""
+    shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep).
+    fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
+    and with it the first call's compile time, bounded."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
     cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
            "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "laneb": 6}
     if mode == LINEAR and H >= 1024:   # a GEMM-shaped tile: the x Wᵀ MMA sets the pace
         cfg.update(BN=128, num_warps=8, num_stages=3)
+    if fp32:
+        cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2)
     cfg.update(overrides or {})
     if "C" not in cfg:
         cfg["C"] = pick_candidates(K, triton.cdiv(M, cfg["BM"]))
@@ -226,7 +230,7 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
     st = (torch.empty(N, device=dev, dtype=torch.float32),
           torch.empty(N, device=dev, dtype=torch.float32)) if stats else None
     if N > 0:
-        cfg = sweep_config(mode, R, H, k, M, config)
+        cfg = sweep_config(mode, R, H, k, M, config, fp32=x.dtype == torch.float32)
         if cfg["C"] == 0:
             launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, stats=st)
         else:

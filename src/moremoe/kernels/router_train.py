@@ -222,7 +222,7 @@ def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config, chunk_bytes
     never whole, and no logit tile is recomputed per chunk of h."""
     N, H = x.shape
     M, k = w.shape[0], idx.shape[1]
-    cfg = sweep_config(LINEAR, H, H, 1, overrides=config)
+    cfg = sweep_config(LINEAR, H, H, 1, overrides=config, fp32=x.dtype == torch.float32)
     BN, BM = cfg["BN"], cfg["BM"]
     g = torch.zeros(max(N, 1), device=x.device, dtype=torch.float32)
     idx, dval, pbar = idx.contiguous(), dval.float().contiguous(), pbar.float().contiguous()
@@ -251,7 +251,8 @@ def launch_psum(x, w, m_row, norm_row, *, mode: int, splits: int | None = None,
                 config: dict | None = None):
     """psum (M,) fp32 = Σ_n softmax(ℓ_n)."""
     N, M, R = x.shape[0], w.shape[0], x.shape[1]
-    cfg = sweep_config(mode, R, x.shape[1], 1, overrides=config)
+    cfg = sweep_config(mode, R, x.shape[1], 1, overrides=config,
+                       fp32=x.dtype == torch.float32)
     tiles = triton.cdiv(M, cfg["BM"])
     n_splits = _token_splits(x.device, tiles, N, cfg["BN"], splits)
     n_per_split = triton.cdiv(triton.cdiv(max(N, 1), n_splits), cfg["BN"]) * cfg["BN"]
@@ -277,7 +278,8 @@ def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits
         return _sparse_backward(x, w, idx, dval)
     if mode == LINEAR:
         return _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config)
-    cfg = sweep_config(mode, R, x.shape[1], 1, overrides=config)
+    cfg = sweep_config(mode, R, x.shape[1], 1, overrides=config,
+                       fp32=x.dtype == torch.float32)
     dz = torch.empty(N, R, device=dev, dtype=torch.float32)
     g = torch.zeros(max(N, 1), device=dev, dtype=torch.float32)
     pbar, idx, dval = pbar.float().contiguous(), idx.contiguous(), dval.float().contiguous()
