@@ -26,8 +26,8 @@ from moremoe.ops import reference as ref
 from moremoe.runtime import environment
 
 POINTS = [(512, 4), (2048, 4), (512, 8), (512, 16), (512, 1)]
-VARIANTS = {4: [{}, {"C": 3}, {"num_stages": 3}, {"C": 0}],
-            8: [{}, {"C": 4}, {"C": 2}, {"num_stages": 3}],
+VARIANTS = {4: [{}, {"num_stages": 3}, {"BM": 64}, {"BM": 64, "num_stages": 3}, {"C": 0}],
+            8: [{}, {"C": 4}, {"num_stages": 3}],
             16: [{}, {"C": 4}, {"C": 0}],
             1: [{}, {"num_stages": 3}]}
 LINEAR = [{}, {"BN": 64, "num_warps": 4, "num_stages": 2}, {"num_stages": 4},
@@ -122,10 +122,19 @@ def linear(dev, ceil, rows, out, env):
         torch.cuda.empty_cache()
 
 
+def training(dev, ceil, rows, out, env):
+    from moremoe.bench.router import measure
+    for router, h in (("lowrank", 512), ("linear", 512), ("linear", 2048)):
+        for impl in ("triton", "reference"):
+            row = measure(Point(h=h), router, impl, True, dev, ceil)
+            emit(rows, out, what="training step", **{k: v for k, v in row.items()
+                                                     if k not in env}, **env)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--only", choices=["lowrank", "linear"], default=None)
+    ap.add_argument("--only", choices=["lowrank", "linear", "training"], default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
     env = environment(dev)
@@ -136,6 +145,8 @@ def main():
         lowrank(dev, ceil, rows, args.out, env)
     if args.only in (None, "linear"):
         linear(dev, ceil, rows, args.out, env)
+    if args.only in (None, "training"):
+        training(dev, ceil, rows, args.out, env)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,16 @@ column-wise kernels.
 Kernels (grid, reads -> writes):
   _psum_kernel       (M/BM, SPLITS) z|x, R1|W, m, Z -> psum partials (SPLITS, M) fp32
   _bwd_rows_kernel   (N/BN,)        z, R1, m, Z, p̄, idx, dval -> dz (N, r) fp32, g (N)
-                                    (standard router: g only)
   _bwd_cols_kernel   (M/BM, SPLITS) z, R1, m, Z, p̄, g, idx, dval -> dR1 partials
                                     (SPLITS, M, r)
-  _dlogits_kernel    (N/BN, Mc/BM)  x, W, m, Z, p̄, g, idx, dval -> dℓ for a chunk of experts
+  _dlogits_rows_kernel (Nc/BN,)     ℓ (Nc, M) fp32 from cuBLAS, m, Z, p̄, idx, dval -> dℓ for a
+                                    chunk of tokens (the standard router)
 
 SPLITS splits the tokens of the column-wise kernels; partials are summed by torch afterwards, so
 psum and the weight gradients are deterministic (no float atomics). The standard router's
-rank is h, too wide for an on-chip accumulator: its dx and dW are cuBLAS GEMMs on dℓ
-recomputed one chunk of experts at a time. Logit tiles are recomputed from z (or x) and R1
-(or W) and never stored: dℓ = scatter(dval) + P ⊙ (p̄ − g). The sparse top-k part of dz is
+rank is h, too wide for an on-chip accumulator: its backward takes one chunk of tokens at a
+time, logits, dx and dW as cuBLAS GEMMs (_linear_backward). The low-rank router's logit
+tiles are recomputed from z and R1 and never stored: dℓ = scatter(dval) + P ⊙ (p̄ − g). The sparse top-k part of dz is
 added by gathers; that of dR1 by comparing each tile's columns with the k indices.
 """
 import torch
@@ -64,13 +64,12 @@ def _psum_kernel(X, W, M_ROW, NORM_ROW, OUT, N, H, M, R, n_per_split,
 
 
 @triton.jit
-def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, si_n,
+def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, g, IDX, DVAL, si_n,
              K: tl.constexpr):
     """dℓ tile = scatter(dval into the selected columns) + P ⊙ (p̄ − g)."""
     pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-    g = tl.load(G + rows64, mask=row_ok, other=0.0)
     d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * (pbar[None, :] - g[:, None])
-    for j in tl.static_range(K):
+    for j in range(K):      # a runtime loop: the code does not grow with k
         idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=-1)
         dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
         d += tl.where(cols[None, :] == idx_j[:, None], dv_j[:, None], 0.0)
@@ -82,9 +81,9 @@ def _bwd_rows_kernel(X, W, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
                      N, H, M, R, sx_n, sx_h, sw_m, sw_k, si_n, so_n,
                      K: tl.constexpr, MODE: tl.constexpr,
                      BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
-                     PREC: tl.constexpr, G_ONLY: tl.constexpr = False):
+                     PREC: tl.constexpr):
     """dz (BN, r) of a token block: Σ_tiles dℓ R1 over the expert tiles, plus
-    g = Σ_i p̄_i P_i. G_ONLY: only g (the standard router's chunked backward)."""
+    g = Σ_i p̄_i P_i."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
@@ -102,43 +101,51 @@ def _bwd_rows_kernel(X, W, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
         g += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * pbar[None, :],
                     axis=1)
     tl.store(OUT_G + rows64, g, mask=row_ok)
-    if not G_ONLY:
-        for m0 in range(0, M, BM):
-            cols = m0 + tl.arange(0, BM)
-            col_ok = cols < M
-            logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
-                             sw_k, MODE, BN, BM, BR, BH, PREC)
-            d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW)
-            pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-            d = d * (pbar[None, :] - g[:, None])
-            w = load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
-            acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
-        for j in tl.static_range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
-            idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
-            dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
-            w = load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, cc, c_ok, sw_k).to(tl.float32)
-            acc += dv_j[:, None] * w
-        tl.store(OUT_DZ + rows64[:, None] * so_n + cc[None, :], acc,
-                 mask=row_ok[:, None] & c_ok[None, :])
+    for m0 in range(0, M, BM):
+        cols = m0 + tl.arange(0, BM)
+        col_ok = cols < M
+        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
+                         sw_k, MODE, BN, BM, BR, BH, PREC)
+        d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW)
+        pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
+        d = d * (pbar[None, :] - g[:, None])
+        w = load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
+        acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
+    for j in range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
+        idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
+        dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
+        w = load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, cc, c_ok, sw_k).to(tl.float32)
+        acc += dv_j[:, None] * w
+    tl.store(OUT_DZ + rows64[:, None] * so_n + cc[None, :], acc,
+             mask=row_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
-def _dlogits_kernel(X, W, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, OUT, N, H, m0, mc,
-                    sx_n, sx_h, sw_m, sw_k, si_n, K: tl.constexpr, BN: tl.constexpr,
-                    BM: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr):
-    """The standard router's dℓ for experts [m0, m0 + mc) of a token block, (N, mc)."""
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    row_ok = rows < N
-    rows64 = rows.to(tl.int64)
-    local = tl.program_id(1) * BM + tl.arange(0, BM)
-    col_ok = local < mc
-    cols = m0 + local
-    logits = logit_tile(tl.zeros((BN, 16), dtype=X.dtype.element_ty), X, W, rows64, row_ok, cols,
-                     col_ok, H, H, sx_n, sx_h, sw_m, sw_k, MODE_LINEAR, BN, BM, 16, BH, PREC)
-    d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, si_n,
-                 K)
-    tl.store(OUT + rows64[:, None] * mc + local[None, :], d.to(OUT.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+def _dlogits_rows_kernel(LG, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT, n0, nc, M, si_n,
+                         K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    """The standard router's dℓ for the token rows [n0, n0 + nc) from their fp32 logits
+    LG (nc, M) (a cuBLAS GEMM), into OUT (nc, M) in x's dtype: g over the whole row first,
+    then P ⊙ (p̄ − g) + scatter(dval)."""
+    local = tl.program_id(0) * BN + tl.arange(0, BN)
+    row_ok = local < nc
+    rows64 = (n0 + local).to(tl.int64)
+    loc64 = local.to(tl.int64)
+    g = tl.zeros((BN,), tl.float32)
+    for m0 in range(0, M, BM):
+        cols = m0 + tl.arange(0, BM)
+        col_ok = cols < M
+        lg = tl.load(LG + loc64[:, None] * M + cols[None, :],
+                     mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
+        g += tl.sum(_probs(lg, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * pbar[None, :], axis=1)
+    for m0 in range(0, M, BM):
+        cols = m0 + tl.arange(0, BM)
+        col_ok = cols < M
+        offs = loc64[:, None] * M + cols[None, :]
+        lg = tl.load(LG + offs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        d = _dlogits(lg, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, g, IDX, DVAL,
+                     si_n, K)
+        tl.store(OUT + offs, d.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -161,7 +168,8 @@ def _bwd_cols_kernel(X, W, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, OUT,
         z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
         logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
                          MODE, BN, BM, BR, BH, PREC)
-        d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL,
+        g = tl.load(G + rows64, mask=row_ok, other=0.0)
+        d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, g, IDX, DVAL,
                      si_n, K)
         acc = tl.dot(tl.trans(d.to(z.dtype)), z, acc, input_precision=PREC)
     offs = pid_s.to(tl.int64) * so_s + cols.to(tl.int64)[:, None] * so_m + cc[None, :]
@@ -216,34 +224,39 @@ def _sparse_backward(x, w, idx, dval):
     return dz, dw
 
 
+def _mm_fp32(a, b):
+    """a @ b with fp32 output (cuBLAS accumulates in fp32 either way); 16-bit CUDA inputs
+    write fp32 directly where torch supports it."""
+    if a.is_cuda and a.dtype != torch.float32:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):
+            pass
+    return (a @ b).float()
+
+
 def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config, chunk_bytes=1 << 30):
-    """Standard router: dℓ is recomputed for chunks of experts into an (N, M_c) buffer of at
-    most chunk_bytes, then dx += dℓ W_c and dW_c = dℓᵀ x are cuBLAS GEMMs: the (N, M) dℓ is
-    never whole, and no logit tile is recomputed per chunk of h."""
+    """Standard router: for chunks of tokens, the (N_c, M) logits are a cuBLAS GEMM, a
+    Triton kernel turns them into dℓ (g needs the whole row, which the chunk has), and
+    dx_c = dℓ W, dW += dℓᵀ x_c are cuBLAS GEMMs: three GEMMs at the cuBLAS rate, and the
+    (N, M) logits are never whole (a chunk holds at most chunk_bytes)."""
     N, H = x.shape
     M, k = w.shape[0], idx.shape[1]
-    cfg = sweep_config(LINEAR, H, H, 1, overrides=config, fp32=x.dtype == torch.float32)
-    BN, BM = cfg["BN"], cfg["BM"]
-    g = torch.zeros(max(N, 1), device=x.device, dtype=torch.float32)
     idx, dval, pbar = idx.contiguous(), dval.float().contiguous(), pbar.float().contiguous()
-    strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
-    _bwd_rows_kernel[(triton.cdiv(N, BN), 1)](
-        x, w, m_row, norm_row, pbar, idx, dval, g, g, N, H, M, H, *strides, idx.stride(0), 0,
-        K=k, MODE=LINEAR, BN=BN, BM=BM, BR=16, BH=cfg["BH"],
-        PREC=dot_precision(x.dtype), G_ONLY=True, num_warps=cfg["num_warps"])
-    dl_dtype = x.dtype                  # check_rows: w has x's dtype
-    mc_max = max(BM, (chunk_bytes // (max(N, 1) * dl_dtype.itemsize)) // BM * BM)
-    dx = torch.zeros(N, H, device=x.device, dtype=torch.float32)
-    dw = torch.empty(M, H, device=x.device, dtype=torch.float32)
-    for m0 in range(0, M, mc_max):
-        mc = min(mc_max, M - m0)
-        dl = torch.empty(N, mc, device=x.device, dtype=dl_dtype)
-        _dlogits_kernel[(triton.cdiv(N, BN), triton.cdiv(mc, BM))](
-            x, w, m_row, norm_row, pbar, g, idx, dval, dl, N, H, m0, mc, *strides, idx.stride(0),
-            K=k, BN=BN, BM=BM, BH=cfg["BH"], PREC=dot_precision(x.dtype),
-            num_warps=cfg["num_warps"])
-        dx += (dl @ w[m0:m0 + mc]).float()
-        dw[m0:m0 + mc] = (dl.T @ x).float()
+    dx = torch.empty(N, H, device=x.device, dtype=torch.float32)
+    dw = torch.zeros(M, H, device=x.device, dtype=torch.float32)
+    nc_max = max(1, chunk_bytes // (M * (4 + x.element_size())))
+    BN, BM = 16, 256
+    for n0 in range(0, N, nc_max):
+        nc = min(nc_max, N - n0)
+        xc = x[n0:n0 + nc]
+        lg = _mm_fp32(xc, w.T)
+        dl = torch.empty(nc, M, device=x.device, dtype=x.dtype)
+        _dlogits_rows_kernel[(triton.cdiv(nc, BN),)](
+            lg, m_row, norm_row, pbar, idx, dval, dl, n0, nc, M, idx.stride(0), K=k, BN=BN,
+            BM=BM, num_warps=4)
+        dx[n0:n0 + nc] = _mm_fp32(dl, w)
+        dw += _mm_fp32(dl.T, xc)
     return dx, dw
 
 
