@@ -86,6 +86,19 @@ def main():
     emit("exact sweep of all rows", ms=ms)
     ms = time_ms(lambda: kr.infer(x, R1, R2, k, config={"num_stages": 3}), device=dev)
     emit("whole call", ms=ms)
+    from moremoe.kernels import router_train as rt
+    from moremoe.kernels._common import ZGIVEN
+    from moremoe.kernels.router_topk import launch_sweep
+    z = (x @ R2.T).contiguous()
+    val, idx, _, m, Z, psum = kr.train_forward(z, R1, k)
+    pbar, dval = torch.randn_like(psum), torch.randn_like(val)
+    for what, fn in (("train: sweep with m, Z", lambda: launch_sweep(z, R1, k, mode=ZGIVEN,
+                                                                        stats=True)),
+                     ("train: psum", lambda: rt.launch_psum(z, R1, m, Z, mode=ZGIVEN)),
+                     ("train: backward (dz, dR1)", lambda: kr.train_backward(z, R1, m, Z, pbar,
+                                                                             idx, dval)),
+                     ("train: x R2^T (cuBLAS)", lambda: x @ R2.T)):
+        emit(what, ms=time_ms(fn, device=dev))
     for row in sass_counts(rc._candidates_kernel):
         emit("sass candidates kernel", **row)
     path = os.path.join(".anchors", "fast_router.py")

@@ -30,8 +30,9 @@ VARIANTS = {4: [{}, {"num_stages": 3}, {"BM": 64}, {"BM": 64, "num_stages": 3}, 
             8: [{}, {"C": 4}, {"num_stages": 3}],
             16: [{}, {"C": 4}, {"C": 0}],
             1: [{}, {"num_stages": 3}]}
-LINEAR = [{}, {"BN": 64, "num_warps": 4, "num_stages": 2}, {"num_stages": 4},
-          {"BM": 256}, {"BH": 128}, {"BN": 128, "BM": 128, "num_warps": 4, "num_stages": 3}]
+LINEAR = [{}, {"BM": 256}, {"BM": 256, "num_stages": 4}, {"BM": 256, "BH": 32, "num_stages": 4},
+          {"BM": 256, "BH": 128, "num_stages": 2}, {"BN": 64, "BM": 256, "num_warps": 4},
+          {"BM": 256, "C": 1}]
 
 
 def _anchor(name):
@@ -112,7 +113,7 @@ def linear(dev, ceil, rows, out, env):
              **base)
         emit(rows, out, impl="unfused", ms=time_ms(
             lambda: torch.softmax(ref.router_linear_ref(x, W, p.k)[0], -1), device=dev), **base)
-        for v in LINEAR if h == 2048 else LINEAR[:2]:
+        for v in LINEAR if h == 2048 else LINEAR[:3]:
             try:
                 ms = time_ms(lambda: kl.infer(x, W, p.k, config=v), device=dev)
                 emit(rows, out, impl="moremoe linear", variant=v, ms=ms, x_floor=ms / fl, **base)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-LABELS = {("lowrank", "triton"): "MoRE fused", ("lowrank", "reference"): "MoRE unfused",
+LABELS = {("lowrank", "triton"): "MoRE fused", ("lowrank", "unfused"): "MoRE unfused",
           ("lowrank", "alg1"): "MoRE, paper's Algorithm 1",
-          ("linear", "triton"): "MoE fused", ("linear", "reference"): "MoE unfused"}
-STYLE = {("lowrank", "triton"): ("C0", "-"), ("lowrank", "reference"): ("C0", "--"),
+          ("linear", "triton"): "MoE fused", ("linear", "unfused"): "MoE unfused"}
+STYLE = {("lowrank", "triton"): ("C0", "-"), ("lowrank", "unfused"): ("C0", "--"),
          ("lowrank", "alg1"): ("C2", ":"),
-         ("linear", "triton"): ("C3", "-"), ("linear", "reference"): ("C3", "--")}
+         ("linear", "triton"): ("C3", "-"), ("linear", "unfused"): ("C3", "--")}
 
 
 def _pyplot():
@@ -28,7 +28,8 @@ def _series(rows, sweep, phase, x_key, **fixed):
             continue
         if any(r[k] != v for k, v in fixed.items()):
             continue
-        out.setdefault((r["router"], r["impl"]), []).append((r[x_key], r["ms"], r))
+        impl = "unfused" if r["impl"] == "reference" else r["impl"]   # rows before 2026-11
+        out.setdefault((r["router"], impl), []).append((r[x_key], r["ms"], r))
     return {key: sorted(v, key=lambda t: t[0]) for key, v in out.items()}
 
 
@@ -51,7 +52,7 @@ def _panel(ax, series, x_label, title, *, speedup=("lowrank",), logx=True):
                 marker="o", label=LABELS[key])
     for router in speedup:
         fused = dict((p[0], p[1]) for p in series.get((router, "triton"), []))
-        for x, ms, _ in series.get((router, "reference"), []):
+        for x, ms, _ in series.get((router, "unfused"), []):
             if x in fused:
                 ax.annotate(f"{ms / fused[x]:.1f}x", (x, fused[x]), textcoords="offset points",
                             xytext=(0, -12), ha="center", fontsize=7, color=STYLE[(router, "triton")][0])

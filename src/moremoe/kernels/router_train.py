@@ -69,11 +69,20 @@ def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, g, IDX
     """dℓ tile = scatter(dval into the selected columns) + P ⊙ (p̄ − g)."""
     pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
     d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * (pbar[None, :] - g[:, None])
-    for j in range(K):      # a runtime loop: the code does not grow with k
-        idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=-1)
-        dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
-        d += tl.where(cols[None, :] == idx_j[:, None], dv_j[:, None], 0.0)
+    if K <= 8:              # unrolled (the loads hoist); a runtime loop beyond, so that the
+        for j in tl.static_range(K):        # code, and the compile time, stop growing with k
+            d = _scatter_dval(d, cols, rows64, row_ok, IDX, DVAL, si_n, j)
+    else:
+        for j in range(K):
+            d = _scatter_dval(d, cols, rows64, row_ok, IDX, DVAL, si_n, j)
     return d
+
+
+@triton.jit
+def _scatter_dval(d, cols, rows64, row_ok, IDX, DVAL, si_n, j):
+    idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=-1)
+    dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
+    return d + tl.where(cols[None, :] == idx_j[:, None], dv_j[:, None], 0.0)
 
 
 @triton.jit
