@@ -251,7 +251,7 @@ def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, stats=None,
         C=C, MODE=mode, STATS=stats is not None, BN=BN, BM=BM, BR=BR, BH=cfg["BH"],
         PREC=dot_precision(x.dtype), EVEN=M % BM == 0, FULL_R=mode != LINEAR and R == BR,
         LANEB=laneb, TUPLE=cfg.get("tuple", not INTERPRET), num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["cand_stages"])
     return cand, z_out
 
 

@@ -98,18 +98,16 @@ def _select_exact(keys, top, m0, bk, bi, thr, BM: tl.constexpr):
 
 @triton.jit
 def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, ROWS_N,
-                  N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
+                  N, H, M, R, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n,
                   K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
-                  STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
+                  STATS: tl.constexpr, GIVEN: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, EVEN: tl.constexpr = False,
                   FULL_R: tl.constexpr = False):
-    """The exact sweep over the experts of split program_id(1) for a block of rows: rows
-    program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
-    GIVEN launch exit at once. SCRATCH: the split's top-k goes to OUT + split·so_s at the
-    queue position (no gates) for _merge_kernel. STATS (one split) adds the online-softmax
-    statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
-    FULL_R: r == BR (no rank masks)."""
+    """The exact sweep over all experts for a block of rows: rows program_id(0)·BN + i, or
+    (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a GIVEN launch exit at once.
+    STATS adds the online-softmax statistics m, Z over the finite logits. EVEN: every tile
+    is full (no expert masks); FULL_R: r == BR (no rank masks)."""
     start = tl.program_id(0) * BN
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
@@ -129,9 +127,7 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, R
         thr = tl.full((BN,), NEG_INF, tl.float32)
         run_m = tl.full((BN,), NEG_INF, tl.float32)
         run_norm = tl.zeros((BN,), tl.float32)
-        m_begin = tl.program_id(1) * m_per_split
-        m_end = tl.minimum(M, m_begin + m_per_split)
-        for m0 in range(m_begin, m_end, BM):
+        for m0 in range(0, M, BM):
             cols = m0 + tl.arange(0, BM)
             col_ok = (cols < M) | EVEN
             logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h,
@@ -151,39 +147,13 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, R
                 run_m = new_m
             bk, bi, thr = _select_exact(keys, top, m0, bk, bi, thr, BM)
         if tl.min(tl.min(bi, axis=1), axis=0) < 0:
-            bi = _fill_unselected(bi, m_begin, m_end, K, KP)
+            bi = _fill_unselected(bi, 0, M, K, KP)
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                             K, KP, MODE, BR, BH)
-        if SCRATCH:
-            off = tl.program_id(1) * so_s
-            write_sorted(vals, bi, pos.to(tl.int64), row_ok, OUT_VAL + off, OUT_IDX + off,
-                         OUT_GATE, so_n, K, KP, False)
-        else:
-            write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
+        write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
         if STATS:
             tl.store(OUT_M + rows64, run_m, mask=row_ok)
             tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
-
-
-@triton.jit
-def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, M,
-                  SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
-                  BN: tl.constexpr):
-    """Top-k of the SPLITS·K candidates (exact values) the split exact sweep wrote for each
-    queued row, into the row's outputs."""
-    start = tl.program_id(0) * BN
-    count = tl.load(ROWS_N)
-    if start < count:
-        pos = start + tl.arange(0, BN)
-        ok = pos < count
-        rows = tl.load(ROWS + pos, mask=ok, other=0).to(tl.int64)
-        c = tl.arange(0, CP)
-        c_ok = (c < SPLITS * KP) & ((c % KP) < K)
-        offs = pos.to(tl.int64)[:, None] * (SPLITS * KP) + c[None, :]
-        v = tl.load(IN_VAL + offs, mask=ok[:, None] & c_ok[None, :], other=NEG_INF)
-        i = tl.load(IN_IDX + offs, mask=ok[:, None] & c_ok[None, :], other=BIG_IDX)
-        i = tl.where(c_ok[None, :] & (i < M), i, BIG_IDX)   # a split smaller than k: empty
-        write_sorted(v, i, rows, ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
 
 
 # ---------------------------------------------------------------- launcher
@@ -211,16 +181,21 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     r=64, N=262,144; benchmarks/NOTES.md): BN = 64 rows (one warpgroup MMA); BR the rank
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ; BM = 128
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
-    shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep).
+    shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep),
+    cand_stages its pipeline depth. The standard router takes 256-expert tiles (h = 2,048:
+    18 ms against 31 ms at 128) and, from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
     and with it the first call's compile time, bounded."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
     cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
-           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "laneb": 6}
-    if mode == LINEAR and H >= 1024:   # a GEMM-shaped tile: the x Wᵀ MMA sets the pace
-        cfg.update(BN=128, num_warps=8, num_stages=3)
+           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "cand_stages": 3, "laneb": 6}
+    if mode == LINEAR:   # GEMM-shaped tiles: the x Wᵀ MMA over h sets the pace
+        cfg.update(BM=256, cand_stages=2)
+        if H >= 1024:
+            cfg.update(BN=128, num_warps=8, num_stages=3, cand_stages=3 if H < 2048 else 4)
     if fp32:
-        cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2)
+        cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2,
+                   cand_stages=2)
     cfg.update(overrides or {})
     if "C" not in cfg:
         cfg["C"] = pick_candidates(K, triton.cdiv(M, cfg["BM"]))
@@ -229,9 +204,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
 
 def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows_n=None,
                  stats=None):
-    """The exact sweep into out = (val, idx, gates) for all rows, or the queued ones split
-    over cfg["redo_splits"] ways of the experts (a queued row's sweep is one block's
-    latency; splits cut it) and merged."""
+    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = r2.shape[0] if mode == LOWRANK else H
     r2_ = r2 if r2 is not None else x
@@ -239,29 +212,13 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
     if not given:
         rows = rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
     m_row, norm_row = stats if stats is not None else (out[0], out[0])
-    BM, KP = cfg["BM"], next_pow2(k)
-    ways = cfg.get("redo_splits", 8 if x.device.type == "cuda" else 1)
-    splits = min(ways, triton.cdiv(M, BM)) if given else 1
-    m_per_split = triton.cdiv(triton.cdiv(M, BM), splits) * BM
-    splits = triton.cdiv(M, m_per_split)
-    dst, so_n, so_s = out, k, 0
-    if splits > 1:
-        dst = (torch.empty(N, splits, KP, device=x.device, dtype=torch.float32),
-               torch.empty(N, splits, KP, device=x.device, dtype=torch.int32), out[2])
-        so_n, so_s = splits * KP, KP
-    _exact_kernel[(triton.cdiv(N, cfg["BN"]), splits)](
-        x, w, r2_, *dst, m_row, norm_row, rows, rows_n, N, H, M, R, m_per_split,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1),
-        so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
-        SCRATCH=splits > 1, BN=cfg["BN"], BM=BM, BR=cfg["BR"], BH=cfg["BH"],
-        PREC=dot_precision(x.dtype), EVEN=M % BM == 0 and m_per_split % BM == 0,
+    _exact_kernel[(triton.cdiv(N, cfg["BN"]),)](
+        x, w, r2_, *out, m_row, norm_row, rows, rows_n, N, H, M, R, x.stride(0), x.stride(1),
+        w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1), k, K=k, KP=next_pow2(k),
+        MODE=mode, STATS=stats is not None, GIVEN=given, BN=cfg["BN"], BM=cfg["BM"],
+        BR=cfg["BR"], BH=cfg["BH"], PREC=dot_precision(x.dtype), EVEN=M % cfg["BM"] == 0,
         FULL_R=mode != LINEAR and R == cfg["BR"], num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
-    if splits > 1:
-        BNm = 32
-        _merge_kernel[(triton.cdiv(N, BNm),)](
-            *dst[:2], *out, rows, rows_n, M, SPLITS=splits, K=k, KP=KP,
-            CP=next_pow2(splits * KP), BN=BNm, num_warps=4)
 
 
 def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
