@@ -50,6 +50,12 @@ def test_expert_splits_agree_with_one_sweep(splits):
     many = kr.infer(x, R1, R2, 5, splits=splits)
     for a, b in zip(one, many):
         assert torch.equal(a, b)
+    # few rows: the exact sweep split over the experts and merged (the small-batch path)
+    small = kr.infer(x, R1, R2, 5, splits=splits, config={"small": True})
+    assert torch.equal(small[1], one[1])
+    tol = reduction_tol(torch.float32, 32 + 16)
+    torch.testing.assert_close(small[0], one[0], **tol)
+    torch.testing.assert_close(small[2], one[2], **tol)
 
 
 def test_strided_inputs():

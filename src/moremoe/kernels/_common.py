@@ -178,33 +178,36 @@ def exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
 
 @triton.jit
 def write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
-                 K: tl.constexpr, KP: tl.constexpr):
-    """Sort (finite values descending, then the non-finite, ties by lower index) and store
-    values, indices and gates (softmax over the finite values: fillers get 0, a row of none
-    NaN)."""
+                 K: tl.constexpr, KP: tl.constexpr, GATES: tl.constexpr = True):
+    """The K best of each row's candidates (vals, bi) (BN, W) (bi < 0 or >= BIG_IDX: none)
+    in order: finite values descending, then the non-finite, ties by lower index; stores
+    values and indices in K of KP slots, and (GATES) the softmax over the finite values
+    (fillers get 0, a row of none NaN)."""
+    valid = (bi >= 0) & (bi < BIG_IDX)
+    sk = tl.where(valid & (tl.abs(vals) < float("inf")), vals, NEG_INF)
+    work = tl.where(valid, bi, BIG_IDX)
     slots = tl.arange(0, KP)
-    live = slots[None, :] < K
-    sk = tl.where(live & (tl.abs(vals) < float("inf")), vals, NEG_INF)
-    work = tl.where(live, bi, BIG_IDX)
-    out_v = tl.zeros(vals.shape, dtype=tl.float32)
-    out_i = tl.zeros(bi.shape, dtype=tl.int32)
+    out_v = tl.zeros((vals.shape[0], KP), dtype=tl.float32)
+    out_i = tl.zeros((vals.shape[0], KP), dtype=tl.int32)
     for j in range(K):
         mv = tl.max(sk, axis=1)
         pick = tl.min(tl.where(sk == mv[:, None], work, BIG_IDX), axis=1)
         sel = work == pick[:, None]
-        out_v = tl.where(slots[None, :] == j, tl.sum(tl.where(sel, vals, 0.0), axis=1)[:, None],
-                         out_v)
+        v = tl.sum(tl.where(sel, vals, 0.0), axis=1)   # one entry (all BIG_IDX ones: unused)
+        out_v = tl.where(slots[None, :] == j, v[:, None], out_v)
         out_i = tl.where(slots[None, :] == j, pick[:, None], out_i)
         sk = tl.where(sel, NEG_INF, sk)
         work = tl.where(sel, BIG_IDX, work)
+    live = slots[None, :] < K
     mask = row_ok[:, None] & live
     offs = rows64[:, None] * so_n + slots[None, :]
     tl.store(OUT_VAL + offs, out_v, mask=mask)
     tl.store(OUT_IDX + offs, out_i, mask=mask)
-    fin = live & (tl.abs(out_v) < float("inf"))
-    top = tl.max(tl.where(fin, out_v, NEG_INF), axis=1)
-    e = tl.where(fin, tl.exp(out_v - top[:, None]), 0.0)
-    tl.store(OUT_GATE + offs, e / tl.sum(e, axis=1)[:, None], mask=mask)
+    if GATES:
+        fin = live & (tl.abs(out_v) < float("inf"))
+        top = tl.max(tl.where(fin, out_v, NEG_INF), axis=1)
+        e = tl.where(fin, tl.exp(out_v - top[:, None]), 0.0)
+        tl.store(OUT_GATE + offs, e / tl.sum(e, axis=1)[:, None], mask=mask)
 
 
 def next_pow2(n: int) -> int:

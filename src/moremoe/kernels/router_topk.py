@@ -9,13 +9,16 @@ launch_sweep runs, for every k and both routers:
   1. router_candidates: per expert tile and row the tile's C best keys (C <= 4 chosen from
      k and the number of tiles), then the top-k of those candidates per row with exact
      values; rows for which the candidates may not hold the top-k are queued in REDO;
-  2. _exact_kernel here, over the queued rows (or over all rows where candidates would
-     queue most of them: few tiles and large k): each tile inserts, one key per step, every
-     key that belongs in the row's running top-k (a block-uniform loop).
+  2. _exact_kernel here, over the queued rows, or over all rows where candidates would
+     queue most of them (few tiles and large k) or where the rows are too few to fill the
+     GPU (then split over the experts and merged): each tile inserts, one key per step,
+     every key that belongs in the row's running top-k (a block-uniform loop).
 
 Kernels (grid, reads -> writes):
-  _exact_kernel      (N/BN,) or (REDO_N/BN,)   x, R1|W [, R2] -> top-k val fp32, idx int32,
+  _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO] -> top-k val fp32, idx int32,
                                     gates fp32 [+ online-softmax row max m and normaliser Z]
+                                    or, split, each split's top-k (N, SPLITS, k)
+  _merge_kernel      (N/BN,)        the SPLITS top-k lists -> top-k val, idx, gates
 
 Selection (docs/design.md, "Selection semantics"; keys in _common.py):
   * the running buffer keeps keys truncated (code bits cleared) and only a strictly larger
@@ -38,8 +41,9 @@ import triton
 import triton.language as tl
 
 from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, QUIET_KEYS, column,
-                      dot_precision, exact_values, insert_key, key_column, logit_tile,
-                      next_pow2, pack_keys, trunc_keys, write_sorted, z_block, z_rows)
+                      dot_precision, exact_values, fill_splits, insert_key, key_column,
+                      logit_tile, next_pow2, pack_keys, trunc_keys, write_sorted, z_block,
+                      z_rows)
 from .router_candidates import launch_candidates, launch_pick
 
 
@@ -98,16 +102,18 @@ def _select_exact(keys, top, m0, bk, bi, thr, BM: tl.constexpr):
 
 @triton.jit
 def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, ROWS_N,
-                  N, H, M, R, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n,
+                  N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
                   K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
-                  STATS: tl.constexpr, GIVEN: tl.constexpr,
+                  STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, EVEN: tl.constexpr = False,
                   FULL_R: tl.constexpr = False):
-    """The exact sweep over all experts for a block of rows: rows program_id(0)·BN + i, or
-    (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a GIVEN launch exit at once.
-    STATS adds the online-softmax statistics m, Z over the finite logits. EVEN: every tile
-    is full (no expert masks); FULL_R: r == BR (no rank masks)."""
+    """The exact sweep over the experts of split program_id(1) for a block of rows: rows
+    program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
+    GIVEN launch exit at once. SCRATCH: the split's top-k goes to OUT + split·so_s at the
+    queue position (no gates) for _merge_kernel. STATS (one split) adds the online-softmax
+    statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
+    FULL_R: r == BR (no rank masks)."""
     start = tl.program_id(0) * BN
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
@@ -127,7 +133,9 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, R
         thr = tl.full((BN,), NEG_INF, tl.float32)
         run_m = tl.full((BN,), NEG_INF, tl.float32)
         run_norm = tl.zeros((BN,), tl.float32)
-        for m0 in range(0, M, BM):
+        m_begin = tl.program_id(1) * m_per_split
+        m_end = tl.minimum(M, m_begin + m_per_split)
+        for m0 in range(m_begin, m_end, BM):
             cols = m0 + tl.arange(0, BM)
             col_ok = (cols < M) | EVEN
             logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h,
@@ -147,13 +155,39 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, R
                 run_m = new_m
             bk, bi, thr = _select_exact(keys, top, m0, bk, bi, thr, BM)
         if tl.min(tl.min(bi, axis=1), axis=0) < 0:
-            bi = _fill_unselected(bi, 0, M, K, KP)
+            bi = _fill_unselected(bi, m_begin, m_end, K, KP)
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                             K, KP, MODE, BR, BH)
-        write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
+        if SCRATCH:
+            off = tl.program_id(1) * so_s
+            write_sorted(vals, bi, pos.to(tl.int64), row_ok, OUT_VAL + off, OUT_IDX + off,
+                         OUT_GATE, so_n, K, KP, False)
+        else:
+            write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
         if STATS:
             tl.store(OUT_M + rows64, run_m, mask=row_ok)
             tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
+
+
+@triton.jit
+def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, N, M,
+                  SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
+                  GIVEN: tl.constexpr, BN: tl.constexpr):
+    """Top-k of the SPLITS·K candidates (exact values) the split exact sweep wrote for each
+    row (GIVEN: each queued row), into the row's outputs."""
+    start = tl.program_id(0) * BN
+    count = tl.load(ROWS_N) if GIVEN else N
+    if start < count:
+        pos = start + tl.arange(0, BN)
+        ok = pos < count
+        rows = (tl.load(ROWS + pos, mask=ok, other=0) if GIVEN else pos).to(tl.int64)
+        c = tl.arange(0, CP)
+        c_ok = (c < SPLITS * KP) & ((c % KP) < K)
+        offs = pos.to(tl.int64)[:, None] * (SPLITS * KP) + c[None, :]
+        v = tl.load(IN_VAL + offs, mask=ok[:, None] & c_ok[None, :], other=NEG_INF)
+        i = tl.load(IN_IDX + offs, mask=ok[:, None] & c_ok[None, :], other=BIG_IDX)
+        i = tl.where(c_ok[None, :] & (i < M), i, BIG_IDX)   # a split smaller than k: empty
+        write_sorted(v, i, rows, ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
 
 
 # ---------------------------------------------------------------- launcher
@@ -203,8 +237,10 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
 
 
 def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows_n=None,
-                 stats=None):
-    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones."""
+                 stats=None, splits: int = 1):
+    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones, split
+    over `splits` ways of the experts (each way's top-k merged after) when there are too
+    few rows to fill the GPU: the sweep of one block is serial over M."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = r2.shape[0] if mode == LOWRANK else H
     r2_ = r2 if r2 is not None else x
@@ -212,21 +248,38 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
     if not given:
         rows = rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
     m_row, norm_row = stats if stats is not None else (out[0], out[0])
-    _exact_kernel[(triton.cdiv(N, cfg["BN"]),)](
-        x, w, r2_, *out, m_row, norm_row, rows, rows_n, N, H, M, R, x.stride(0), x.stride(1),
-        w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1), k, K=k, KP=next_pow2(k),
-        MODE=mode, STATS=stats is not None, GIVEN=given, BN=cfg["BN"], BM=cfg["BM"],
-        BR=cfg["BR"], BH=cfg["BH"], PREC=dot_precision(x.dtype), EVEN=M % cfg["BM"] == 0,
+    BM, KP = cfg["BM"], next_pow2(k)
+    splits = 1 if stats is not None else max(1, min(splits, triton.cdiv(M, BM)))
+    m_per_split = triton.cdiv(triton.cdiv(M, BM), splits) * BM
+    splits = triton.cdiv(M, m_per_split)
+    dst, so_n, so_s = out, k, 0
+    if splits > 1:
+        dst = (torch.empty(N, splits, KP, device=x.device, dtype=torch.float32),
+               torch.empty(N, splits, KP, device=x.device, dtype=torch.int32), out[2])
+        so_n, so_s = splits * KP, KP
+    _exact_kernel[(triton.cdiv(N, cfg["BN"]), splits)](
+        x, w, r2_, *dst, m_row, norm_row, rows, rows_n, N, H, M, R, m_per_split,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1),
+        so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
+        SCRATCH=splits > 1, BN=cfg["BN"], BM=BM, BR=cfg["BR"], BH=cfg["BH"],
+        PREC=dot_precision(x.dtype), EVEN=M % BM == 0 and m_per_split % BM == 0,
         FULL_R=mode != LINEAR and R == cfg["BR"], num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
+    if splits > 1:
+        BNm = 32
+        _merge_kernel[(triton.cdiv(N, BNm),)](
+            *dst[:2], *out, rows, rows_n, N, M, SPLITS=splits, K=k, KP=KP,
+            CP=next_pow2(splits * KP), GIVEN=given, BN=BNm, num_warps=4)
 
 
 def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
                  splits: int | None = None, config: dict | None = None):
     """Top-k of x against w (R1, or W) and, for the low-rank inference mode, r2 (R2).
     Returns (val (N,k) fp32, idx (N,k) int32, gates (N,k) fp32, m (N,) fp32 | None,
-    Z (N,) fp32 | None). splits: ways to split the experts of the candidates pass (default:
-    enough programs to fill the GPU; 1 with stats)."""
+    Z (N,) fp32 | None). splits: ways to split the experts (default: enough programs to
+    fill the GPU; 1 with stats). Too few token blocks to fill the GPU (cfg "small", default
+    fewer than half the SMs; inference only): the exact sweep split over the experts, as
+    the candidates' pick and redo would add two launches and a serial sweep of latency."""
     N, M, H = x.shape[0], w.shape[0], x.shape[1]
     R = r2.shape[0] if mode == LOWRANK else H
     dev = x.device
@@ -236,8 +289,14 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
           torch.empty(N, device=dev, dtype=torch.float32)) if stats else None
     if N > 0:
         cfg = sweep_config(mode, R, H, k, M, config, fp32=x.dtype == torch.float32)
-        if cfg["C"] == 0:
-            launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, stats=st)
+        n_blocks = triton.cdiv(N, cfg["BN"])
+        small = cfg.get("small")
+        if small is None:
+            small = dev.type == "cuda" and 2 * n_blocks < torch.cuda.get_device_properties(
+                dev).multi_processor_count
+        if cfg["C"] == 0 or (small and not stats):
+            ways = 1 if stats else (splits or fill_splits(dev, n_blocks, M, cfg["BM"]))
+            launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, stats=st, splits=ways)
         else:
             cand, z = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, stats=st,
                                         splits=splits)
