@@ -3,9 +3,10 @@
 Reads x (N, h), W (M, h); writes top-k values (N, k) fp32, indices (N, k) int32 and gates
 (N, k) fp32. The same sweep as the low-rank router with the logit tile computed as
 Σ_h x_chunk W_chunkᵀ: each token block re-reads a (BM, h) tile of W per expert tile, so the
-work grows with h where the low-rank router's grows with r. Training adds m, Z and psum; the
-backward recomputes dℓ for chunks of experts into an (N, M_c) buffer of at most 1 GiB and
-takes dx and dW from cuBLAS GEMMs on it (router_train._linear_backward).
+work grows with h where the low-rank router's grows with r (tiles of 256 experts, and of
+128 rows from h = 1,024: router_topk.sweep_config). Training adds m, Z and psum; the
+backward takes chunks of tokens, logits, dx and dW from cuBLAS GEMMs and dℓ from one Triton
+kernel, in at most 1 GiB (router_train._linear_backward).
 
 Designed for any N >= 0, M >= k, h in [16, 8192], k in [1, 64], bf16 / fp16 / fp32.
 """

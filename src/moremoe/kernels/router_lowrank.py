@@ -2,16 +2,17 @@
 
 Reads x (N, h), R2 (r, h), R1 (M, r); writes top-k values (N, k) fp32 (exact logits of the
 winners, descending), indices (N, k) int32 and gates (N, k) fp32 = softmax over the k.
-Inference: z = x R2ᵀ is accumulated in fp32 and narrowed to x's dtype on chip; neither z
-(N, r) nor the logits (N, M) touch HBM. Training: z comes from cuBLAS (it is the saved
-activation of the backward), the sweep adds the online-softmax row statistics m, Z, a
-second kernel the column sums psum (M,), and the backward returns dz, dR1 (dX, dR2 are
-GEMMs on dz in the op layer).
+Inference: z = x R2ᵀ is accumulated in fp32 and narrowed to x's dtype on chip; the (N, M)
+logits never touch HBM (per tile only C candidate keys per row do, and z (N, r) for the
+pick: router_candidates). Training: z comes from cuBLAS (it is the saved activation of the
+backward), the first pass adds the online-softmax row statistics m, Z, a second kernel the
+column sums psum (M,), and the backward returns dz, dR1 (dX, dR2 are GEMMs on dz in the op
+layer).
 
 Designed for any N >= 0, M >= k, h in [16, 8192] (any h >= 1 works), r in [8, 256]
 (up to 512), k in [1, 64], bf16 / fp16 / fp32 inputs of one dtype, any strides.
-Constants: see router_topk.sweep_config (BN = 64 rows for one warpgroup MMA, BM = 128
-experts per tile so that keys keep 16 exact mantissa bits).
+Constants: router_topk.sweep_config (BN = 64 rows for one warpgroup MMA, BM = 128 experts
+per tile so that keys keep 15 exact mantissa bits; fp32 32 x 64 tiles).
 """
 from __future__ import annotations
 
