@@ -27,6 +27,29 @@ def test_flops_json_keys_and_values(capsys):
     assert "params_total" not in std and std["params_router"] == 256 * 512
 
 
+def test_flops_paper_model_gives_the_paper_totals(capsys):
+    out = run_json(capsys, ["flops", "--experts", "1792", "--top-k", "4", "--width", "56",
+                            "--rank", "64", "--paper-model", "h512", "--json"])
+    assert out["params_total"] == 1_910_797_824 and out["hidden"] == 512     # paper: 1.91B
+    out = run_json(capsys, ["flops", "--experts", "128", "--top-k", "4", "--width", "32",
+                            "--paper-model", "h1024", "--json"])
+    assert out["params_total"] == 286_977_024                                  # paper: 287.0M
+    fails(capsys, ["flops", "--experts", "128", "--top-k", "4", "--width", "32", "--hidden",
+                   "512", "--paper-model", "h1024"], r"--hidden=512 contradicts --paper-model")
+    fails(capsys, ["flops", "--experts", "128", "--top-k", "4", "--width", "32"],
+          r"--hidden is required")
+
+
+def test_plan_budget_needs_no_width(capsys):
+    tau = run_json(capsys, ["plan", "--hidden", "512", "--width", "64", "--top-k", "4",
+                            "--rank", "64", "--json"])["budget"]
+    out = run_json(capsys, ["plan", "--hidden", "512", "--top-k", "4", "--rank", "64",
+                            "--budget", str(tau), "--json"])
+    assert out["budget"] == tau
+    fails(capsys, ["plan", "--hidden", "512", "--top-k", "4", "--rank", "64"],
+          r"needs a reference MoE width --width s, or the active-FLOP budget --budget")
+
+
 def test_flops_table_and_errors(capsys):
     assert main(["flops", "--experts", "32", "--top-k", "4", "--hidden", "64", "--width", "8"]) == 0
     text = capsys.readouterr().out

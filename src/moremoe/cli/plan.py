@@ -7,7 +7,28 @@ from ..report import emit, human, table
 from .args import EPILOG, _add_json, _positive_float, _positive_int
 
 
+# The paper's pretraining models (Appendix C): GPT-2 vocabulary, 12 layers, grouped-query
+# attention with 8 heads / 2 key-value heads at h = 512 and 16 / 4 at h = 1024.
+PAPER_MODELS = {"h512": dict(hidden=512, layers=12, vocab=50257, heads=8, kv_heads=2),
+                "h1024": dict(hidden=1024, layers=12, vocab=50257, heads=16, kv_heads=4)}
+
+
+def _apply_paper_model(args) -> None:
+    """--paper-model fills h, L, V, heads and kv heads; a conflicting explicit value is an
+    error that names it."""
+    for key, value in PAPER_MODELS[args.paper_model].items():
+        given = getattr(args, key)
+        if given is not None and given != value:
+            raise ValueError(f"--{key.replace('_', '-')}={given} contradicts --paper-model "
+                             f"{args.paper_model} ({key.replace('_', ' ')} {value}); drop one")
+        setattr(args, key, value)
+
+
 def cmd_flops(args) -> int:
+    if args.paper_model:
+        _apply_paper_model(args)
+    if args.hidden is None:
+        raise ValueError("--hidden is required (or --paper-model h512|h1024)")
     M, k, h, s, r = args.experts, args.top_k, args.hidden, args.width, args.rank
     if k > M:
         raise ValueError(f"--top-k must be in [1, --experts={M}], got {k}")
@@ -43,6 +64,9 @@ def cmd_flops(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    if args.budget is None and args.width is None:
+        raise ValueError("plan needs a reference MoE width --width s, or the active-FLOP "
+                         "budget --budget tau")
     plan = accounting.plan_matched(
         hidden=args.hidden, top_k=args.top_k, rank=args.rank, budget=args.budget,
         width=None if args.budget is not None else args.width, experts=args.experts,
@@ -70,10 +94,16 @@ def add_plan_parsers(sub) -> None:
     p = sub.add_parser("flops", epilog=EPILOG, help="parameters and active FLOPs of one layer",
                        description="Router/expert parameters and per-token active FLOPs of one "
                        "MoE layer (MoRE with --rank); total parameters when --layers, --vocab "
-                       "and --heads are given (paper Appendix C).")
+                       "and --heads are given, or --paper-model names one of the paper's "
+                       "pretraining models (paper Appendix C).")
     p.add_argument("--experts", type=_positive_int, required=True, help="M")
     p.add_argument("--top-k", type=_positive_int, required=True, help="k")
-    p.add_argument("--hidden", type=_positive_int, required=True, help="h")
+    p.add_argument("--hidden", type=_positive_int, default=None,
+                   help="h (required unless --paper-model)")
+    p.add_argument("--paper-model", choices=sorted(PAPER_MODELS), default=None,
+                   help="the paper's model settings: h512 = h 512, 12 layers, V 50,257, "
+                        "8 heads / 2 kv heads; h1024 = h 1024, 16 / 4 heads (the totals of "
+                        "its Table of pretraining results)")
     p.add_argument("--width", type=_positive_int, required=True, help="s")
     p.add_argument("--rank", type=_positive_int, default=None, help="r (MoRE); omit for MoE")
     p.add_argument("--layers", type=_positive_int, default=None, help="L")
@@ -89,13 +119,14 @@ def add_plan_parsers(sub) -> None:
                        "active-FLOP budget of a reference MoE (width --width, experts --experts "
                        "or the optimum k s), by the Proposition of the paper's Appendix I.")
     p.add_argument("--hidden", type=_positive_int, required=True, help="h")
-    p.add_argument("--width", type=_positive_int, required=True, help="reference MoE width s")
+    p.add_argument("--width", type=_positive_int, default=None,
+                   help="reference MoE width s (or --budget)")
     p.add_argument("--top-k", type=_positive_int, required=True, help="k")
     p.add_argument("--rank", type=_positive_int, required=True, help="MoRE router rank r")
     p.add_argument("--experts", type=_positive_int, default=None,
                    help="reference MoE experts M (default: the optimum C_e k s / C_r)")
     p.add_argument("--budget", type=_positive_float, default=None,
-                   help="give tau directly instead of a reference MoE (--width then ignored)")
+                   help="give tau directly instead of a reference MoE (no --width needed)")
     p.add_argument("--round-width", type=_positive_int, default=1,
                    help="round planned widths to this multiple (default 1)")
     p.add_argument("--no-refit", dest="refit", action="store_false",
