@@ -1,0 +1,49 @@
+"""The hypercube construction of the paper's load-balancing Proposition, through the
+library's router: top-1 is the sign pattern of z, and the loads stay within the bound."""
+import math
+
+import pytest
+import torch
+
+from cli_checks import fails
+from moremoe.cli import main
+from moremoe.eval.theory import hypercube_check, hypercube_router, load_bound
+from moremoe.ops.router_lowrank import router_lowrank
+
+
+def test_top1_is_the_sign_pattern_of_z():
+    R1, R2 = hypercube_router(5, hidden=9)
+    x = torch.randn(500, 9, generator=torch.Generator().manual_seed(1))
+    idx = router_lowrank(x, R1, R2, 1, impl="reference")[1][:, 0]
+    bits = (x[:, :5] > 0).long()                        # a_l = +1 <-> bit l set
+    assert torch.equal(idx.long(), (bits << torch.arange(5)).sum(1))
+
+
+def test_loads_within_the_bound_and_balanced():
+    out = hypercube_check(4, 3, 30_000, seed=3)
+    assert sum(out["counts"]) == 30_000 * 3 and len(out["counts"]) == 16
+    assert out["max_deviation"] <= out["bound"] and out["within_bound"]
+    assert out["bound"] == pytest.approx(math.sqrt(2 * 30_000 * 3 * math.log(3200) / 16)
+                                         + 2 * math.log(3200) / 3)
+    assert out["hnorm"] > 0.999
+
+
+def test_bound_matches_the_issue_check():
+    assert load_bound(200_000, 4, 64, 0.01) == pytest.approx(492.5, abs=0.1)
+
+
+def test_cli_json_plot_and_errors(capsys, tmp_path):
+    plot = tmp_path / "hc.png"
+    assert main(["theory", "hypercube", "--rank", "3", "--top-k", "2", "--tokens", "4000",
+                 "--plot", str(plot), "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert out["experts"] == 8 and out["within_bound"] and plot.stat().st_size > 10_000
+    fails(capsys, ["theory", "hypercube", "--rank", "3", "--top-k", "2", "--plot", str(plot)],
+          r"--plot .*hc.png exists; give another name or --force")
+    fails(capsys, ["theory", "hypercube", "--rank", "3", "--experts", "10", "--top-k", "2"],
+          r"--experts must be 2\^--rank = 8")
+    fails(capsys, ["theory", "hypercube", "--rank", "3", "--top-k", "9"],
+          r"--top-k must be in \[1, M=8\], got 9")
+    fails(capsys, ["theory", "hypercube", "--rank", "4", "--hidden", "3", "--top-k", "2"],
+          r"--hidden must be >= --rank=4, got 3")
