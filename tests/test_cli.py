@@ -117,7 +117,8 @@ def test_demo_small(capsys, tmp_path):
 def test_help_for_every_command():
     for argv in (["--help"], ["flops", "--help"], ["plan", "--help"], ["phonebook", "--help"],
                  ["phonebook", "train", "--help"], ["phonebook", "capacity", "--help"],
-                 ["demo", "--help"], ["theory", "hypercube", "--help"]):
+                 ["demo", "--help"], ["theory", "hypercube", "--help"],
+                 ["theory", "rank", "--help"]):
         r = subprocess.run([sys.executable, "-m", "moremoe.cli", *argv], capture_output=True,
                            text=True)
         assert r.returncode == 0 and "usage: moremoe" in r.stdout, argv

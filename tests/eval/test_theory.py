@@ -47,3 +47,44 @@ def test_cli_json_plot_and_errors(capsys, tmp_path):
           r"--top-k must be in \[1, M=8\], got 9")
     fails(capsys, ["theory", "hypercube", "--rank", "4", "--hidden", "3", "--top-k", "2"],
           r"--hidden must be >= --rank=4, got 3")
+
+
+def test_rank_agreement_full_rank_svd_is_exact_and_overlap_grows():
+    from moremoe.eval.theory import rank_agreement
+    g = torch.Generator().manual_seed(0)
+    W, x = torch.randn(40, 24, generator=g), torch.randn(3000, 24, generator=g)
+    rows = rank_agreement(W, x, 3, [2, 8, 24], methods=("svd", "jl"))
+    svd = {r["rank"]: r for r in rows if r["method"] == "svd"}
+    assert svd[24]["set_preserved"] == 1.0 and svd[24]["rel_error"] < 1e-5
+    assert svd[2]["mean_overlap"] < svd[8]["mean_overlap"] < svd[24]["mean_overlap"]
+    assert {r["method"] for r in rows} == {"svd", "jl"}
+
+
+def test_rank_bounds_shapes():
+    from moremoe.eval.theory import rank_bounds
+    b = rank_bounds(256, 4, bits=8)
+    log_f = math.log(math.comb(256, 4))
+    assert b["sufficient_jl"] == pytest.approx(4 * math.log(256 + math.comb(256, 4)))
+    assert b["necessary_counting"] == pytest.approx(log_f / math.log(1 + 2 ** 9))
+
+
+def test_rank_cli_with_a_trained_router_file(capsys, tmp_path):
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(1)
+    path = tmp_path / "router.safetensors"
+    save_file({"layers.0.gate.weight": torch.randn(32, 16, generator=g),
+               "layers.1.gate.weight": torch.randn(32, 16, generator=g)}, str(path))
+    fails(capsys, ["theory", "rank", "--weights", str(path), "--top-k", "2"],
+          r"holds 2 2-D tensors; name one with --weights-key")
+    assert main(["theory", "rank", "--weights", str(path), "--weights-key",
+                 "layers.1.gate.weight", "--top-k", "2", "--tokens", "500", "--ranks", "4,16",
+                 "--method", "svd", "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in out["rows"]] == [4, 16] and out["experts"] == 32
+    assert out["rows"][1]["set_preserved"] == 1.0                  # r = h = 16: exact
+    fails(capsys, ["theory", "rank", "--weights", str(path), "--weights-key", "nope",
+                   "--top-k", "2"], r"--weights-key 'nope' is not in")
+    fails(capsys, ["theory", "rank", "--experts", "8", "--hidden", "4", "--top-k", "2",
+                   "--ranks", "5"], r"--ranks must be in \[1, min\(M, h\) = 4\], got \[5\]")
+    fails(capsys, ["theory", "rank", "--top-k", "2"], r"needs --experts and --hidden")

@@ -5,7 +5,8 @@ from pathlib import Path
 
 from ..report import check_output_file, emit, table
 from ..runtime import progress_bar
-from .args import EPILOG, _add_json, _int_at_least, _positive_float, _positive_int
+from .args import (EPILOG, _add_json, _int_at_least, _int_list, _positive_float,
+                   _positive_int)
 
 
 def cmd_hypercube(args) -> int:
@@ -13,10 +14,7 @@ def cmd_hypercube(args) -> int:
     if args.experts is not None and args.experts != 1 << args.rank:
         raise ValueError(f"--experts must be 2^--rank = {1 << args.rank} for the hypercube "
                          f"construction, got {args.experts}")
-    if args.plot is not None:
-        plot = check_output_file(Path(args.plot), "--plot")
-        if plot.exists() and not args.force:
-            raise ValueError(f"--plot {plot} exists; give another name or --force to replace it")
+    _check_plot(args)
     bar, seen = progress_bar(args.tokens, desc="routing tokens"), [0]
 
     def progress(done, total):
@@ -46,6 +44,89 @@ def cmd_hypercube(args) -> int:
     return 0 if out["within_bound"] else 1
 
 
+def _load_matrix(path: str, key: str | None, flag: str):
+    """A 2-D tensor from a .safetensors or torch file (a tensor or a name -> tensor map);
+    errors name the flag, the file and the 2-D tensors it holds."""
+    import torch
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{flag} {path}: no such file")
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            obj = load_file(str(file))
+        else:
+            obj = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:   # a torn or foreign file: one line that names it
+        raise ValueError(f"{flag} {path}: not a safetensors or torch tensor file "
+                         f"({type(err).__name__})") from err
+    if isinstance(obj, torch.Tensor):
+        tensor = obj
+    else:
+        mats = sorted(k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() == 2)
+        if key is None and len(mats) != 1:
+            raise ValueError(f"{flag} {path} holds {len(mats)} 2-D tensors; name one with "
+                             f"{flag}-key (e.g. {', '.join(mats[:4]) or 'none'})")
+        name = key if key is not None else mats[0]
+        if name not in obj:
+            raise ValueError(f"{flag}-key {name!r} is not in {path}; 2-D tensors: "
+                             f"{', '.join(mats[:8]) or 'none'}")
+        tensor = obj[name]
+    if tensor.dim() != 2:
+        raise ValueError(f"{flag} {path}: expected a 2-D tensor, got shape {tuple(tensor.shape)}")
+    return tensor.float()
+
+
+def cmd_rank(args) -> int:
+    import torch
+    from ..eval.theory import plot_rank, rank_agreement, rank_bounds
+    plot = _check_plot(args)
+    g = torch.Generator().manual_seed(args.seed)
+    if args.weights:
+        W = _load_matrix(args.weights, args.weights_key, "--weights")
+    else:
+        if args.experts is None or args.hidden is None:
+            raise ValueError("a random router needs --experts and --hidden (or --weights FILE)")
+        W = torch.randn(args.experts, args.hidden, generator=g)
+    M, h = W.shape
+    x = (_load_matrix(args.inputs, args.inputs_key, "--inputs") if args.inputs else
+         torch.randn(args.tokens, h, generator=g))
+    ranks = args.ranks or [r for r in (2 ** i for i in range(12)) if r <= min(M, h)]
+    methods = ("svd", "jl") if args.method == "both" else (args.method,)
+    rows = rank_agreement(W, x, args.top_k, ranks, methods=methods, seed=args.seed)
+    bounds = rank_bounds(M, args.top_k, args.bits)
+    source = args.weights or f"Gaussian {M} x {h}"
+    out = {"router": source, "experts": M, "hidden": h, "top_k": args.top_k,
+           "tokens": x.shape[0], "rows": rows, "bounds": bounds}
+    if plot is not None:
+        out["plot"] = str(plot_rank(rows, bounds, plot, f"top-{args.top_k} sets kept by a "
+                                    f"rank-r router ({source}, {x.shape[0]:,} tokens)"))
+    text = (f"Top-{args.top_k} sets of {x.shape[0]:,} tokens under rank-r factorisations of "
+            f"the router ({source}); theorems' ranks with constants 1: sufficient "
+            f"{bounds['sufficient_jl']:.0f}, necessary {bounds['necessary_counting']:.1f} "
+            f"at {bounds['bits']} bits\n"
+            + table([[r["method"], r["rank"], f"{r['set_preserved']:.4f}",
+                      f"{r['mean_overlap']:.4f}", f"{r['rel_error']:.4f}"] for r in rows],
+                    ["method", "r", "set preserved", "mean overlap", "|R1R2 - W| / |W|"])
+            + (f"\nplot: {out['plot']}" if "plot" in out else ""))
+    emit(args, out, text)
+    return 0
+
+
+def _check_plot(args):
+    if args.plot is None:
+        return None
+    plot = check_output_file(Path(args.plot), "--plot")
+    if plot.exists() and not args.force:
+        raise ValueError(f"--plot {plot} exists; give another name or --force to replace it")
+    return plot
+
+
+def _add_plot(p) -> None:
+    p.add_argument("--plot", default=None, metavar="PNG", help="also draw the result")
+    p.add_argument("--force", action="store_true", help="replace an existing --plot file")
+
+
 def add_theory_parser(sub) -> None:
     p = sub.add_parser("theory", help="the paper's theory, checked by sampling",
                        description="The paper's theoretical statements, checked by sampling.")
@@ -68,8 +149,36 @@ def add_theory_parser(sub) -> None:
     h.add_argument("--delta", type=_positive_float, default=0.01,
                    help="δ: the bound holds with probability 1 - δ (default 0.01)")
     h.add_argument("--seed", type=_int_at_least(0), default=0, help="sampling seed (default 0)")
-    h.add_argument("--plot", default=None, metavar="PNG",
-                   help="also draw the per-expert loads with the bound's band")
-    h.add_argument("--force", action="store_true", help="replace an existing --plot file")
+    _add_plot(h)
     _add_json(h)
     h.set_defaults(func=cmd_hypercube)
+    r = tsub.add_parser(
+        "rank", epilog=EPILOG, help="top-k sets a rank-r router keeps, against r",
+        description="The paper's expressivity bounds made empirical: factor an M x h router "
+        "(Gaussian, or a trained one from --weights) into R1 (M x r) R2 (r x h) by truncated "
+        "SVD or by the Johnson-Lindenstrauss projection, and report for each r the share of "
+        "tokens whose top-k set is unchanged and the mean overlap, beside the theorems' "
+        "sufficient rank k ln(M + C(M,k)) and necessary rank ln C(M,k) / ln(1 + 2^(p+1)) "
+        "(universal constants set to 1: their shapes, not their values).")
+    r.add_argument("--experts", type=_positive_int, default=None, help="M of a random router")
+    r.add_argument("--hidden", type=_positive_int, default=None, help="h of a random router")
+    r.add_argument("--weights", default=None, metavar="FILE",
+                   help="a trained router (M, h) in a .safetensors or torch file")
+    r.add_argument("--weights-key", default=None, help="its tensor's name in FILE")
+    r.add_argument("--inputs", default=None, metavar="FILE",
+                   help="tokens (N, h) to route (e.g. captured hidden states; default "
+                        "Gaussian)")
+    r.add_argument("--inputs-key", default=None, help="their tensor's name in FILE")
+    r.add_argument("--tokens", type=_positive_int, default=20_000,
+                   help="Gaussian tokens when no --inputs (default 20,000)")
+    r.add_argument("--top-k", type=_positive_int, required=True, help="k")
+    r.add_argument("--ranks", type=_int_list, default=None,
+                   help="comma list of r (default powers of two up to min(M, h))")
+    r.add_argument("--method", choices=["svd", "jl", "both"], default="both",
+                   help="factorisation (default both)")
+    r.add_argument("--bits", type=_positive_int, default=8,
+                   help="p of the necessary rank's margin 2^-p (default 8, bf16)")
+    r.add_argument("--seed", type=_int_at_least(0), default=0, help="seed (default 0)")
+    _add_plot(r)
+    _add_json(r)
+    r.set_defaults(func=cmd_rank)

@@ -7,6 +7,14 @@ exactly k/M, so the loads N_a ~ Binomial(n, k/M) and, with probability ≥ 1 −
 max_a |N_a − n k / M| ≤ √(2 n k L / M) + (2/3) L, L = log(2M / δ). `hypercube_check` routes
 sampled tokens through the library's own low-rank router (ops.router_lowrank) and reports
 the deviation against that bound and the normalised routing entropy H_norm.
+
+Rank (the Johnson–Lindenstrauss upper bound and the counting lower bound of the paper's
+expressivity theorems, made empirical): `rank_agreement` factors an M × h router W into
+R1 (M × r) · R2 (r × h), by truncated SVD (the singular values split evenly, √S to each
+side) or by a Gaussian projection Φ (R2 = Φ / √r, R1 = W R2ᵀ: the lemma's construction),
+and measures on tokens the fraction whose top-k set is unchanged and the mean overlap.
+`rank_bounds` gives the theorems' ranks with their universal constants set to 1:
+k ln(M + C(M, k)) (sufficient) and ln C(M, k) / ln(1 + 2^(p+1)) at p bits (necessary).
 Letters: n tokens (N in the CLI), h hidden, M experts, k active, r rank.
 """
 from __future__ import annotations
@@ -17,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..ops.balance import expert_counts
+from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
 from .routing import normalized_entropy
 
@@ -72,6 +81,100 @@ def hypercube_check(rank: int, top_k: int, tokens: int, *, hidden: int | None = 
             "selection_prob_max": float(counts.max()) / tokens,
             "selection_prob_exact": top_k / M,
             "hnorm": normalized_entropy(counts), "counts": counts.tolist()}
+
+
+def factor_router(W_MH: torch.Tensor, rank: int, method: str = "svd",
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R1 (M, r), R2 (r, h)) with R1 R2 ≈ W: truncated SVD (√S to each side) or the
+    Johnson–Lindenstrauss projection (R2 Gaussian / √r, R1 = W R2ᵀ)."""
+    W = W_MH.double()
+    if method == "svd":
+        U, S, Vh = torch.linalg.svd(W, full_matrices=False)
+        root = S[:rank].sqrt()
+        return (U[:, :rank] * root).float(), (root[:, None] * Vh[:rank]).float()
+    if method == "jl":
+        g = torch.Generator().manual_seed(seed)
+        R2 = torch.randn(rank, W.shape[1], generator=g, dtype=torch.float64) / math.sqrt(rank)
+        return (W @ R2.T).float(), R2.float()
+    raise ValueError(f"--method must be svd, jl or both, got {method!r}")
+
+
+def _topk_sets(idx_NK: torch.Tensor) -> torch.Tensor:
+    return idx_NK.long().sort(dim=1).values
+
+
+def rank_agreement(W_MH: torch.Tensor, x_NH: torch.Tensor, top_k: int, ranks: list[int], *,
+                   methods=("svd",), seed: int = 0, chunk: int = 65_536) -> list[dict]:
+    """Per (method, r): the share of tokens whose top-k set under the rank-r factorisation
+    equals the full router's, and the mean overlap |S ∩ S_r| / k."""
+    M, h = W_MH.shape
+    if x_NH.dim() != 2 or x_NH.shape[1] != h:
+        raise ValueError(f"tokens must have shape (N, h={h}), got {tuple(x_NH.shape)}")
+    if not 1 <= top_k <= M:
+        raise ValueError(f"--top-k must be in [1, M={M}], got {top_k}")
+    bad = [r for r in ranks if not 1 <= r <= min(M, h)]
+    if bad:
+        raise ValueError(f"--ranks must be in [1, min(M, h) = {min(M, h)}], got {bad}")
+    W, x = W_MH.float(), x_NH.float()
+    full = torch.cat([_topk_sets(router_linear(x[n0:n0 + chunk], W, top_k,
+                                               impl="reference")[1])
+                      for n0 in range(0, x.shape[0], chunk)])
+    rows = []
+    for method in methods:
+        for r in ranks:
+            R1, R2 = factor_router(W, r, method, seed)
+            got = torch.cat([_topk_sets(router_lowrank(x[n0:n0 + chunk], R1, R2, top_k,
+                                                       impl="reference")[1])
+                             for n0 in range(0, x.shape[0], chunk)])
+            same = (got == full).all(dim=1)
+            overlap = (got[:, :, None] == full[:, None, :]).any(dim=2).double().mean(dim=1)
+            rows.append({"method": method, "rank": r, "set_preserved": float(same.double().mean()),
+                         "mean_overlap": float(overlap.mean()),
+                         "rel_error": float((R1 @ R2 - W).norm() / W.norm())})
+    return rows
+
+
+def rank_bounds(experts: int, top_k: int, bits: int = 8) -> dict:
+    """The expressivity theorems' ranks with universal constants 1 (shapes, not values):
+    sufficient k ln(M + C(M, k)) (Johnson–Lindenstrauss), necessary ln C(M, k) / ln(1 + 2/η)
+    at the margin η = 2^-bits a p-bit top-k resolves."""
+    log_f = math.lgamma(experts + 1) - math.lgamma(top_k + 1) - math.lgamma(experts - top_k + 1)
+    log_m_plus_f = log_f + math.log1p(experts * math.exp(-log_f)) if log_f > 0 else \
+        math.log(experts + math.exp(log_f))
+    return {"sufficient_jl": top_k * log_m_plus_f,
+            "necessary_counting": log_f / math.log(1 + 2 ** (bits + 1)), "bits": bits}
+
+
+def plot_rank(rows: list[dict], bounds: dict, path: str | Path, title: str) -> Path:
+    """Share of tokens whose top-k set survives, against r, with the theorems' ranks."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, method in enumerate(sorted({r["method"] for r in rows})):
+        pts = sorted((r["rank"], r["set_preserved"], r["mean_overlap"]) for r in rows
+                     if r["method"] == method)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}",
+                label=f"{method}: top-k set preserved")
+        ax.plot([p[0] for p in pts], [p[2] for p in pts], linestyle="--", color=f"C{i}",
+                label=f"{method}: mean overlap")
+    ax.axvline(bounds["sufficient_jl"], color="C3", linestyle=":",
+               label=f"k ln(M + C(M,k)) = {bounds['sufficient_jl']:.0f} (sufficient, constant 1)")
+    ax.axvline(bounds["necessary_counting"], color="gray", linestyle=":",
+               label=f"ln C(M,k) / ln(1 + 2^{bounds['bits'] + 1}) = "
+                     f"{bounds['necessary_counting']:.1f} (necessary)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("router rank r")
+    ax.set_ylabel("share of tokens")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_hypercube(result: dict, path: str | Path) -> Path:
