@@ -15,6 +15,6 @@ def fails(capsys, argv, match, *, code=2):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == code, (rc, err)
     assert len(err) == 1, err
-    assert re.match(r"moremoe [a-z ]+: error: ", err[0]), err[0]
+    assert re.match(r"moremoe [a-z -]+: error: ", err[0]), err[0]
     assert re.search(match, err[0]), err[0]
     return err[0]

@@ -118,7 +118,7 @@ def test_help_for_every_command():
     for argv in (["--help"], ["flops", "--help"], ["plan", "--help"], ["phonebook", "--help"],
                  ["phonebook", "train", "--help"], ["phonebook", "capacity", "--help"],
                  ["demo", "--help"], ["theory", "hypercube", "--help"],
-                 ["theory", "rank", "--help"]):
+                 ["theory", "rank", "--help"], ["convert-router", "--help"]):
         r = subprocess.run([sys.executable, "-m", "moremoe.cli", *argv], capture_output=True,
                            text=True)
         assert r.returncode == 0 and "usage: moremoe" in r.stdout, argv

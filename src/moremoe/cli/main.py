@@ -16,6 +16,7 @@ from ..checks import UserError
 from ..runtime import __version__
 from .args import EPILOG
 from .bench import add_bench_parser
+from .convert import add_convert_parser
 from .data import add_data_parser
 from .demo import add_demo_parser
 from .eval import add_eval_parser
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_plan_parsers, add_phonebook_parser, add_bench_parser, add_data_parser,
                 add_train_parser, add_eval_parser, add_hf_parser, add_demo_parser,
-                add_theory_parser):
+                add_theory_parser, add_convert_parser):
         add(sub)
     return parser
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..nn.router import factor_router
 from ..ops.balance import expert_counts
 from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
@@ -81,22 +82,6 @@ def hypercube_check(rank: int, top_k: int, tokens: int, *, hidden: int | None = 
             "selection_prob_max": float(counts.max()) / tokens,
             "selection_prob_exact": top_k / M,
             "hnorm": normalized_entropy(counts), "counts": counts.tolist()}
-
-
-def factor_router(W_MH: torch.Tensor, rank: int, method: str = "svd",
-                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R1 (M, r), R2 (r, h)) with R1 R2 ≈ W: truncated SVD (√S to each side) or the
-    Johnson–Lindenstrauss projection (R2 Gaussian / √r, R1 = W R2ᵀ)."""
-    W = W_MH.double()
-    if method == "svd":
-        U, S, Vh = torch.linalg.svd(W, full_matrices=False)
-        root = S[:rank].sqrt()
-        return (U[:, :rank] * root).float(), (root[:, None] * Vh[:rank]).float()
-    if method == "jl":
-        g = torch.Generator().manual_seed(seed)
-        R2 = torch.randn(rank, W.shape[1], generator=g, dtype=torch.float64) / math.sqrt(rank)
-        return (W @ R2.T).float(), R2.float()
-    raise ValueError(f"--method must be svd, jl or both, got {method!r}")
 
 
 def _topk_sets(idx_NK: torch.Tensor) -> torch.Tensor:

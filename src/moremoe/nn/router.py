@@ -78,6 +78,27 @@ class LinearRouter(_Router):
         return f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}, impl={self.impl}"
 
 
+def factor_router(W_MH: torch.Tensor, rank: int, method: str = "svd",
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R1 (M, r), R2 (r, h)) with R1 R2 ≈ W, in float32: the truncated SVD with the
+    singular values split evenly (√S to each side: the best rank-r approximation in the
+    Frobenius norm, factors of equal scale), or ("jl") the Johnson–Lindenstrauss projection
+    of the paper's upper bound (R2 Gaussian / √r, R1 = W R2ᵀ)."""
+    if W_MH.dim() != 2 or not 1 <= rank <= min(W_MH.shape):
+        raise ValueError(f"rank must be in [1, min(M, h) = {min(W_MH.shape)}] for a router of "
+                         f"shape {tuple(W_MH.shape)}, got {rank}")
+    W = W_MH.detach().double().cpu()
+    if method == "svd":
+        U, S, Vh = torch.linalg.svd(W, full_matrices=False)
+        root = S[:rank].sqrt()
+        return (U[:, :rank] * root).float(), (root[:, None] * Vh[:rank]).float()
+    if method == "jl":
+        g = torch.Generator().manual_seed(seed)
+        R2 = torch.randn(rank, W.shape[1], generator=g, dtype=torch.float64) / math.sqrt(rank)
+        return (W @ R2.T).float(), R2.float()
+    raise ValueError(f"method must be svd or jl, got {method!r}")
+
+
 class LowRankRouter(_Router):
     """MoRE router: logits = (x R2ᵀ) R1ᵀ with R1 (M, r) and R2 (r, h).
 
@@ -112,6 +133,19 @@ class LowRankRouter(_Router):
         routed = router_lowrank(x_NH, self.R1, self.R2, self.top_k, with_psum=self.training,
                                 impl=self.impl)
         return _finish(routed, self.experts, self.training)
+
+    @classmethod
+    def from_weight(cls, W_MH: torch.Tensor, top_k: int, rank: int, *, method: str = "svd",
+                    impl: str = "auto") -> "LowRankRouter":
+        """The MoRE router nearest a trained standard router's W (M, h) at rank r
+        (factor_router); e.g. LowRankRouter.from_weight(linear_router.weight, k, 64)."""
+        M, h = W_MH.shape
+        router = cls(h, M, top_k, rank, impl=impl)
+        R1, R2 = factor_router(W_MH, rank, method)
+        with torch.no_grad():
+            router.R1.copy_(R1)
+            router.R2.copy_(R2)
+        return router
 
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}, "

@@ -1,0 +1,90 @@
+"""convert-router on small random models of each architecture (offline): every router is
+found, full rank reproduces the top-k sets, the factors multiply back to the weights, and
+the command writes its factors, report and plot without overwriting a folder."""
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from cli_checks import fails  # noqa: E402
+from moremoe.cli import main  # noqa: E402
+
+COMMON = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=100)
+ARCHS = {
+    "Qwen3MoeConfig": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16),
+    "OlmoeConfig": dict(num_experts=8, num_experts_per_tok=2),
+    "MixtralConfig": dict(num_local_experts=8, num_experts_per_tok=2),
+    "DeepseekV3Config": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                             n_group=1, topk_group=1, first_k_dense_replace=0, q_lora_rank=16,
+                             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                             v_head_dim=8, num_key_value_heads=4),   # MLA: kv heads = heads
+}
+
+
+def _save(tmp_path, arch):
+    torch.manual_seed(0)
+    cfg = getattr(transformers, arch)(**{**COMMON, **ARCHS[arch]})
+    cfg.eos_token_id = cfg.bos_token_id = cfg.pad_token_id = None
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    path = tmp_path / arch
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_convert_router_each_architecture(capsys, tmp_path, arch):
+    model = _save(tmp_path, arch)
+    out = tmp_path / "out"
+    assert main(["convert-router", str(model), "--rank", "2,8", "--out", str(out),
+                 "--random-tokens", "512", "--seq-len", "64", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["top_k"] == 2 and len(report["layers"]) == 2
+    for layer in report["layers"]:
+        assert layer["tokens"] == 512 and [r["rank"] for r in layer["ranks"]] == [2, 8]
+        full = layer["ranks"][1]                     # r = 8 = E: the factors are exact
+        assert full["set_agreement"] == 1.0 and full["rel_error"] < 1e-5
+    from safetensors.torch import load_file
+    factors = load_file(str(out / "routers_r2.safetensors"))
+    assert factors["model.layers.0.mlp.gate.R1"].shape == (8, 2)
+    assert factors["model.layers.1.mlp.gate.R2"].shape == (2, 32)
+    assert (out / "agreement.png").stat().st_size > 10_000
+    assert json.loads((out / "report.json").read_text())["layers"] == report["layers"]
+    fails(capsys, ["convert-router", str(model), "--rank", "2", "--out", str(out)],
+          r"--out .* is not empty; give a new folder or --force")
+
+
+def test_convert_router_errors(capsys, tmp_path):
+    fails(capsys, ["convert-router", str(tmp_path / "nope"), "--rank", "2", "--out",
+                   str(tmp_path / "o")], r"not a transformers model folder \(no config.json\)")
+    model = _save(tmp_path, "MixtralConfig")
+    fails(capsys, ["convert-router", str(model), "--rank", "40", "--out", str(tmp_path / "o2"),
+                   "--random-tokens", "64", "--seq-len", "32"],
+          r"--rank 40 exceeds min\(experts, hidden\) = 8 of the model")
+    fails(capsys, ["convert-router", str(model), "--rank", "2", "--out", str(tmp_path / "o3"),
+                   "--text", str(tmp_path / "missing.txt")], r"--text .*missing.txt: no such file")
+
+
+def test_low_rank_router_from_a_trained_weight():
+    from moremoe.nn import LowRankRouter
+    W = torch.randn(16, 12)
+    router = LowRankRouter.from_weight(W, 2, 12, impl="reference")
+    torch.testing.assert_close(router.R1 @ router.R2, W, rtol=1e-5, atol=1e-5)
+    assert router.rank == 12 and router.experts == 16 and router.hidden == 12
+
+
+def test_convert_router_reads_text_through_the_models_tokenizer(capsys, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    model = _save(tmp_path, "Qwen3MoeConfig")
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 100)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(
+        model)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{(7 * i) % 99 + 1}" for i in range(300)))
+    assert main(["convert-router", str(model), "--rank", "4", "--out", str(tmp_path / "o"),
+                 "--text", str(text), "--seq-len", "50", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokens"] == 300 and report["layers"][0]["tokens"] == 300
