@@ -30,6 +30,12 @@ def test_tiny_model_learns_prose(text_data, tmp_path):
     assert summary["mean_step_ms"] > 0 and summary["tokens_per_s"] > 0
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["val_ppl"] == summary["val_ppl"]
+    # loss.png beside the log, refreshed at each validation, and `moremoe plot` overlays runs
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 30_000
+    from moremoe.cli import main
+    out = tmp_path / "pair.png"
+    assert main(["plot", str(tmp_path / "run"), str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert out.stat().st_size > 30_000
 
 
 def test_stop_then_resume_matches_uninterrupted(text_data, tmp_path, reference_run,

@@ -24,7 +24,7 @@ from .hf import add_hf_parser
 from .phonebook import add_phonebook_parser
 from .plan import add_plan_parsers
 from .theory import add_theory_parser
-from .train import add_train_parser
+from .train import add_plot_parser, add_train_parser
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_plan_parsers, add_phonebook_parser, add_bench_parser, add_data_parser,
                 add_train_parser, add_eval_parser, add_hf_parser, add_demo_parser,
-                add_theory_parser, add_convert_parser):
+                add_theory_parser, add_convert_parser, add_plot_parser):
         add(sub)
     return parser
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import _positive_float, _positive_int
+from .args import _add_json, _positive_float, _positive_int
 from ..report import emit, human, table
 
 DESCRIPTION = """\
@@ -134,3 +134,38 @@ def add_train_parser(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON (progress lines go to stderr)")
     p.set_defaults(func=cmd_train)
+
+
+def cmd_plot(args) -> int:
+    from pathlib import Path
+    from ..report import check_output_file
+    from ..training.run_plot import plot_runs, read_events
+    out = check_output_file(Path(args.out), "--out")
+    if out.exists() and not args.force:
+        raise ValueError(f"--out {out} exists; give another name or --force to replace it")
+    runs, names = {}, args.names or []
+    if names and len(names) != len(args.runs):
+        raise ValueError(f"--names gives {len(names)} names for {len(args.runs)} runs")
+    for i, run in enumerate(args.runs):
+        name = names[i] if names else Path(run).name
+        runs[name if name not in runs else f"{name} ({i})"] = read_events(run)
+    plot_runs(runs, out, title=" vs ".join(runs))
+    steps = {n: max((e["step"] for e in ev if "step" in e), default=0) for n, ev in runs.items()}
+    emit(args, {"out": str(out), "runs": list(args.runs), "last_step": steps},
+         f"wrote {out}: {', '.join(f'{n} (step {s})' for n, s in steps.items())}")
+    return 0
+
+
+def add_plot_parser(sub) -> None:
+    p = sub.add_parser("plot", help="overlay pretraining runs (loss, lr, balancing, H_norm)",
+                       description="Training and validation loss, learning rates, balancing "
+                       "loss and H_norm per layer against the step, of one or more `moremoe "
+                       "train` runs on one figure (e.g. the MoE/MoRE pair). Each run also "
+                       "keeps its own RUN/loss.png, refreshed at each validation.")
+    p.add_argument("runs", metavar="RUN", nargs="+", help="run directories (with log.jsonl)")
+    p.add_argument("--out", required=True, metavar="PNG", help="figure to write")
+    p.add_argument("--names", type=lambda t: [s for s in t.split(",") if s], default=None,
+                   help="comma list of legend names, one per run (default: folder names)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    _add_json(p)
+    p.set_defaults(func=cmd_plot)

@@ -35,6 +35,7 @@ from ..runtime import autocast_dtype, environment
 from ..tasks.text import open_tokens, read_meta
 from ..model import checkpoint as stored
 from . import checkpoint as ckpt
+from . import run_plot
 from .config import RunConfig
 from .data import Batches, check_ids, rows_of
 from .metrics import RunLog, StepClock, StepProfiler, echo_line, peak_tflops, printer
@@ -107,6 +108,7 @@ class LMTrainer:
         if force and self.main:
             self._clear_run()
         self.log = RunLog(self.out, enabled=self.main, tensorboard=t.tensorboard)
+        self._plot_failed = False
         self._resume_or_start(resume)
 
     # ------------------------------------------------------------------ set-up
@@ -152,7 +154,7 @@ class LMTrainer:
             self.model.compile_blocks(t.compile_mode)
         self.ddp_model = ddp.wrap(self.model, self.info)
 
-    RUN_FILES = ("log.jsonl", "summary.json", "config.json", "profile.txt")
+    RUN_FILES = ("log.jsonl", "summary.json", "config.json", "profile.txt", "loss.png")
 
     def _clear_run(self) -> None:
         """--force: remove what an earlier run wrote into the run directory (and only that)."""
@@ -319,6 +321,9 @@ class LMTrainer:
         ev = {"val_loss": loss, "val_ppl": math.exp(loss), "val_tokens": int(totals[1].item()),
               "hnorm": [normalized_entropy(c) for c in counts]}
         self.log.write("eval", step=self.step, **ev)
+        if self.main and (why := run_plot.refresh(self.out)) and not self._plot_failed:
+            self.echo(f"loss.png not rendered ({why}); training goes on")
+            self._plot_failed = True
         hn = ev["hnorm"]
         self.echo(f"eval step {self.step}: val loss {loss:.4f}, ppl {ev['val_ppl']:.2f}, "
                   f"H_norm mean {np.mean(hn):.3f} [{min(hn):.3f}, {max(hn):.3f}]")
