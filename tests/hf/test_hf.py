@@ -111,3 +111,45 @@ def test_gpt2_vocabulary_sets_end_of_text_as_eos_and_bos():
                                                                     heads=2, moe=moe),
                                                   eos_token_id=7)
     assert given.eos_token_id == 7
+
+
+def test_remote_code_loads_without_importing_moremoe(tmp_path):
+    """config.json's auto_map and the two modules beside the weights: a fresh interpreter
+    that never imports moremoe itself loads the model with trust_remote_code=True."""
+    import json
+    import os
+    import subprocess
+    import sys
+    model = tiny(MoEConfig.more(12, 2, 32, 8, 4), 2)
+    export(model, tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["auto_map"]["AutoModelForCausalLM"] == "modeling_moremoe.MoremoeForCausalLM"
+    tokens = torch.randint(0, V, (1, 9), generator=torch.Generator().manual_seed(0))
+    torch.save(tokens, tmp_path / "tokens.pt")
+    code = ("import sys, torch, transformers\n"
+            "assert 'moremoe' not in sys.modules\n"
+            f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'hf')!r}, "
+            "trust_remote_code=True).eval()\n"
+            f"torch.save(m(torch.load({str(tmp_path / 'tokens.pt')!r})).logits, "
+            f"{str(tmp_path / 'logits.pt')!r})\n"
+            "print(type(m).__name__)\n")
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().endswith("MoremoeForCausalLM")
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), model(tokens).logits,
+                               **reduction_tol(torch.float32,
+                                               model_reduction_length(model.config)))
+
+
+def test_inputs_embeds_equal_the_token_path():
+    model = tiny(MoEConfig.moe(8, 2, 32, 8))
+    hf = MoremoeForCausalLM.from_transformer(model).eval()
+    tokens = torch.randint(0, V, (2, 7))
+    by_ids = hf(input_ids=tokens, use_cache=False).logits
+    by_embeds = hf(inputs_embeds=model.embed(tokens), use_cache=False).logits
+    assert torch.equal(by_ids, by_embeds)
+    with pytest.raises(ValueError, match="exactly one of them"):
+        hf(input_ids=tokens, inputs_embeds=model.embed(tokens))
+    with pytest.raises(ValueError, match="hidden"):
+        hf(inputs_embeds=torch.randn(1, 3, 5))

@@ -23,8 +23,25 @@ def register() -> None:
     AutoModelForCausalLM.register(MoremoeConfig, MoremoeForCausalLM, exist_ok=True)
 
 
+# Written beside the weights and named by config.json's auto_map, so that
+# AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True) loads the model with
+# moremoe installed but not imported (no register() call).
+REMOTE_CODE = {
+    "configuration_moremoe.py": "from moremoe.hf.configuration_moremoe import MoremoeConfig\n",
+    "modeling_moremoe.py": "from moremoe.hf.modeling_moremoe import MoremoeForCausalLM\n",
+}
+AUTO_MAP = {"AutoConfig": "configuration_moremoe.MoremoeConfig",
+            "AutoModelForCausalLM": "modeling_moremoe.MoremoeForCausalLM"}
+
+
 def export(transformer, out_dir, **config_kwargs):
-    """Save a moremoe Transformer as a transformers directory (config.json,
-    model.safetensors); returns the path."""
-    MoremoeForCausalLM.from_transformer(transformer, **config_kwargs).save_pretrained(out_dir)
+    """Save a moremoe Transformer as a transformers directory (config.json with auto_map,
+    model.safetensors, the two remote-code modules); returns the path."""
+    from pathlib import Path
+    model = MoremoeForCausalLM.from_transformer(transformer, **config_kwargs)
+    model.config.auto_map = dict(AUTO_MAP)
+    model.save_pretrained(out_dir)
+    for name, code in REMOTE_CODE.items():
+        (Path(out_dir) / name).write_text('"""moremoe\'s transformers classes (pip install '
+                                          '\'moremoe[text]\')."""\n' + code)
     return out_dir

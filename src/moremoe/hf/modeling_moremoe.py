@@ -61,18 +61,22 @@ class MoremoeForCausalLM(PreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.model.lm_head = value
 
-    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                past_key_values=None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, logits_to_keep: int = 0, return_dict=None,
+    def forward(self, input_ids: torch.LongTensor | None = None,
+                attention_mask: torch.Tensor | None = None, past_key_values=None,
+                labels: torch.LongTensor | None = None, use_cache: bool | None = None,
+                logits_to_keep: int = 0, return_dict=None,
+                inputs_embeds: torch.FloatTensor | None = None,
                 **kwargs) -> CausalLMOutputWithPast:
-        """labels as in transformers: the input ids themselves (shifted here), -100 ignored."""
+        """labels as in transformers: the input ids themselves (shifted here), -100 ignored;
+        inputs_embeds (B, T, h) in place of input_ids."""
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise ValueError("padded inputs (zeros in attention_mask) are not supported: "
                              "generate one row at a time or with equal-length prompts")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
-        out = self.model(input_ids, cache=past_key_values if use_cache else None)
+        out = self.model(input_ids, cache=past_key_values if use_cache else None,
+                         embeds_BTh=inputs_embeds)
         logits = out.logits if not logits_to_keep else out.logits[:, -logits_to_keep:]
         loss = None
         if labels is not None:

@@ -241,21 +241,29 @@ class Transformer(nn.Module):
             block.moe.experts.out_init_std = out_std
             block.moe.experts.reset_parameters()
 
-    def forward(self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
-                return_counts: bool = False, cache=None) -> TransformerOutput:
+    def forward(self, tokens_BT: torch.Tensor | None, targets_BT: torch.Tensor | None = None, *,
+                return_counts: bool = False, cache=None,
+                embeds_BTh: torch.Tensor | None = None) -> TransformerOutput:
         """tokens (B, T) -> logits; with targets (B, T) (IGNORE_INDEX = -100 where no loss),
         also the mean LM loss, the summed balancing loss and their sum. With a cache (a
         KVCache or a Hugging Face Cache), tokens continue the cached sequence and their keys
-        and values are appended to it."""
+        and values are appended to it. embeds (B, T, h) in place of tokens: the input
+        embeddings given directly (tokens None)."""
         cfg = self.config
-        check_tensor("tokens", tokens_BT, ndim=2, integer=True)
-        T = tokens_BT.shape[1]
+        if (tokens_BT is None) == (embeds_BTh is None):
+            raise ValueError("give tokens (B, T) or embeds (B, T, h), exactly one of them")
+        if embeds_BTh is not None:
+            check_tensor("embeds", embeds_BTh, ndim=3, floating=True, last=cfg.hidden,
+                         last_name="hidden")
+        else:
+            check_tensor("tokens", tokens_BT, ndim=2, integer=True)
+        T = (tokens_BT if embeds_BTh is None else embeds_BTh).shape[1]
         start = 0 if cache is None else cache.get_seq_length()
         if start + T > cfg.max_seq_len:
             cached = f"{start} cached plus " if cache is not None else ""
             raise ValueError(f"tokens has sequence length {cached}{T}, expected <= "
                              f"max_seq_len={cfg.max_seq_len}")
-        x = self.embed(tokens_BT)
+        x = self.embed(tokens_BT) if embeds_BTh is None else embeds_BTh
         cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
         outs = []
         for block in self.blocks:
@@ -270,7 +278,7 @@ class Transformer(nn.Module):
             result.switch_losses = [o.switch_loss for o in outs]
             result.aux_loss = torch.stack([o.aux_loss for o in outs]).sum()
         if targets_BT is not None:
-            check_tensor("targets", targets_BT, integer=True, shape=tokens_BT.shape)
+            check_tensor("targets", targets_BT, integer=True, shape=logits.shape[:2])
             result.lm_loss = self._lm_loss(logits, targets_BT)
             result.loss = result.lm_loss + (result.aux_loss if result.aux_loss is not None
                                             else 0.0)
