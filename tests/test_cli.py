@@ -93,6 +93,13 @@ def test_phonebook_train_writes_report_and_plot(capsys, tmp_path):
     saved = json.loads((tmp_path / "phonebook_train.json").read_text())
     assert saved["runs"] == out["runs"]
     assert (tmp_path / "phonebook_train.png").stat().st_size > 10_000
+    assert out["runs"][1]["model"]["moe"]["router_init"] == "variance_matched"
+
+
+def test_phonebook_router_init_ablation(capsys, tmp_path):
+    out = run_json(capsys, ["phonebook", "train", *TINY, "--arch", "more", "--router-init",
+                            "default", "--out", str(tmp_path)])
+    assert [r["model"]["moe"]["router_init"] for r in out["runs"]] == ["default"]
 
 
 def test_phonebook_capacity(capsys, tmp_path):

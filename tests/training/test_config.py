@@ -70,6 +70,8 @@ def test_layers_preset_file_set_and_flags(tmp_path):
     ("optim.lr=[1", ValueError, r"--set optim\.lr=\[1: the value '\[1' is not a YAML value "
                                 r"\(expected ',' or '\]', .* at line 1, column 3\)"),
     ("batch_size=3", ValueError, r"--set expects section\.key=value"),
+    ("model.router_init=xavier", ValueError,
+     r"model\.router_init must be one of \('variance_matched', 'default'\), got 'xavier'"),
 ])
 def test_errors_name_the_key_and_the_expectation(override, error, match):
     with pytest.raises(error, match=match):
@@ -108,3 +110,12 @@ def test_cli_errors_and_presets(capsys):
     assert main(["train", "--list-presets"]) == 0
     out = capsys.readouterr().out
     assert "h512-s64-more1792" in out and "1.91B" in out and "tiny-moe" in out
+
+
+def test_router_init_ablation_reaches_the_routers():
+    from moremoe.model import Transformer
+    cfg = build_run_config(preset="tiny-more", overrides=["model.router_init=default"])
+    model = Transformer(cfg.model.transformer_config(vocab=64))
+    routers = [b.moe.router for b in model.blocks]
+    assert all(r.init == "default" and r.factor_std == r.init_std for r in routers)
+    assert build_run_config(preset="tiny-more").model.router_init == "variance_matched"

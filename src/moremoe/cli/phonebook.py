@@ -42,7 +42,8 @@ def _phonebook_models(args):
     if args.arch in ("more", "both"):
         M = args.more_experts or plan.more.experts
         s = args.more_width or plan.more.width
-        configs.append(MoEConfig.more(M, args.top_k, args.hidden, s, args.rank))
+        configs.append(MoEConfig.more(M, args.top_k, args.hidden, s, args.rank,
+                                      router_init=args.router_init))
     return plan, [phonebook_model_config(c, layers=args.layers, heads=args.heads)
                   for c in configs]
 
@@ -144,6 +145,11 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
     m.add_argument("--width", type=_positive_int, default=8, help="MoE expert width s (default 8)")
     m.add_argument("--top-k", type=_positive_int, default=4, help="k (default 4)")
     m.add_argument("--rank", type=_positive_int, default=16, help="MoRE router rank r (default 16)")
+    m.add_argument("--router-init", choices=("variance_matched", "default"),
+                   default="variance_matched",
+                   help="MoRE router init: variance_matched (R1, R2 entries sqrt(σ)/r^(1/4), "
+                        "the logits' variance of a standard router; the default) or default "
+                        "(every entry N(0, σ²)): the paper's init ablation")
     m.add_argument("--layers", type=_positive_int, default=6, help="L (default 6)")
     m.add_argument("--heads", type=_positive_int, default=None,
                    help="attention heads (default h/32)")

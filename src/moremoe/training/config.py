@@ -15,6 +15,7 @@ from typing import Union, get_args, get_origin, get_type_hints
 from ..accounting import LayerShape, layer_name
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
+from ..nn.router import ROUTER_INITS
 from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more")
@@ -39,6 +40,7 @@ class ModelSpec:
     balance_coef: float = 0.001
     router_impl: str = "auto"         # "auto" | "triton" | "reference"
     experts_impl: str = "auto"
+    router_init: str = "variance_matched"   # MoRE only: | "default" (the init ablation)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -51,6 +53,9 @@ class ModelSpec:
             LayerShape(self.experts, self.top_k, self.hidden, self.width, self.rank)
         except (TypeError, ValueError) as err:
             raise type(err)(f"model.{err}") from None
+        if self.router_init not in ROUTER_INITS:
+            raise ValueError(f"model.router_init must be one of {ROUTER_INITS}, got "
+                             f"{self.router_init!r}")
         if self.seq_len < 2:
             raise ValueError(f"model.seq_len must be >= 2, got {self.seq_len}")
         if not 0 <= self.balance_coef < math.inf:
@@ -64,7 +69,8 @@ class ModelSpec:
     def moe_config(self) -> MoEConfig:
         return MoEConfig(experts=self.experts, top_k=self.top_k, hidden=self.hidden,
                          width=self.width, rank=self.rank, balance_coef=self.balance_coef,
-                         router_impl=self.router_impl, experts_impl=self.experts_impl)
+                         router_impl=self.router_impl, experts_impl=self.experts_impl,
+                         router_init=self.router_init)
 
     def transformer_config(self, vocab: int | None = None) -> TransformerConfig:
         """The model config; ``vocab`` fills in model.vocab = null (from the data)."""
