@@ -28,8 +28,10 @@ def assert_same_run(run, ref):
     """A resumed run is the uninterrupted one: the same operations in the same order on one
     machine, so its loss curve and weights are compared bit for bit."""
     assert curve(run) == curve(ref)                   # exact: every step's loss and norm
-    evals = {e["step"]: (e["val_loss"], e["hnorm"]) for e in events(run, "eval")}
-    ref_evals = {e["step"]: (e["val_loss"], e["hnorm"]) for e in events(ref, "eval")}
+    evals = {e["step"]: (e["val_loss"], e["hnorm"], e["expert_coverage"])
+             for e in events(run, "eval")}
+    ref_evals = {e["step"]: (e["val_loss"], e["hnorm"], e["expert_coverage"])
+                 for e in events(ref, "eval")}
     assert {s: evals.get(s) for s in ref_evals} == ref_evals   # a stop adds its own
     a, b = load_model(run).state_dict(), load_model(ref).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

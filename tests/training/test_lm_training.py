@@ -26,6 +26,10 @@ def test_tiny_model_learns_prose(text_data, tmp_path):
     assert losses[0] > 4.0 and losses[-1] < 2.8          # ln 256 = 5.55 at the start
     assert summary["val_ppl"] < 15 and summary["val_loss"] < losses[0] - 1.5
     assert len(summary["hnorm"]) == 2 and all(0.3 < h <= 1 for h in summary["hnorm"])
+    cover = [e["expert_coverage"] for e in events(tmp_path / "run", "eval")]
+    assert all(len(c) == 2 and 0 < min(c) and max(c) <= 1 for c in cover)
+    assert all(a <= b for early, late in zip(cover, cover[1:]) for a, b in zip(early, late))
+    assert summary["expert_coverage"] == cover[-1]
     assert summary["tokens"] == 200 * 8 * 128 and summary["mfu"] is None
     assert summary["mean_step_ms"] > 0 and summary["tokens_per_s"] > 0
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -38,7 +38,8 @@ from . import checkpoint as ckpt
 from . import run_plot
 from .config import RunConfig
 from .data import Batches, check_ids, rows_of
-from .metrics import RunLog, StepClock, StepProfiler, echo_line, peak_tflops, printer
+from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
+                      printer)
 from .optim import cosine_with_warmup, make_optimizer
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
@@ -109,6 +110,7 @@ class LMTrainer:
             self._clear_run()
         self.log = RunLog(self.out, enabled=self.main, tensorboard=t.tensorboard)
         self._plot_failed = False
+        self.coverage = ExpertCoverage()
         self._resume_or_start(resume)
 
     # ------------------------------------------------------------------ set-up
@@ -209,6 +211,7 @@ class LMTrainer:
         self.sched.load_state_dict(state["scheduler"])
         self.batches.load_state_dict(state["data"])
         self.step, self.tokens = state["step"], state["tokens"]
+        self.coverage.load(state.get("coverage"), self.dev)
         self._saved_step = self.step
         rngs = state.get("rng") or []
         if rngs:
@@ -244,6 +247,7 @@ class LMTrainer:
                                     enabled=self.amp is not None):
                     out = self.ddp_model(x_BT[:, :-1], x_BT[:, 1:])
                 (out.loss / accum).backward()
+            self.coverage.update(out.expert_counts)
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
         clip = self.cfg.optim.clip or float("inf")
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
@@ -299,6 +303,9 @@ class LMTrainer:
         self.echo(echo_line(self.step, self.total, m))
         return m
 
+    def _max(self, t: torch.Tensor) -> torch.Tensor:
+        return ddp.all_reduce(t, self.info, "max")
+
     def _mfu(self, tokens_per_s: float) -> float | None:
         if self.peak is None:
             return None
@@ -319,7 +326,8 @@ class LMTrainer:
         counts = [ddp.all_reduce(c.to(self.dev), self.info).cpu() for c in r["expert_counts"]]
         loss = totals[0].item() / totals[1].item()
         ev = {"val_loss": loss, "val_ppl": math.exp(loss), "val_tokens": int(totals[1].item()),
-              "hnorm": [normalized_entropy(c) for c in counts]}
+              "hnorm": [normalized_entropy(c) for c in counts],
+              "expert_coverage": self.coverage.fractions(self._max)}
         self.log.write("eval", step=self.step, **ev)
         if self.main and (why := run_plot.refresh(self.out)) and not self._plot_failed:
             self.echo(f"loss.png not rendered ({why}); training goes on")
@@ -339,12 +347,13 @@ class LMTrainer:
             raise NonFiniteStep(f"step {self.step}: the weights are not finite; no checkpoint "
                                 f"is written (the last one is kept)")
         rngs = ddp.gather_objects(ckpt.rng_state(), self.info) if gather else [ckpt.rng_state()]
+        coverage = self.coverage.state(self._max if gather else (lambda t: t))
         path = None
         if self.main:
             state = {"step": self.step, "tokens": self.tokens,
                      "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                      "data": self.batches.state_dict(), "rng": rngs,
-                     "world": self.info.world}
+                     "world": self.info.world, "coverage": coverage}
             path = ckpt.save_checkpoint(self.out, self.step, self.model,
                                         model_config=self.model_config,
                                         run_config=self.cfg.to_dict(), state=state,
@@ -438,6 +447,7 @@ class LMTrainer:
             "val_loss": last_eval["val_loss"] if last_eval else None,
             "val_ppl": last_eval["val_ppl"] if last_eval else None,
             "hnorm": last_eval["hnorm"] if last_eval else None,
+            "expert_coverage": last_eval["expert_coverage"] if last_eval else None,
             "peak_memory_gib": (torch.cuda.max_memory_allocated(self.dev) / 2**30
                                 if self.dev.type == "cuda" else None),
             **{f"env_{k}": v for k, v in environment(self.dev).items()},

@@ -217,3 +217,41 @@ def printer(stream=None):
     def emit(text: str) -> None:
         print(text, file=stream, flush=True)
     return emit
+
+
+class ExpertCoverage:
+    """Which experts have received a token since step 0, per layer: the metric of the router
+    learning-rate ablation (the share of experts that the routers ever use). One bool per
+    expert, OR-ed each step on the device (no host sync), united over ranks when read, and
+    kept in checkpoints so that a resumed run reports what the uninterrupted one would."""
+
+    def __init__(self):
+        self.seen: list[torch.Tensor] | None = None
+
+    def update(self, counts: list[torch.Tensor]) -> None:
+        if not counts:
+            return
+        if self.seen is None:
+            self.seen = [torch.zeros(c.shape, dtype=torch.bool, device=c.device) for c in counts]
+        for seen, c in zip(self.seen, counts):
+            seen |= c > 0
+
+    def united(self, reduce) -> list[torch.Tensor]:
+        """The union over ranks (reduce: an in-place max over ranks), also kept here."""
+        if self.seen is None:
+            return []
+        out = []
+        for seen in self.seen:
+            t = reduce(seen.to(torch.int32))
+            out.append(t > 0)
+        self.seen = out
+        return out
+
+    def fractions(self, reduce) -> list[float]:
+        return [float(s.float().mean()) for s in self.united(reduce)]
+
+    def state(self, reduce) -> list[torch.Tensor]:
+        return [s.cpu() for s in self.united(reduce)]
+
+    def load(self, state: list[torch.Tensor] | None, device) -> None:
+        self.seen = [s.to(device) for s in state] if state else None
