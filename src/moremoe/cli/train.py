@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import _add_json, _positive_float, _positive_int
+from .args import _add_json, _float_list, _positive_float, _positive_int
 from ..report import emit, human, table
 
 DESCRIPTION = """\
@@ -86,6 +86,13 @@ def cmd_train(args) -> int:
                            stop_step=args.stop_step, device=args.device,
                            peak_tflops=args.peak_tflops)
     echo = printer(sys.stderr if args.json else sys.stdout)
+    if args.lr_grid:
+        from dataclasses import replace
+        from ..training.lr_grid import select_lr
+        if args.grid_steps is None:
+            raise ValueError("--lr-grid needs --grid-steps N (the steps of each candidate run)")
+        best = select_lr(cfg, args.lr_grid, args.grid_steps, echo=echo)["lr"]
+        cfg = replace(cfg, optim=replace(cfg.optim, lr=best))
     summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
     if _is_rank0():
         emit(args, summary, _summary_table(summary))
@@ -126,6 +133,12 @@ def add_train_parser(sub) -> None:
     again.add_argument("--force", action="store_true",
                        help="start over in a run directory that holds a run, deleting its "
                             "checkpoints, log and summary")
+    p.add_argument("--lr-grid", type=_float_list, default=None, metavar="LR,LR,...",
+                   help="pick optim.lr first: a --grid-steps run per rate in OUT/lr-grid/, "
+                        "the lowest validation loss wins (OUT/lr_grid.json), e.g. "
+                        "3e-4,1e-3,3e-3 (the paper's grid)")
+    p.add_argument("--grid-steps", type=_positive_int, default=None,
+                   help="optimizer steps of each --lr-grid run")
     p.add_argument("--device", default=None, help="auto (GPU when present), cpu or cuda[:N]")
     p.add_argument("--peak-tflops", type=_positive_float, default=None,
                    help="per-GPU peak for MFU (default: 989 on H100/H200, none on CPU)")
