@@ -40,6 +40,17 @@ def test_flops_paper_model_gives_the_paper_totals(capsys):
           r"--hidden is required")
 
 
+def test_plan_rank_sweep_reproduces_the_papers_expert_counts(capsys):
+    out = run_json(capsys, ["plan", "--hidden", "512", "--width", "64", "--experts", "256",
+                            "--top-k", "4", "--rank", "64", "--round-width", "8",
+                            "--sweep", "rank", "--json"])
+    sweep = out["sweep"]
+    assert sweep["width"] == 56                 # MoRE-1792's s' at MoE-256's tau
+    assert [(l["rank"], l["experts"]) for l in sweep["layers"]] == [
+        (16, 8704), (32, 4096), (64, 1792), (128, 640), (256, 64)]   # the paper's figure
+    assert all(l["flops"] <= out["budget"] for l in sweep["layers"])
+
+
 def test_plan_budget_needs_no_width(capsys):
     tau = run_json(capsys, ["plan", "--hidden", "512", "--width", "64", "--top-k", "4",
                             "--rank", "64", "--json"])["budget"]

@@ -294,3 +294,12 @@ def training_flops_per_token(*, vocab: int, hidden: int, layers: int, experts: i
                  + 6 * attention_params(hidden, heads, kv_heads, d)
                  + 12 * heads * d * seq_len)
     return layers * per_layer + 6 * hidden * vocab
+
+
+def rank_sweep(budget: float, hidden: int, top_k: int, width: int, ranks: list[int], *,
+               ce: float = 6, cr: float = 6) -> list[PlannedLayer]:
+    """MoRE layers at a fixed expert width s and budget tau, one per rank r, each with the
+    most experts that fit (the paper's rank ablation: h = 512, k = 4, s' = 56 at MoE-256's
+    tau gives M = 8,704, 4,096, 1,792, 640, 64 for r = 16 ... 256)."""
+    return [_shape(fit_experts(budget, hidden, top_k, width, r, ce=ce, cr=cr), width, top_k,
+                   hidden, r, ce, cr) for r in ranks]

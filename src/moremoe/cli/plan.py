@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import accounting
 from ..report import emit, human, table
-from .args import EPILOG, _add_json, _positive_float, _positive_int
+from .args import EPILOG, _add_json, _int_list, _positive_float, _positive_int
 
 
 # The paper's pretraining models (Appendix C): GPT-2 vocabulary, 12 layers, grouped-query
@@ -86,7 +86,20 @@ def cmd_plan(args) -> int:
             + table(rows, ["", moe.name, more.name])
             + f"\nMoRE holds {plan.expert_ratio:.2f}x the experts and "
               f"{plan.param_ratio:.2f}x the MLP parameters (h/r = {args.hidden / args.rank:g}).")
-    emit(args, plan.to_dict(), text)
+    out = plan.to_dict()
+    if args.sweep == "rank":
+        width = args.fixed_width or more.width
+        layers = accounting.rank_sweep(plan.budget, args.hidden, args.top_k, width, args.ranks,
+                                       ce=args.ce, cr=args.cr)
+        out["sweep"] = {"over": "rank", "width": width,
+                        "layers": [layer.to_dict() for layer in layers]}
+        text += (f"\n\nRank sweep at expert width s = {width} and the same tau:\n"
+                 + table([[layer.rank, f"{layer.experts:,}", f"{layer.params_mlp:,}",
+                           f"{layer.params_router:,}", f"{layer.flops:,.0f}"]
+                          for layer in layers],
+                         ["rank r", "experts M", "MLP parameters", "router parameters",
+                          "active FLOPs"]))
+    emit(args, out, text)
     return 0
 
 
@@ -133,5 +146,12 @@ def add_plan_parsers(sub) -> None:
                    help="keep the optimum's M after rounding s instead of re-fitting it")
     p.add_argument("--ce", type=_positive_float, default=6.0, help="C_e (default 6, inference)")
     p.add_argument("--cr", type=_positive_float, default=6.0, help="C_r (default 6, inference)")
+    p.add_argument("--sweep", choices=["rank"], default=None,
+                   help="also sweep: rank = MoRE layers at a fixed expert width over --ranks, "
+                        "each with the most experts tau allows (the paper's rank ablation)")
+    p.add_argument("--ranks", type=_int_list, default=[16, 32, 64, 128, 256],
+                   help="ranks of --sweep rank (default 16,32,64,128,256)")
+    p.add_argument("--fixed-width", type=_positive_int, default=None,
+                   help="expert width of --sweep rank (default: the plan's MoRE width)")
     _add_json(p)
     p.set_defaults(func=cmd_plan)
