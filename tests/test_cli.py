@@ -113,6 +113,20 @@ def test_phonebook_router_init_ablation(capsys, tmp_path):
     assert [r["model"]["moe"]["router_init"] for r in out["runs"]] == ["default"]
 
 
+def test_phonebook_sweeps(capsys, tmp_path):
+    out = run_json(capsys, ["phonebook", "sweep", "--over", "rank", "--values", "2,4", *TINY,
+                            "--out", str(tmp_path / "rank")])
+    runs = [(r["value"], r["arch"], r["model"]["moe"]["rank"]) for r in out["runs"]]
+    assert runs == [(2, "moe", None), (2, "more", 2), (4, "more", 4)]   # the MoE once
+    assert (tmp_path / "rank" / "sweep.png").stat().st_size > 10_000
+    out = run_json(capsys, ["phonebook", "sweep", "--over", "hidden", "--values", "32,64",
+                            *TINY, "--out", str(tmp_path / "hidden")])
+    assert [(r["value"], r["arch"], r["model"]["moe"]["hidden"]) for r in out["runs"]] == [
+        (32, "moe", 32), (32, "more", 32), (64, "moe", 64), (64, "more", 64)]
+    fails(capsys, ["phonebook", "sweep", "--over", "experts", "--values", "2", *TINY],
+          r"--over experts --values 2: top_k must be in \[1, 2\], got 4")
+
+
 def test_phonebook_capacity(capsys, tmp_path):
     out = run_json(capsys, ["phonebook", "capacity", "--sizes", "8,16", "--arch", "more",
                             *TINY[2:], "--threshold", "0.5", "--out", str(tmp_path)])

@@ -131,6 +131,55 @@ def cmd_phonebook_capacity(args) -> int:
     return 0
 
 
+SWEEP_KEY = {"rank": "rank", "experts": "more_experts", "hidden": "hidden"}
+
+
+def _sweep_models(args):
+    """(value, arch, model config) for every run of the sweep: MoRE at each value and the
+    MoE once (rank, experts: the MoE does not change), or both at each value (hidden)."""
+    import argparse
+    runs, moe_done = [], False
+    for v in args.values:
+        vargs = argparse.Namespace(**{**vars(args), SWEEP_KEY[args.over]: v})
+        arches = ["more"] if args.over != "hidden" else ["moe", "more"]
+        if args.over != "hidden" and not moe_done:
+            arches = ["moe", "more"]
+            moe_done = True
+        for arch in arches:
+            vargs.arch = arch
+            try:
+                _, models = _phonebook_models(vargs)
+            except ValueError as err:
+                raise ValueError(f"--over {args.over} --values {v}: {err}") from err
+            runs.append((v, arch, models[0]))
+    return runs
+
+
+def cmd_phonebook_sweep(args) -> int:
+    from .plots import plot_sweep
+    from ..training.phonebook import train_phonebook
+    runs = _sweep_models(args)             # every config checked before any training
+    out_dir = check_output_dir(_out_dir(args, "phonebook-sweep"), "--out")
+    json_path, png_path = out_dir / "sweep.json", out_dir / "sweep.png"
+    report = {"command": "phonebook sweep", "over": args.over, "values": args.values,
+              "size": args.size, "runs": []}
+    for value, arch, model_cfg in runs:
+        def save(run, _i=len(report["runs"]), _v=value, _a=arch):
+            report["runs"][_i:] = [{"value": _v, "arch": _a, **run.to_dict()}]
+            write_json(json_path, report)
+        run, _ = train_phonebook(model_cfg, _train_config(args, args.size),
+                                 progress=not args.no_progress, on_eval=save)
+        save(run)
+    plot_sweep(report, png_path)
+    report["files"] = {"json": str(json_path), "png": str(png_path)}
+    write_json(json_path, report)
+    text = (table([[r["value"], *_run_row(r)] for r in report["runs"]],
+                  [args.over, *RUN_HEADERS])
+            + f"\nreport: {json_path}\nplot:   {png_path}")
+    emit(args, report, text)
+    return 0
+
+
 def _add_phonebook_args(p, *, sizes: bool) -> None:
     if sizes:
         p.add_argument("--sizes", type=_int_list, required=True,
@@ -205,3 +254,13 @@ def add_phonebook_parser(sub) -> None:
                          "that reaches the exact-match threshold; JSON report and PNG plot.")
     _add_phonebook_args(pc, sizes=True)
     pc.set_defaults(func=cmd_phonebook_capacity)
+    ps = psub.add_parser("sweep", epilog=EPILOG, help="exact match against r, M or h",
+                         description="The paper's phonebook sweeps on one phonebook size: "
+                         "--over rank (MoRE at each r, beside the MoE), experts (MoRE at each "
+                         "M', beside the MoE) or hidden (the matched MoE/MoRE pair at each "
+                         "h); JSON report and a PNG of exact match against the value.")
+    ps.add_argument("--over", choices=sorted(SWEEP_KEY), required=True, help="what to sweep")
+    ps.add_argument("--values", type=_int_list, required=True,
+                    help="its values, e.g. 2,4,8,16,32 (rank) or 64,128,256,512 (hidden)")
+    _add_phonebook_args(ps, sizes=False)
+    ps.set_defaults(func=cmd_phonebook_sweep)

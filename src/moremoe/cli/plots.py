@@ -76,3 +76,29 @@ def plot_capacity(results: list[dict], path: str | Path, *, title: str = "") -> 
     ax.set_title(title or "phonebook capacity (star: largest size reaching the threshold)")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_sweep(report: dict, path: str | Path) -> Path:
+    """Exact match against the swept value for MoRE (and the MoE: a line per value when
+    the sweep changes it, else one dashed level)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for arch, color in (("more", "C0"), ("moe", "C3")):
+        pts = sorted((r["value"], r["exact_match"]) for r in report["runs"] if r["arch"] == arch)
+        if len(pts) > 1:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color,
+                    label="MoRE" if arch == "more" else "MoE")
+        elif pts:
+            ax.axhline(pts[0][1], color=color, linestyle="--",
+                       label="MoE" if arch == "moe" else "MoRE")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel({"rank": "router rank r", "experts": "MoRE experts M'",
+                   "hidden": "hidden size h"}[report["over"]])
+    ax.set_ylabel("exact match")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"phonebook of {report['size']:,} entries: exact match against "
+                 f"{report['over']}", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
