@@ -51,6 +51,16 @@ def test_plan_rank_sweep_reproduces_the_papers_expert_counts(capsys):
     assert all(l["flops"] <= out["budget"] for l in sweep["layers"])
 
 
+def test_plan_peer_both_readings(capsys):
+    out = run_json(capsys, ["plan", "--hidden", "512", "--width", "64", "--experts", "256",
+                            "--top-k", "4", "--rank", "64", "--round-width", "8", "--peer",
+                            "--json"])
+    peer = out["peer"]
+    assert peer["experts"] == 388 ** 2                   # the paper's M = 150,544
+    assert peer["paper"]["topk_per_head"] == 56 and peer["paper"]["active"] == 448
+    assert peer["inference"]["topk_per_head"] == 4       # the consistent reading
+
+
 def test_plan_budget_needs_no_width(capsys):
     tau = run_json(capsys, ["plan", "--hidden", "512", "--width", "64", "--top-k", "4",
                             "--rank", "64", "--json"])["budget"]

@@ -303,3 +303,25 @@ def rank_sweep(budget: float, hidden: int, top_k: int, width: int, ranks: list[i
     tau gives M = 8,704, 4,096, 1,792, 640, 64 for r = 16 ... 256)."""
     return [_shape(fit_experts(budget, hidden, top_k, width, r, ce=ce, cr=cr), width, top_k,
                    hidden, r, ce, cr) for r in ranks]
+
+
+def peer_match(experts: int, top_k: int, hidden: int, width: int, rank: int, *,
+               heads: int = 8, d_q: int = 32) -> dict:
+    """The PEER layer the paper compares with a MoRE layer (Appendix B): M = the smallest
+    perfect square >= 3/2 M' s' (the expert parameters 3 M' h s' of MoRE against PEER's
+    2 M h), and the per-head top-kappa that matches active FLOPs, in two readings:
+    "paper" matches PEER's inference-coefficient formula 12 k h + 6 H d_q (h + sqrt M) to
+    MoRE's *training* FLOPs (C_e, C_r) = (18, 14), as the paper does (kappa = 56 for
+    MoRE-1792); "inference" matches it to MoRE's inference FLOPs (6, 6), the consistent
+    reading."""
+    M = math.isqrt(3 * experts * width // 2 - 1) + 1
+    M *= M
+    router = 6 * heads * d_q * (hidden + math.isqrt(M))
+    out = {"experts": M, "heads": heads, "d_q": d_q,
+           "params_experts": 2 * M * hidden, "params_router": peer_params(M, hidden, heads, d_q)[1]}
+    for reading, training in (("paper", True), ("inference", False)):
+        tau = active_flops(experts, top_k, hidden, width, rank, training=training)
+        kappa = max(1, round((tau - router) / (12 * heads * hidden)))
+        out[reading] = {"more_flops": tau, "topk_per_head": kappa, "active": heads * kappa,
+                        "peer_flops": peer_active_flops(M, hidden, heads, d_q, kappa)}
+    return out

@@ -2,6 +2,8 @@
 planner (moremoe.accounting) from the command line."""
 from __future__ import annotations
 
+import math
+
 from .. import accounting
 from ..report import emit, human, table
 from .args import EPILOG, _add_json, _int_list, _positive_float, _positive_int
@@ -99,6 +101,21 @@ def cmd_plan(args) -> int:
                           for layer in layers],
                          ["rank r", "experts M", "MLP parameters", "router parameters",
                           "active FLOPs"]))
+    if args.peer:
+        peer = accounting.peer_match(more.experts, args.top_k, args.hidden, more.width, more.rank,
+                                     heads=args.peer_heads, d_q=args.peer_dq)
+        out["peer"] = peer
+        rows = [[reading, f"{peer[reading]['more_flops']:,}", peer[reading]["topk_per_head"],
+                 peer[reading]["active"], f"{peer[reading]['peer_flops']:,}"]
+                for reading in ("paper", "inference")]
+        text += (f"\n\nPEER matched to {more.name} (Appendix B): M = {peer['experts']:,} "
+                 f"(= {math.isqrt(peer['experts'])}^2 >= 3/2 M' s'), H = {peer['heads']}, "
+                 f"d_q = {peer['d_q']}, {peer['params_experts']:,} expert parameters\n"
+                 + table(rows, ["reading", f"{more.name} FLOPs", "top-kappa per head",
+                                "active k = H kappa", "PEER FLOPs"])
+                 + "\npaper: PEER's inference-coefficient formula against MoRE's training "
+                   "FLOPs (C_e, C_r) = (18, 14), as the paper matches them; inference: both "
+                   "at (6, 6)")
     emit(args, out, text)
     return 0
 
@@ -153,5 +170,11 @@ def add_plan_parsers(sub) -> None:
                    help="ranks of --sweep rank (default 16,32,64,128,256)")
     p.add_argument("--fixed-width", type=_positive_int, default=None,
                    help="expert width of --sweep rank (default: the plan's MoRE width)")
+    p.add_argument("--peer", action="store_true",
+                   help="also the PEER layer matched to the plan's MoRE (expert parameters and "
+                        "active FLOPs), in the paper's reading and the inference one")
+    p.add_argument("--peer-heads", type=_positive_int, default=8, help="PEER heads H (default 8)")
+    p.add_argument("--peer-dq", type=_positive_int, default=32,
+                   help="PEER query size d_q (default 32, the paper's)")
     _add_json(p)
     p.set_defaults(func=cmd_plan)
