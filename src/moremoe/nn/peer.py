@@ -1,0 +1,135 @@
+"""PEER, the paper's other many-experts baseline (Appendix B; He 2024): M single-neuron
+experts e_i(x) = σ(u_iᵀ x) v_i, retrieved by product keys.
+
+H query networks (one d_q × h matrix each) and two sub-key tables (√M × d_q/2) shared by the
+heads: each head splits its query in halves, scores each half against one table, keeps the
+top κ on each axis and then the top κ of the κ² candidate sums; expert (a, b) of the grid is
+index a √M + b. A head mixes its κ experts with the softmax of their scores; the layer adds
+the H heads, k = H κ experts per token. The (N, M) scores never exist: retrieval costs
+O(H d_q (h + √M) + H κ²) per token, as the accounting's 6 H d_q (h + √M) counts.
+
+Memory: the experts' u rows are gathered per token, (N, H κ, h) in x's dtype, in chunks of
+tokens for inference; the v side is an embedding bag (no gathered copy). Legend: N tokens,
+h hidden, M experts (√M = R keys per table), H heads, κ top per head (kappa in code), d_q
+query size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..accounting import peer_active_flops, peer_params
+from ..checks import check_tensor
+from ..ops.balance import expert_counts
+from .moe import MoEOutput
+
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
+
+
+@dataclass(frozen=True)
+class PEERConfig:
+    experts: int          # M, a perfect square
+    hidden: int           # h
+    heads: int = 8        # H
+    d_q: int = 32         # query size (even: two halves)
+    kappa: int = 16       # top per head
+    activation: str = "gelu"
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        peer_params(self.experts, self.hidden, self.heads, self.d_q)   # M must be a square
+        if self.d_q % 2:
+            raise ValueError(f"d_q must be even (two query halves), got {self.d_q}")
+        if not 1 <= self.kappa <= math.isqrt(self.experts):
+            raise ValueError(f"kappa must be in [1, sqrt(M) = {math.isqrt(self.experts)}], "
+                             f"got {self.kappa}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got "
+                             f"{self.activation!r}")
+
+    @property
+    def top_k(self) -> int:
+        return self.heads * self.kappa
+
+    @property
+    def flops(self) -> int:
+        return peer_active_flops(self.experts, self.hidden, self.heads, self.d_q, self.kappa)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def peer_retrieve(q_NHD: torch.Tensor, keys_2RD: torch.Tensor, kappa: int):
+    """(scores (N, H, κ), expert ids (N, H, κ) int64) of product-key retrieval; q's last dim
+    is d_q, the two halves scored against keys[0] and keys[1] (R × d_q/2 each)."""
+    half = q_NHD.shape[-1] // 2
+    R = keys_2RD.shape[1]
+    s_a = q_NHD[..., :half] @ keys_2RD[0].T                 # (N, H, R)
+    s_b = q_NHD[..., half:] @ keys_2RD[1].T
+    v_a, i_a = s_a.topk(kappa, dim=-1)
+    v_b, i_b = s_b.topk(kappa, dim=-1)
+    grid = (v_a[..., :, None] + v_b[..., None, :]).flatten(-2)       # (N, H, κ²)
+    scores, pos = grid.topk(kappa, dim=-1)
+    ids = i_a.gather(-1, pos // kappa) * R + i_b.gather(-1, pos % kappa)
+    return scores, ids
+
+
+class PEERLayer(nn.Module):
+    """x (..., h) -> MoEOutput(y, aux 0 in training, no switch loss, counts (M,) in training
+    or when asked, router None): the MoE layer's interface, with no balancing loss (PEER has
+    none)."""
+
+    def __init__(self, config: PEERConfig):
+        super().__init__()
+        c = self.config = config
+        R = math.isqrt(c.experts)
+        self.query = nn.Linear(c.hidden, c.heads * c.d_q, bias=False)
+        self.keys = nn.Parameter(torch.empty(2, R, c.d_q // 2))
+        self.u = nn.Parameter(torch.empty(c.experts, c.hidden))     # down (input) weights
+        self.v = nn.Parameter(torch.empty(c.experts, c.hidden))     # up (output) weights
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        for p in (self.query.weight, self.keys, self.u, self.v):
+            nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, x: torch.Tensor, *, return_counts: bool = False):
+        c = self.config
+        check_tensor("x", x, floating=True, last=c.hidden, last_name="hidden")
+        x_NH = x.reshape(-1, c.hidden)
+        q = self.query(x_NH).view(-1, c.heads, c.d_q)
+        scores, ids = peer_retrieve(q, self.keys.to(q.dtype), c.kappa)
+        gates = torch.softmax(scores.float(), dim=-1).to(x.dtype)         # per head
+        ids_NK = ids.reshape(x_NH.shape[0], -1)                          # (N, H κ)
+        act = ACTIVATIONS[c.activation]
+        hidden = act(torch.einsum("nkh,nh->nk", F.embedding(ids_NK, self.u), x_NH))
+        weights = (gates.reshape(ids_NK.shape) * hidden).to(self.v.dtype)
+        y_NH = F.embedding_bag(ids_NK, self.v, per_sample_weights=weights, mode="sum")
+        counts = expert_counts(ids_NK, c.experts) if (return_counts or self.training) else None
+        aux = x.new_zeros((), dtype=torch.float32) if self.training else None
+        return MoEOutput(y_NH.to(x.dtype).reshape(x.shape), aux, None, counts, None)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"experts={c.experts}, hidden={c.hidden}, heads={c.heads}, d_q={c.d_q}, "
+                f"kappa={c.kappa}, activation={c.activation}")
+
+
+def peer_reference(x_NH, query_W, keys_2RD, u_MH, v_MH, heads: int, kappa: int,
+                   activation: str = "gelu") -> torch.Tensor:
+    """The layer written the naive way, for tests: all M scores of every head (the full
+    Cartesian sum of the two tables), the top κ per head by torch.topk, then the experts."""
+    N, h = x_NH.shape
+    R, half = keys_2RD.shape[1], keys_2RD.shape[2]
+    q = (x_NH @ query_W.T).view(N, heads, 2 * half)
+    full = ((q[..., :half] @ keys_2RD[0].T)[..., :, None]
+            + (q[..., half:] @ keys_2RD[1].T)[..., None, :]).reshape(N, heads, R * R)
+    scores, ids = full.topk(kappa, dim=-1)
+    gates = torch.softmax(scores, dim=-1)
+    hidden = ACTIVATIONS[activation](torch.einsum("nhkd,nd->nhk", u_MH[ids], x_NH))
+    return torch.einsum("nhk,nhkd->nd", gates * hidden, v_MH[ids])
