@@ -68,12 +68,12 @@ def main():
 
     out = tuple(torch.empty(N, k, device=dev, dtype=dt)
                 for dt in (torch.float32, torch.int32, torch.float32))
-    for v in ({"C": 1}, {"C": 2}, {"C": 3}, {"C": 2, "num_stages": 3},
-              {"C": 2, "num_stages": 3, "laneb": 0}):
+    for v in ({"C": 1}, {"C": 2}, {"C": 3}, {"C": 2, "cand_stages": 3},
+              {"C": 2, "cand_stages": 3, "laneb": 0}):
         cfg = sweep_config(LOWRANK, r, h, k, M, v)
         ms = time_ms(lambda: rc.launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg), device=dev)
         emit("candidates kernel", cfg=v, ms=ms)
-    cfg = sweep_config(LOWRANK, r, h, k, M, {"num_stages": 3})
+    cfg = sweep_config(LOWRANK, r, h, k, M)
     cand, z = rc.launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg)
     ms = time_ms(lambda: rc.launch_pick(cand, z, x, R1, k, mode=LOWRANK, cfg=cfg, out=out),
                  device=dev)
@@ -84,7 +84,7 @@ def main():
     emit("exact sweep of the queued rows", ms=ms, queued=rows_n.item())
     ms = time_ms(lambda: launch_exact(x, R1, R2, k, mode=LOWRANK, cfg=cfg, out=out), device=dev)
     emit("exact sweep of all rows", ms=ms)
-    ms = time_ms(lambda: kr.infer(x, R1, R2, k, config={"num_stages": 3}), device=dev)
+    ms = time_ms(lambda: kr.infer(x, R1, R2, k), device=dev)
     emit("whole call", ms=ms)
     from moremoe.kernels import router_train as rt
     from moremoe.kernels._common import ZGIVEN

@@ -26,13 +26,11 @@ from moremoe.ops import reference as ref
 from moremoe.runtime import environment
 
 POINTS = [(512, 4), (2048, 4), (512, 8), (512, 16), (512, 1)]
-VARIANTS = {4: [{}, {"num_stages": 3}, {"BM": 64}, {"BM": 64, "num_stages": 3}, {"C": 0}],
-            8: [{}, {"C": 4}, {"num_stages": 3}],
+VARIANTS = {4: [{}, {"cand_stages": 2}, {"cand_stages": 4}, {"BM": 64}, {"C": 0}],
+            8: [{}, {"C": 4}, {"cand_stages": 2}],
             16: [{}, {"C": 4}, {"C": 0}],
-            1: [{}, {"num_stages": 3}]}
-LINEAR = [{}, {"BM": 256}, {"BM": 256, "num_stages": 4}, {"BM": 256, "BH": 32, "num_stages": 4},
-          {"BM": 256, "BH": 128, "num_stages": 2}, {"BN": 64, "BM": 256, "num_warps": 4},
-          {"BM": 256, "C": 1}]
+            1: [{}, {"cand_stages": 2}]}
+LINEAR = [{}, {"BM": 128}, {"cand_stages": 3}, {"BH": 128}, {"BN": 64, "num_warps": 4}]
 
 
 def _anchor(name):
