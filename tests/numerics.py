@@ -15,7 +15,8 @@ def reduction_tol(dtype: torch.dtype, length: int, *, factor: float = 2.0) -> di
 def model_reduction_length(config) -> int:
     """The reductions one logit of a Transformer goes through, end to end: per layer the
     attention (head dim, then T positions), the router and the experts (h, then s), and
-    the LM head (h)."""
+    the LM head (h); a PEER layer's experts sum over its k = H kappa single neurons."""
     moe = config.moe
-    per_layer = config.dim_per_head + config.max_seq_len + 2 * moe.hidden + moe.width
+    width = getattr(moe, "width", None) or moe.top_k
+    per_layer = config.dim_per_head + config.max_seq_len + 2 * moe.hidden + width
     return config.layers * per_layer + moe.hidden

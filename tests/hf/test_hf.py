@@ -6,12 +6,14 @@ transformers = pytest.importorskip("transformers")
 
 from moremoe.hf import MoremoeConfig, MoremoeForCausalLM, export, register  # noqa: E402
 from moremoe.model import Transformer, TransformerConfig, generate  # noqa: E402
-from moremoe.nn import MoEConfig  # noqa: E402
+from moremoe.nn import MoEConfig, PEERConfig  # noqa: E402
 from numerics import model_reduction_length, reduction_tol  # noqa: E402
 
 V = 64
 MODELS = [pytest.param(MoEConfig.moe(8, 2, 32, 8), None, id="moe-mha"),
           pytest.param(MoEConfig.more(12, 2, 32, 8, 4), 2, id="more-gqa")]
+PEER = pytest.param(PEERConfig(experts=49, hidden=32, heads=2, d_q=8, kappa=3), None,
+                    id="peer")
 
 
 def tiny(moe, kv_heads=None):
@@ -20,7 +22,7 @@ def tiny(moe, kv_heads=None):
     return Transformer(cfg).eval()
 
 
-@pytest.mark.parametrize("moe,kv", MODELS)
+@pytest.mark.parametrize("moe,kv", [*MODELS, PEER])
 def test_save_and_auto_load_round_trip_exactly(tmp_path, moe, kv):
     register()
     model = tiny(moe, kv)

@@ -30,7 +30,7 @@ def test_product_keys_find_the_top_kappa_of_all_m_scores():
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 def test_layer_equals_the_naive_reference(activation):
     layer = _layer()
-    layer.config = PEERConfig(**{**layer.config.to_dict(), "activation": activation})
+    layer.config = PEERConfig.from_dict({**layer.config.to_dict(), "activation": activation})
     x = torch.randn(2, 7, 24, dtype=torch.float64)
     got = layer.eval()(x).y
     want = peer_reference(x.reshape(-1, 24), layer.query.weight, layer.keys, layer.u, layer.v,
@@ -64,3 +64,33 @@ def test_config_checks_and_accounting():
     with pytest.raises(ValueError, match=r"kappa must be in \[1, sqrt\(M\) = 8\], got 9"):
         PEERConfig(experts=64, hidden=8, kappa=9)
     assert math.isqrt(c.experts) == 388
+
+
+def test_transformer_with_peer_layers_counts_trains_and_round_trips(tmp_path):
+    from moremoe.model import Transformer, TransformerConfig
+    cfg = TransformerConfig(vocab=40, layers=2, heads=2, max_seq_len=16,
+                            moe=PEERConfig(experts=49, hidden=16, heads=2, d_q=8, kappa=3))
+    model = Transformer(cfg)
+    assert cfg.total_params() == sum(p.numel() for p in model.parameters())
+    tokens = torch.randint(0, 40, (3, 12))
+    out = model.train()(tokens[:, :-1], tokens[:, 1:])
+    out.loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert [int(c.sum()) for c in out.expert_counts] == [3 * 11 * 6] * 2
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.training_flops_per_token(16) > 0
+
+
+def test_phonebook_peer_is_matched_to_the_more(capsys, tmp_path):
+    import json
+    from moremoe.cli import main
+    argv = ["phonebook", "train", "--arch", "peer", "--size", "48", "--hidden", "32", "--width",
+            "8", "--rank", "4", "--layers", "1", "--batch-size", "16", "--lr", "3e-3",
+            "--max-steps", "4", "--eval-every", "4", "--eval-entries", "20", "--device", "cpu",
+            "--no-progress", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    run, more = out["runs"][0], out["plan"]["more"]
+    assert run["model"]["moe"]["kind"] == "peer"
+    assert run["model"]["moe"]["experts"] == math.isqrt(run["model"]["moe"]["experts"]) ** 2
+    assert abs(run["flops_inference"] - more["flops"]) / more["flops"] < 0.05

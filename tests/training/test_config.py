@@ -54,7 +54,7 @@ def test_layers_preset_file_set_and_flags(tmp_path):
      r"train\.compile_mode must be one of default, max-autotune-no-cudagraphs, got 'fast'"),
     ("train.compile_mode=reduce-overhead", ValueError,
      r"train\.compile_mode='reduce-overhead' uses CUDA graphs.*use one of default"),
-    ("model.kind=dense", ValueError, r"model\.kind must be one of \('moe', 'more'\)"),
+    ("model.kind=dense", ValueError, r"model\.kind must be one of \('moe', 'more', 'peer'\)"),
     ("model.rank=8", ValueError, r"model\.rank must be null when model\.kind='moe'"),
     ("model.top_k=99", ValueError, r"model\.top_k must be in \[1, 8\], got 99"),
     ("optim.lr=-1", ValueError, r"optim\.lr must be a finite number > 0, got -1"),
@@ -119,3 +119,24 @@ def test_router_init_ablation_reaches_the_routers():
     routers = [b.moe.router for b in model.blocks]
     assert all(r.init == "default" and r.factor_std == r.init_std for r in routers)
     assert build_run_config(preset="tiny-more").model.router_init == "variance_matched"
+
+
+def test_peer_presets_and_their_checks(text_data, tmp_path):
+    from moremoe.model import Transformer
+    from moremoe.nn.peer import PEERLayer
+    from moremoe.training.lm import train
+    from moremoe.training.optim import param_groups
+    paper = build_run_config(preset="h512-peer150544").model
+    assert paper.name == "PEER-150544" and paper.moe_config().top_k == 448
+    assert paper.moe_config().flops == 4_134_912                    # the paper's match
+    with pytest.raises(ValueError, match=r"model\.PEER needs a perfect-square number"):
+        build_run_config(preset="tiny-peer", overrides=["model.experts=250"])
+    cfg = build_run_config(preset="tiny-peer", data=str(text_data), out=str(tmp_path / "run"),
+                           device="cpu", overrides=["train.max_steps=6", "train.eval_every=3"])
+    model = Transformer(cfg.model.transformer_config(vocab=300))
+    assert all(isinstance(b.moe, PEERLayer) for b in model.blocks)
+    groups = {g["name"]: g["params"] for g in param_groups(model, lr=1e-3, weight_decay=0.1)}
+    assert len(groups["router"]) == 2 * len(model.blocks)         # query and keys per layer
+    summary = train(cfg, echo=lambda _t: None)
+    assert summary["step"] == 6 and summary["val_loss"] is not None
+    assert len(summary["expert_coverage"]) == 2

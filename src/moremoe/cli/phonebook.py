@@ -2,6 +2,8 @@
 experiment (moremoe.training.phonebook) from the command line."""
 from __future__ import annotations
 
+import math
+
 import time
 from pathlib import Path
 
@@ -36,6 +38,8 @@ def _phonebook_models(args):
                                    width=args.width, round_width=args.round_width,
                                    refit=args.refit)
     configs = []
+    if args.arch == "peer":
+        configs.append(_peer_config(args, plan))
     if args.arch in ("moe", "both"):
         M = args.moe_experts or plan.moe.experts
         configs.append(MoEConfig.moe(M, args.top_k, args.hidden, args.width))
@@ -46,6 +50,19 @@ def _phonebook_models(args):
                                       router_init=args.router_init))
     return plan, [phonebook_model_config(c, layers=args.layers, heads=args.heads)
                   for c in configs]
+
+
+def _peer_config(args, plan):
+    """PEER matched to the plan's MoRE layer (expert parameters, active FLOPs in the chosen
+    reading; accounting.peer_match), with the heads and query size given."""
+    from ..nn.peer import PEERConfig
+    more = plan.more
+    match = accounting.peer_match(more.experts, args.top_k, args.hidden, more.width, more.rank,
+                                  heads=args.peer_heads, d_q=args.peer_dq)
+    root = math.isqrt(match["experts"])
+    kappa = min(root, match[args.peer_reading]["topk_per_head"])
+    return PEERConfig(experts=match["experts"], hidden=args.hidden, heads=args.peer_heads,
+                      d_q=args.peer_dq, kappa=kappa)
 
 
 def _train_config(args, size: int):
@@ -67,8 +84,10 @@ def _out_dir(args, command: str) -> Path:
 def _run_row(run: dict) -> list:
     moe = run["model"]["moe"]
     hn = run["hnorm"]
-    return [run["name"].split("(")[0] + f"-{moe['experts']}", moe["experts"], moe["width"],
-            moe["rank"] or "-", human(run["params_total"]), f"{run['flops_inference']:,}",
+    name = run["name"].split(" (")[0] if moe.get("kind") == "peer" else \
+        run["name"].split("(")[0] + f"-{moe['experts']}"
+    return [name, moe["experts"], moe.get("width", 1), moe.get("rank") or "-",
+            human(run["params_total"]), f"{run['flops_inference']:,}",
             f"{run['lr']:g}", run["steps"], f"{run['exact_match']:.3f}",
             f"{run['char_accuracy']:.3f}",
             f"{sum(hn) / len(hn):.3f} [{min(hn):.2f}, {max(hn):.2f}]" if hn else "-",
@@ -188,8 +207,9 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
         p.add_argument("--size", type=_positive_int, required=True,
                        help="phonebook entries (unique names)")
     m = p.add_argument_group("model (defaults: the paper's h=64, s=8 point)")
-    m.add_argument("--arch", choices=("moe", "more", "both"), default="both",
-                   help="train the MoE, the MoRE, or the matched pair (default)")
+    m.add_argument("--arch", choices=("moe", "more", "both", "peer"), default="both",
+                   help="train the MoE, the MoRE, the matched pair (default), or PEER matched "
+                        "to the MoRE (expert parameters and active FLOPs)")
     m.add_argument("--hidden", type=_positive_int, default=64, help="h (default 64)")
     m.add_argument("--width", type=_positive_int, default=8, help="MoE expert width s (default 8)")
     m.add_argument("--top-k", type=_positive_int, default=4, help="k (default 4)")
@@ -199,6 +219,13 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
                    help="MoRE router init: variance_matched (R1, R2 entries sqrt(σ)/r^(1/4), "
                         "the logits' variance of a standard router; the default) or default "
                         "(every entry N(0, σ²)): the paper's init ablation")
+    m.add_argument("--peer-heads", type=_positive_int, default=2,
+                   help="PEER heads H of --arch peer (default 2 at phonebook sizes)")
+    m.add_argument("--peer-dq", type=_positive_int, default=8,
+                   help="PEER query size d_q (even; default 8)")
+    m.add_argument("--peer-reading", choices=("inference", "paper"), default="inference",
+                   help="match PEER to MoRE's inference FLOPs (default) or, as the paper, "
+                        "PEER's formula to MoRE's training FLOPs")
     m.add_argument("--layers", type=_positive_int, default=6, help="L (default 6)")
     m.add_argument("--heads", type=_positive_int, default=None,
                    help="attention heads (default h/32)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from ..model.transformer import TransformerConfig
+from ..model.transformer import TransformerConfig, feed_forward_config
 from ..nn.moe import MoEConfig
 
 # TransformerConfig field -> MoremoeConfig attribute
@@ -49,7 +49,7 @@ class MoremoeConfig(PretrainedConfig):
 
     def to_transformer_config(self) -> TransformerConfig:
         fields = {name: getattr(self, attr) for name, attr in _NAMES.items()}
-        return TransformerConfig(moe=MoEConfig(**self.moe), **fields)
+        return TransformerConfig(moe=feed_forward_config(self.moe), **fields)
 
     @classmethod
     def from_transformer_config(cls, cfg: TransformerConfig, **kwargs) -> "MoremoeConfig":

@@ -21,6 +21,7 @@ from torch import nn
 from .. import accounting
 from ..checks import check_int, check_tensor
 from ..nn.moe import MoEConfig, MoELayer
+from ..nn.peer import PEERConfig, PEERLayer
 
 IGNORE_INDEX = -100
 HEAD_ROWS_MULTIPLE = 64       # the output head's rows are padded to this on CUDA (see padded_linear)
@@ -45,7 +46,7 @@ class TransformerConfig:
     vocab: int
     layers: int
     heads: int
-    moe: MoEConfig
+    moe: MoEConfig | PEERConfig       # the feed-forward layer: MoE / MoRE, or PEER
     kv_heads: int | None = None       # None: = heads (no GQA)
     head_dim: int | None = None       # None: = hidden // heads
     max_seq_len: int = 1024
@@ -82,6 +83,10 @@ class TransformerConfig:
 
     def total_params(self) -> int:
         m = self.moe
+        if isinstance(m, PEERConfig):     # the same sum with PEER's feed-forward
+            h = m.hidden
+            attn = accounting.attention_params(h, self.heads, self.n_kv_heads, self.dim_per_head)
+            return 2 * self.vocab * h + h + self.layers * (m.ffn_params() + attn + 2 * h)
         return accounting.total_params(vocab=self.vocab, hidden=m.hidden, layers=self.layers,
                                        experts=m.experts, width=m.width, heads=self.heads,
                                        kv_heads=self.n_kv_heads, rank=m.rank,
@@ -90,19 +95,33 @@ class TransformerConfig:
     def training_flops_per_token(self, seq_len: int) -> int:
         """Forward + backward FLOPs per token at sequence length seq_len (for MFU)."""
         m = self.moe
+        if isinstance(m, PEERConfig):
+            d = self.dim_per_head
+            per_layer = (m.active_flops(training=True)
+                         + 6 * accounting.attention_params(m.hidden, self.heads,
+                                                           self.n_kv_heads, d)
+                         + 12 * self.heads * d * seq_len)
+            return self.layers * per_layer + 6 * m.hidden * self.vocab
         return accounting.training_flops_per_token(
             vocab=self.vocab, hidden=m.hidden, layers=self.layers, experts=m.experts,
             top_k=m.top_k, width=m.width, rank=m.rank, heads=self.heads,
             kv_heads=self.n_kv_heads, head_dim=self.dim_per_head, seq_len=seq_len)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "moe": self.moe.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TransformerConfig":
         d = dict(d)
-        d["moe"] = MoEConfig(**d["moe"])
+        d["moe"] = feed_forward_config(d["moe"])
         return cls(**d)
+
+
+def feed_forward_config(d: dict):
+    """A layer config from its dict: PEER's carries kind "peer"; MoE / MoRE the rest."""
+    if d.get("kind") == "peer":
+        return PEERConfig.from_dict(d)
+    return MoEConfig(**{k: v for k, v in d.items() if k != "name"})
 
 
 class RMSNorm(nn.Module):
@@ -180,7 +199,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.attn = Attention(cfg, layer_idx)
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.moe = MoELayer(cfg.moe)
+        self.moe = PEERLayer(cfg.moe) if isinstance(cfg.moe, PEERConfig) else MoELayer(cfg.moe)
 
     def forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool, cache=None):
         x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD, cache)
@@ -237,6 +256,9 @@ class Transformer(nn.Module):
             for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj):
                 nn.init.normal_(proj.weight, std=std)
             nn.init.normal_(block.attn.o_proj.weight, std=out_std)
+            if isinstance(block.moe, PEERLayer):
+                block.moe.reset_parameters()
+                continue
             block.moe.router.reset_parameters()
             block.moe.experts.out_init_std = out_std
             block.moe.experts.reset_parameters()

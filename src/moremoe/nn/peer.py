@@ -59,8 +59,24 @@ class PEERConfig:
     def flops(self) -> int:
         return peer_active_flops(self.experts, self.hidden, self.heads, self.d_q, self.kappa)
 
+    @property
+    def label(self) -> str:
+        return f"PEER-{self.experts} (H={self.heads}, kappa={self.kappa}, d_q={self.d_q})"
+
+    def active_flops(self, *, training: bool = False) -> int:
+        """The paper's 12 k h + 6 H d_q (h + sqrt M) (6 per parameter used); training counts
+        forward and backward as 3x it, as the (18, 14) of the MoE layers do."""
+        return 3 * self.flops if training else self.flops
+
+    def ffn_params(self) -> int:
+        return sum(peer_params(self.experts, self.hidden, self.heads, self.d_q))
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"kind": "peer", **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PEERConfig":
+        return cls(**{k: v for k, v in d.items() if k != "kind"})
 
 
 def peer_retrieve(q_NHD: torch.Tensor, keys_2RD: torch.Tensor, kappa: int):

@@ -15,10 +15,11 @@ from typing import Union, get_args, get_origin, get_type_hints
 from ..accounting import LayerShape, layer_name
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
+from ..nn.peer import PEERConfig
 from ..nn.router import ROUTER_INITS
 from ..tasks.tokenizer import VOCAB_SIZE
 
-KINDS = ("moe", "more")
+KINDS = ("moe", "more", "peer")
 SECTIONS = ("model", "optim", "train")
 
 
@@ -41,16 +42,23 @@ class ModelSpec:
     router_impl: str = "auto"         # "auto" | "triton" | "reference"
     experts_impl: str = "auto"
     router_init: str = "variance_matched"   # MoRE only: | "default" (the init ablation)
+    peer_heads: int = 8               # PEER only (kind "peer"): H query networks,
+    peer_dq: int = 32                 # the query size d_q,
+    peer_kappa: int = 56              # the top kappa per head (k = H kappa)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"model.kind must be one of {KINDS}, got {self.kind!r}")
         if self.kind == "more" and self.rank is None:
             raise ValueError("model.rank must be set (e.g. 64) when model.kind='more'")
-        if self.kind == "moe" and self.rank is not None:
-            raise ValueError(f"model.rank must be null when model.kind='moe', got {self.rank}")
+        if self.kind in ("moe", "peer") and self.rank is not None:
+            raise ValueError(f"model.rank must be null when model.kind={self.kind!r}, got "
+                             f"{self.rank}")
         try:                          # the layer's shape is checked in one place
-            LayerShape(self.experts, self.top_k, self.hidden, self.width, self.rank)
+            if self.kind == "peer":
+                self.moe_config()
+            else:
+                LayerShape(self.experts, self.top_k, self.hidden, self.width, self.rank)
         except (TypeError, ValueError) as err:
             raise type(err)(f"model.{err}") from None
         if self.router_init not in ROUTER_INITS:
@@ -64,9 +72,13 @@ class ModelSpec:
 
     @property
     def name(self) -> str:
-        return layer_name(self.experts, self.rank)
+        return f"PEER-{self.experts}" if self.kind == "peer" else layer_name(self.experts,
+                                                                            self.rank)
 
-    def moe_config(self) -> MoEConfig:
+    def moe_config(self) -> MoEConfig | PEERConfig:
+        if self.kind == "peer":
+            return PEERConfig(experts=self.experts, hidden=self.hidden, heads=self.peer_heads,
+                              d_q=self.peer_dq, kappa=self.peer_kappa)
         return MoEConfig(experts=self.experts, top_k=self.top_k, hidden=self.hidden,
                          width=self.width, rank=self.rank, balance_coef=self.balance_coef,
                          router_impl=self.router_impl, experts_impl=self.experts_impl,

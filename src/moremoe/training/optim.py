@@ -1,13 +1,14 @@
 """The optimiser and schedule of every trainer (paper Appendix C): AdamW with decoupled weight
 decay on every matrix (embeddings, attention, experts, routers) and none on the RMSNorm
-scales, the router weights (W, or R1 and R2) in a group of their own (at router_lr, default
-lr), and a cosine learning rate after a linear warmup."""
+scales, the router weights (W, or R1 and R2; PEER's query networks and sub-keys) in a group
+of their own (at router_lr, default lr), and a cosine learning rate after a linear warmup."""
 from __future__ import annotations
 
 import math
 
 import torch
 
+from ..nn.peer import PEERLayer
 from ..nn.router import LinearRouter, LowRankRouter
 
 ROUTERS = (LinearRouter, LowRankRouter)
@@ -17,6 +18,8 @@ def param_groups(model: torch.nn.Module, *, lr: float, weight_decay: float,
                  router_lr: float | None = None) -> list[dict]:
     """decay (matrices), no_decay (norm scales), router (router matrices, at router_lr)."""
     router = {id(p) for m in model.modules() if isinstance(m, ROUTERS) for p in m.parameters()}
+    router |= {id(p) for m in model.modules() if isinstance(m, PEERLayer)
+               for p in (m.query.weight, m.keys)}
     groups = {"decay": [], "no_decay": [], "router": []}
     for p in (p for p in model.parameters() if p.requires_grad):
         key = "router" if id(p) in router else ("decay" if p.dim() >= 2 else "no_decay")

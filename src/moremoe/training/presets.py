@@ -13,6 +13,8 @@ was host-bound (356 ms of kernels in a ~600 ms step).
 
 Tiny presets (h = 64, 2 layers, T = 128, vocabulary from the data) train in seconds on a CPU;
 tiny-more is matched in active FLOPs to tiny-moe (6·k·h·s + 6·router at k = 2, r = 8).
+h512-peer150544 and tiny-peer use PEER layers (nn/peer.py): the paper's Appendix B match to
+MoRE-1792, and a small one for tests.
 """
 from __future__ import annotations
 
@@ -32,10 +34,21 @@ def _paper(kind: str, hidden: int, experts: int, width: int) -> RunConfig:
     return RunConfig(model=model, optim=OptimSpec(lr=1e-3), train=train)
 
 
+def _peer() -> RunConfig:
+    """PEER matched to MoRE-1792 as the paper does (Appendix B): M = 388², H = 8, d_q = 32,
+    kappa = 56 (k = 448), otherwise the h = 512 pair's model and training."""
+    cfg = _paper("moe", 512, 256, 64)
+    model = ModelSpec(**{**cfg.model.__dict__, "kind": "peer", "experts": 388 ** 2,
+                         "peer_heads": 8, "peer_dq": 32, "peer_kappa": 56})
+    return RunConfig(model=model, optim=cfg.optim, train=cfg.train)
+
+
 def _tiny(kind: str) -> RunConfig:
-    experts, width, rank = (8, 32, None) if kind == "moe" else (64, 28, 8)
+    experts, width, rank = {"moe": (8, 32, None), "more": (64, 28, 8),
+                            "peer": (256, 32, None)}[kind]
+    extra = {"peer_heads": 2, "peer_dq": 8, "peer_kappa": 4} if kind == "peer" else {}
     model = ModelSpec(kind=kind, hidden=64, layers=2, heads=4, experts=experts, width=width,
-                      top_k=2, rank=rank, seq_len=128, vocab=None)
+                      top_k=2, rank=rank, seq_len=128, vocab=None, **extra)
     train = TrainSpec(batch_size=8, max_steps=200, eval_every=50, eval_batches=4, log_every=10,
                       ckpt_every=100, device="auto")
     return RunConfig(model=model, optim=OptimSpec(lr=3e-3), train=train)
@@ -50,8 +63,10 @@ PRESETS = {
     "h512-s128-more1792": ("more", 512, 1792, 112),
     "h512-s64-moe1024": ("moe", 512, 1024, 64),
     "h512-s64-more8192": ("more", 512, 8192, 52),
+    "h512-peer150544": ("peer",),
     "tiny-moe": ("moe",),
     "tiny-more": ("more",),
+    "tiny-peer": ("peer",),
 }
 
 
@@ -63,7 +78,10 @@ def get_preset(name: str) -> RunConfig:
     if name not in PRESETS:
         raise KeyError(f"preset must be one of {', '.join(PRESETS)}; got {name!r}")
     args = PRESETS[name]
-    cfg = _tiny(*args) if len(args) == 1 else _paper(*args)
+    if name == "h512-peer150544":
+        cfg = _peer()
+    else:
+        cfg = _tiny(*args) if len(args) == 1 else _paper(*args)
     return RunConfig(model=cfg.model, optim=cfg.optim, train=cfg.train, preset=name)
 
 
@@ -75,7 +93,8 @@ def preset_rows(vocab_default: int = VOCAB_SIZE) -> list[dict]:
         tc = m.transformer_config(vocab=vocab_default)
         rows.append({"name": name, "kind": m.kind, "hidden": m.hidden, "layers": m.layers,
                      "heads": m.heads, "kv_heads": tc.n_kv_heads, "experts": m.experts,
-                     "width": m.width, "top_k": m.top_k, "rank": m.rank,
+                     "width": 1 if m.kind == "peer" else m.width,     # PEER: single neurons
+                     "top_k": tc.moe.top_k, "rank": m.rank,
                      "seq_len": m.seq_len, "vocab": tc.vocab, "vocab_from_data": m.vocab is None,
                      "params_total": tc.total_params(),
                      "moe_flops_inference": tc.moe.active_flops(),
