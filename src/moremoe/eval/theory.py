@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..nn.router import factor_router
+from ..nn.router import factor_router, topk_agreement
 from ..ops.balance import expert_counts
 from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
@@ -84,10 +84,6 @@ def hypercube_check(rank: int, top_k: int, tokens: int, *, hidden: int | None = 
             "hnorm": normalized_entropy(counts), "counts": counts.tolist()}
 
 
-def _topk_sets(idx_NK: torch.Tensor) -> torch.Tensor:
-    return idx_NK.long().sort(dim=1).values
-
-
 def rank_agreement(W_MH: torch.Tensor, x_NH: torch.Tensor, top_k: int, ranks: list[int], *,
                    methods=("svd",), seed: int = 0, chunk: int = 65_536) -> list[dict]:
     """Per (method, r): the share of tokens whose top-k set under the rank-r factorisation
@@ -100,21 +96,21 @@ def rank_agreement(W_MH: torch.Tensor, x_NH: torch.Tensor, top_k: int, ranks: li
     bad = [r for r in ranks if not 1 <= r <= min(M, h)]
     if bad:
         raise ValueError(f"--ranks must be in [1, min(M, h) = {min(M, h)}], got {bad}")
-    W, x = W_MH.float(), x_NH.float()
-    full = torch.cat([_topk_sets(router_linear(x[n0:n0 + chunk], W, top_k,
-                                               impl="reference")[1])
+    # float64 throughout: the measure is of the factorisation, not of float32 rounding
+    # (which would reorder near-tied logits even at full rank)
+    W, x = W_MH.double(), x_NH.double()
+    full = torch.cat([router_linear(x[n0:n0 + chunk], W, top_k, impl="reference")[1]
                       for n0 in range(0, x.shape[0], chunk)])
     rows = []
     for method in methods:
         for r in ranks:
-            R1, R2 = factor_router(W, r, method, seed)
-            got = torch.cat([_topk_sets(router_lowrank(x[n0:n0 + chunk], R1, R2, top_k,
-                                                       impl="reference")[1])
+            R1, R2 = factor_router(W, r, method, seed, dtype=torch.float64)
+            got = torch.cat([router_lowrank(x[n0:n0 + chunk], R1, R2, top_k,
+                                            impl="reference")[1]
                              for n0 in range(0, x.shape[0], chunk)])
-            same = (got == full).all(dim=1)
-            overlap = (got[:, :, None] == full[:, None, :]).any(dim=2).double().mean(dim=1)
-            rows.append({"method": method, "rank": r, "set_preserved": float(same.double().mean()),
-                         "mean_overlap": float(overlap.mean()),
+            same, overlap = topk_agreement(got, full)
+            rows.append({"method": method, "rank": r, "set_preserved": same,
+                         "mean_overlap": overlap,
                          "rel_error": float((R1 @ R2 - W).norm() / W.norm())})
     return rows
 
@@ -123,11 +119,10 @@ def rank_bounds(experts: int, top_k: int, bits: int = 8) -> dict:
     """The expressivity theorems' ranks with universal constants 1 (shapes, not values):
     sufficient k ln(M + C(M, k)) (Johnson–Lindenstrauss), necessary ln C(M, k) / ln(1 + 2/η)
     at the margin η = 2^-bits a p-bit top-k resolves."""
-    log_f = math.lgamma(experts + 1) - math.lgamma(top_k + 1) - math.lgamma(experts - top_k + 1)
-    log_m_plus_f = log_f + math.log1p(experts * math.exp(-log_f)) if log_f > 0 else \
-        math.log(experts + math.exp(log_f))
-    return {"sufficient_jl": top_k * log_m_plus_f,
-            "necessary_counting": log_f / math.log(1 + 2 ** (bits + 1)), "bits": bits}
+    subsets = math.comb(experts, top_k)          # exact; math.log takes any size of int
+    return {"sufficient_jl": top_k * math.log(experts + subsets),
+            "necessary_counting": math.log(subsets) / math.log(1 + 2 ** (bits + 1)),
+            "bits": bits}
 
 
 def plot_rank(rows: list[dict], bounds: dict, path: str | Path, title: str) -> Path:

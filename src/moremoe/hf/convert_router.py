@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..nn.router import factor_router
+from ..nn.router import factor_router, topk_agreement
 
 
 def find_routers(model) -> list[tuple[str, torch.Tensor]]:
@@ -57,33 +57,28 @@ def capture_router_inputs(model, input_ids: torch.Tensor, *, batch: int = 8) -> 
     return {name: torch.cat(parts) for name, parts in seen.items()}
 
 
-def _sets(logits_NE: torch.Tensor, k: int) -> torch.Tensor:
-    return logits_NE.topk(k, dim=1).indices.sort(dim=1).values
-
-
 def convert_routers(model, inputs: dict, ranks: list[int], *, method: str = "svd") -> dict:
-    """Per layer and rank: the factors and the top-k agreement with the original router."""
+    """Per layer and rank: the float32 factors, and the top-k agreement of the factorisation
+    with the original router, measured in float64 (float32 rounding would reorder near-tied
+    logits even at full rank)."""
     k = top_k_of(model)
     layers, factors = [], {}
     for name, weight in find_routers(model):
-        W = weight.detach().float().cpu()
-        x = inputs[name]
-        full = _sets(x @ W.T, k)
+        W = weight.detach().double().cpu()
+        x = inputs[name].double()
+        full = (x @ W.T).topk(k, dim=1).indices
         row = {"layer": name, "experts": W.shape[0], "hidden": W.shape[1], "tokens": x.shape[0],
                "ranks": []}
         for r in ranks:
             if r > min(W.shape):
                 raise ValueError(f"--rank {r} exceeds min(experts, hidden) = {min(W.shape)} of "
                                  f"{name}")
-            R1, R2 = factor_router(W, r, method)
-            got = _sets((x @ R2.T) @ R1.T, k)
-            overlap = (got[:, :, None] == full[:, None, :]).any(dim=2).double().mean(dim=1)
-            row["ranks"].append({"rank": r, "set_agreement": float((got == full).all(1).double()
-                                                                   .mean()),
-                                 "mean_overlap": float(overlap.mean()),
+            R1, R2 = factor_router(W, r, method, dtype=torch.float64)
+            same, overlap = topk_agreement(((x @ R2.T) @ R1.T).topk(k, dim=1).indices, full)
+            row["ranks"].append({"rank": r, "set_agreement": same, "mean_overlap": overlap,
                                  "rel_error": float((R1 @ R2 - W).norm() / W.norm())})
-            factors.setdefault(r, {})[f"{name}.R1"] = R1.contiguous()
-            factors[r][f"{name}.R2"] = R2.contiguous()
+            factors.setdefault(r, {})[f"{name}.R1"] = R1.float().contiguous()
+            factors[r][f"{name}.R2"] = R2.float().contiguous()
         layers.append(row)
     return {"top_k": k, "method": method, "layers": layers, "factors": factors}
 

@@ -78,12 +78,13 @@ class LinearRouter(_Router):
         return f"hidden={self.hidden}, experts={self.experts}, top_k={self.top_k}, impl={self.impl}"
 
 
-def factor_router(W_MH: torch.Tensor, rank: int, method: str = "svd",
-                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R1 (M, r), R2 (r, h)) with R1 R2 ≈ W, in float32: the truncated SVD with the
-    singular values split evenly (√S to each side: the best rank-r approximation in the
-    Frobenius norm, factors of equal scale), or ("jl") the Johnson–Lindenstrauss projection
-    of the paper's upper bound (R2 Gaussian / √r, R1 = W R2ᵀ)."""
+def factor_router(W_MH: torch.Tensor, rank: int, method: str = "svd", seed: int = 0, *,
+                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R1 (M, r), R2 (r, h)) with R1 R2 ≈ W, computed in float64 and returned in dtype: the
+    truncated SVD with the singular values split evenly (√S to each side: the best rank-r
+    approximation in the Frobenius norm, factors of equal scale), or ("jl") the
+    Johnson–Lindenstrauss projection of the paper's upper bound (R2 Gaussian / √r,
+    R1 = W R2ᵀ)."""
     if W_MH.dim() != 2 or not 1 <= rank <= min(W_MH.shape):
         raise ValueError(f"rank must be in [1, min(M, h) = {min(W_MH.shape)}] for a router of "
                          f"shape {tuple(W_MH.shape)}, got {rank}")
@@ -91,12 +92,20 @@ def factor_router(W_MH: torch.Tensor, rank: int, method: str = "svd",
     if method == "svd":
         U, S, Vh = torch.linalg.svd(W, full_matrices=False)
         root = S[:rank].sqrt()
-        return (U[:, :rank] * root).float(), (root[:, None] * Vh[:rank]).float()
+        return (U[:, :rank] * root).to(dtype), (root[:, None] * Vh[:rank]).to(dtype)
     if method == "jl":
         g = torch.Generator().manual_seed(seed)
         R2 = torch.randn(rank, W.shape[1], generator=g, dtype=torch.float64) / math.sqrt(rank)
-        return (W @ R2.T).float(), R2.float()
+        return (W @ R2.T).to(dtype), R2.to(dtype)
     raise ValueError(f"method must be svd or jl, got {method!r}")
+
+
+def topk_agreement(idx_NK: torch.Tensor, ref_NK: torch.Tensor) -> tuple[float, float]:
+    """(share of rows whose top-k set equals the reference's, mean overlap |S ∩ S_ref| / k)
+    of two (N, k) index tensors, in any order within a row."""
+    got, ref = idx_NK.long().sort(dim=1).values, ref_NK.long().sort(dim=1).values
+    overlap = (got[:, :, None] == ref[:, None, :]).any(dim=2).double().mean(dim=1)
+    return float((got == ref).all(dim=1).double().mean()), float(overlap.mean())
 
 
 class LowRankRouter(_Router):
