@@ -157,13 +157,10 @@ def _sweep_models(args):
     """(value, arch, model config) for every run of the sweep: MoRE at each value and the
     MoE once (rank, experts: the MoE does not change), or both at each value (hidden)."""
     import argparse
-    runs, moe_done = [], False
-    for v in args.values:
+    runs = []
+    for i, v in enumerate(args.values):
         vargs = argparse.Namespace(**{**vars(args), SWEEP_KEY[args.over]: v})
-        arches = ["more"] if args.over != "hidden" else ["moe", "more"]
-        if args.over != "hidden" and not moe_done:
-            arches = ["moe", "more"]
-            moe_done = True
+        arches = ["moe", "more"] if args.over == "hidden" or i == 0 else ["more"]
         for arch in arches:
             vargs.arch = arch
             try:

@@ -121,7 +121,7 @@ def feed_forward_config(d: dict):
     """A layer config from its dict: PEER's carries kind "peer"; MoE / MoRE the rest."""
     if d.get("kind") == "peer":
         return PEERConfig.from_dict(d)
-    return MoEConfig(**{k: v for k, v in d.items() if k != "name"})
+    return MoEConfig(**d)
 
 
 class RMSNorm(nn.Module):
