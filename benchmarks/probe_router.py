@@ -1,16 +1,14 @@
 """Where the fused low-rank router's time goes (run on the GPU), at h = 512, M = 8,192,
 r = 64, N = 262,144, k = 4 unless given: the candidates pass alone for C = 1..3, the pick
 alone, the exact sweep of the queued rows alone, the whole call, the prototype of `.anchors/`
-beside them, and the static SASS opcode counts of the candidates kernel. One JSON line each.
+beside them. One JSON line each.
 
     python benchmarks/probe_router.py [--out rows.jsonl] [--k 4] [--h 512]
 """
 import argparse
-import collections
 import importlib.util
 import json
 import os
-import re
 import sys
 
 import torch
@@ -21,29 +19,6 @@ from moremoe.kernels._common import LOWRANK
 from moremoe.kernels import router_candidates as rc
 from moremoe.kernels.router_topk import launch_exact, sweep_config
 from moremoe.runtime import environment
-
-OPS = ("FMNMX", "LOP3", "FSETP", "FSEL", "ISETP", "SEL", "HGMMA", "SHFL", "STG", "LDG",
-       "LDGSTS", "BAR", "IMAD", "IADD3", "F2FP", "MOV")
-
-
-def sass_counts(fn):
-    """Opcode counts of every compiled variant of a jit function (empty if no SASS)."""
-    rows = []
-    for cache in getattr(fn, "device_caches", {}).values():
-        for kern in cache[0].values():
-            try:
-                sass = kern.asm["sass"]
-            except Exception as err:  # nvdisasm missing: report, do not stop
-                rows.append({"error": repr(err)[:200]})
-                continue
-            ops = collections.Counter(m.group(1).split(".")[0]
-                                      for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\d\s+)?([A-Z0-9_.]+)",
-                                                           sass, re.M))
-            rows.append({"regs": getattr(kern, "n_regs", None),
-                         "spills": getattr(kern, "n_spills", None),
-                         "total": sum(ops.values()), **{op: ops.get(op, 0) for op in OPS}})
-    return rows
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -99,8 +74,6 @@ def main():
                                                                              idx, dval)),
                      ("train: x R2^T (cuBLAS)", lambda: x @ R2.T)):
         emit(what, ms=time_ms(fn, device=dev))
-    for row in sass_counts(rc._candidates_kernel):
-        emit("sass candidates kernel", **row)
     path = os.path.join(".anchors", "fast_router.py")
     if os.path.exists(path) and k in (4, 8):
         sys.path.insert(0, ".anchors")
@@ -113,8 +86,6 @@ def main():
         ms = time_ms(lambda: fast.topcf(x, R2, R1, k, 64, 128, 64, 4, 3, floor=True, pf=False,
                                         ifr=True), device=dev)
         emit("prototype skeleton", ms=ms)
-        for row in sass_counts(fast.router_topcf):
-            emit("sass prototype", **row)
 
 
 if __name__ == "__main__":
