@@ -18,8 +18,9 @@ SPLITS splits the tokens of the column-wise kernels; partials are summed by torc
 psum and the weight gradients are deterministic (no float atomics). The standard router's
 rank is h, too wide for an on-chip accumulator: its backward takes one chunk of tokens at a
 time, logits, dx and dW as cuBLAS GEMMs (_linear_backward). The low-rank router's logit
-tiles are recomputed from z and R1 and never stored: dℓ = scatter(dval) + P ⊙ (p̄ − g). The sparse top-k part of dz is
-added by gathers; that of dR1 by comparing each tile's columns with the k indices.
+tiles are recomputed from z and R1 and never stored: dℓ = scatter(dval) + P ⊙ (p̄ − g).
+The sparse top-k part of dz is added by gathers; that of dR1 by comparing each tile's
+columns with the k indices.
 """
 import torch
 import triton
