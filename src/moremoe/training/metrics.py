@@ -240,12 +240,8 @@ class ExpertCoverage:
         """The union over ranks (reduce: an in-place max over ranks), also kept here."""
         if self.seen is None:
             return []
-        out = []
-        for seen in self.seen:
-            t = reduce(seen.to(torch.int32))
-            out.append(t > 0)
-        self.seen = out
-        return out
+        self.seen = [reduce(seen.to(torch.int32)) > 0 for seen in self.seen]
+        return self.seen
 
     def fractions(self, reduce) -> list[float]:
         return [float(s.float().mean()) for s in self.united(reduce)]
