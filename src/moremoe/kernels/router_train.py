@@ -32,14 +32,25 @@ from ._common import (LINEAR, MODE_LINEAR, NEG_INF, dot_precision, fill_splits, 
 from .router_topk import launch_sweep, sweep_config
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
 @triton.jit
-def _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW):
+def _row_stats(rows64, row_ok, M_ROW, NORM_ROW):
+    """(m, log2 Z) of the rows; a masked row gets log2 Z = +inf, so that all its P are 0."""
     m = tl.load(M_ROW + rows64, mask=row_ok, other=0.0)
-    norm = tl.load(NORM_ROW + rows64, mask=row_ok, other=1.0)
-    m = tl.where(m == NEG_INF, 0.0, m)
-    p = tl.exp(logits - m[:, None]) / norm[:, None]
-    # NaN or inf exactly where the logit is not finite (or the row has no finite one): 0
-    return tl.where(row_ok[:, None] & col_ok[None, :] & (p < float("inf")), p, 0.0)
+    lz = tl.log2(tl.load(NORM_ROW + rows64, mask=row_ok, other=float("inf")))
+    return tl.where(m == NEG_INF, 0.0, m), lz
+
+
+@triton.jit
+def _probs(logits, m, lz):
+    """P = 2^((ℓ − m) log2 e − log2 Z): a subtraction, an FMA and an ex2 per logit (no
+    division); 0 where the logit is not finite or the row has no finite logit (P is NaN or
+    inf there). Masked columns are left to the caller (their p̄, R1 or z rows are 0, or they
+    are not stored)."""
+    p = tl.math.exp2((logits - m[:, None]) * LOG2E - lz[:, None])
+    return tl.where(p < float("inf"), p, 0.0)
 
 
 @triton.jit
@@ -51,25 +62,33 @@ def _psum_kernel(X, W, M_ROW, NORM_ROW, OUT, N, H, M, R, n_per_split,
     cols = tl.program_id(0) * BM + tl.arange(0, BM)
     col_ok = cols < M
     pid_s = tl.program_id(1)
+    rr = tl.arange(0, BR)
+    if MODE != MODE_LINEAR:    # the tile's R1 rows, loaded once for the whole split
+        w = load_rows(W, cols.to(tl.int64), col_ok, sw_m, rr, rr < R, sw_k)
     acc = tl.zeros((BM,), tl.float32)
     n_end = tl.minimum(N, (pid_s + 1) * n_per_split)
     for n0 in range(pid_s * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
         row_ok = rows < n_end
         rows64 = rows.to(tl.int64)
-        z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
-                         MODE, BN, BM, BR, BH, PREC)
-        acc += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW), axis=0)
+        if MODE == MODE_LINEAR:
+            logits = logit_tile(z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR), X, W,
+                                rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+                                MODE, BN, BM, BR, BH, PREC)
+        else:
+            z = load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
+            logits = tl.dot(z, tl.trans(w), input_precision=PREC)
+        m, lz = _row_stats(rows64, row_ok, M_ROW, NORM_ROW)
+        acc += tl.sum(_probs(logits, m, lz), axis=0)
     tl.store(OUT + pid_s * so_s + cols, acc, mask=col_ok)
 
 
 @triton.jit
-def _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, g, IDX, DVAL, si_n,
+def _dlogits(logits, rows64, row_ok, cols, col_ok, m, lz, PBAR, g, IDX, DVAL, si_n,
              K: tl.constexpr):
     """dℓ tile = scatter(dval into the selected columns) + P ⊙ (p̄ − g)."""
     pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-    d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * (pbar[None, :] - g[:, None])
+    d = _probs(logits, m, lz) * (pbar[None, :] - g[:, None])
     if K <= 8:              # unrolled (the loads hoist); a runtime loop beyond, so that the
         for j in tl.static_range(K):        # code, and the compile time, stop growing with k
             d = _scatter_dval(d, cols, rows64, row_ok, IDX, DVAL, si_n, j)
@@ -87,47 +106,46 @@ def _scatter_dval(d, cols, rows64, row_ok, IDX, DVAL, si_n, j):
 
 
 @triton.jit
-def _bwd_rows_kernel(X, W, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G,
-                     N, H, M, R, sx_n, sx_h, sw_m, sw_k, si_n, so_n,
-                     K: tl.constexpr, MODE: tl.constexpr,
-                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+def _bwd_rows_kernel(Z, W, WC, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G, SHIFT,
+                     N, M, R, sz_n, sz_r, sw_m, sw_r, swc_m, si_n, so_n,
+                     K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
                      PREC: tl.constexpr):
-    """dz (BN, r) of a token block: Σ_tiles dℓ R1 over the expert tiles, plus
-    g = Σ_i p̄_i P_i."""
+    """dz (BN, r) and g = P p̄ of a token block in one sweep over the expert tiles:
+    dz = P (R1 ⊙ (p̄ − c)) − (g − c) P R1 + Σ_j dval_j R1[idx_j], with c = SHIFT[0] and
+    WC = R1 ⊙ (p̄ − c). Two MMAs per tile share the P operand (as flash attention's P V);
+    centring p̄ on c keeps the second term small, so its rounding costs no more than that of
+    dℓ = P (p̄ − g) rounded to the MMA's dtype."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
-    cc = tl.arange(0, BR)
-    c_ok = cc < R
-    z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-    acc = tl.zeros((BN, BR), tl.float32)
+    rr = tl.arange(0, BR)
+    r_ok = rr < R
+    z = load_rows(Z, rows64, row_ok, sz_n, rr, r_ok, sz_r)
+    m, lz = _row_stats(rows64, row_ok, M_ROW, NORM_ROW)
+    acc_c = tl.zeros((BN, BR), tl.float32)
+    acc_p = tl.zeros((BN, BR), tl.float32)
     g = tl.zeros((BN,), tl.float32)
     for m0 in range(0, M, BM):
         cols = m0 + tl.arange(0, BM)
         col_ok = cols < M
-        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
-                         sw_k, MODE, BN, BM, BR, BH, PREC)
-        pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-        g += tl.sum(_probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * pbar[None, :],
-                    axis=1)
+        cols64 = cols.to(tl.int64)
+        w = load_rows(W, cols64, col_ok, sw_m, rr, r_ok, sw_r)
+        wc = load_rows(WC, cols64, col_ok, swc_m, rr, r_ok, sw_r)
+        p = _probs(tl.dot(z, tl.trans(w), input_precision=PREC), m, lz)
+        pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)   # 0 past M: no share of g
+        g += tl.sum(p * pbar[None, :], axis=1)
+        p16 = p.to(w.dtype)
+        acc_c = tl.dot(p16, wc, acc_c, input_precision=PREC)
+        acc_p = tl.dot(p16, w, acc_p, input_precision=PREC)
     tl.store(OUT_G + rows64, g, mask=row_ok)
-    for m0 in range(0, M, BM):
-        cols = m0 + tl.arange(0, BM)
-        col_ok = cols < M
-        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
-                         sw_k, MODE, BN, BM, BR, BH, PREC)
-        d = _probs(logits, rows64, row_ok, col_ok, M_ROW, NORM_ROW)
-        pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-        d = d * (pbar[None, :] - g[:, None])
-        w = load_rows(W, cols.to(tl.int64), col_ok, sw_m, cc, c_ok, sw_k)
-        acc = tl.dot(d.to(w.dtype), w, acc, input_precision=PREC)
+    acc = acc_c - (g - tl.load(SHIFT))[:, None] * acc_p
     for j in range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
         idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
         dv_j = tl.load(DVAL + rows64 * si_n + j, mask=row_ok, other=0.0)
-        w = load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, cc, c_ok, sw_k).to(tl.float32)
+        w = load_rows(W, idx_j.to(tl.int64), row_ok, sw_m, rr, r_ok, sw_r).to(tl.float32)
         acc += dv_j[:, None] * w
-    tl.store(OUT_DZ + rows64[:, None] * so_n + cc[None, :], acc,
-             mask=row_ok[:, None] & c_ok[None, :])
+    tl.store(OUT_DZ + rows64[:, None] * so_n + rr[None, :], acc,
+             mask=row_ok[:, None] & r_ok[None, :])
 
 
 @triton.jit
@@ -140,6 +158,7 @@ def _dlogits_rows_kernel(LG, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT, n0, nc, M, s
     row_ok = local < nc
     rows64 = (n0 + local).to(tl.int64)
     loc64 = local.to(tl.int64)
+    m, lz = _row_stats(rows64, row_ok, M_ROW, NORM_ROW)
     g = tl.zeros((BN,), tl.float32)
     for m0 in range(0, M, BM):
         cols = m0 + tl.arange(0, BM)
@@ -147,43 +166,65 @@ def _dlogits_rows_kernel(LG, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT, n0, nc, M, s
         lg = tl.load(LG + loc64[:, None] * M + cols[None, :],
                      mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
-        g += tl.sum(_probs(lg, rows64, row_ok, col_ok, M_ROW, NORM_ROW) * pbar[None, :], axis=1)
+        g += tl.sum(_probs(lg, m, lz) * pbar[None, :], axis=1)
     for m0 in range(0, M, BM):
         cols = m0 + tl.arange(0, BM)
         col_ok = cols < M
         offs = loc64[:, None] * M + cols[None, :]
         lg = tl.load(LG + offs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        d = _dlogits(lg, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, g, IDX, DVAL,
-                     si_n, K)
+        d = _dlogits(lg, rows64, row_ok, cols, col_ok, m, lz, PBAR, g, IDX, DVAL, si_n, K)
         tl.store(OUT + offs, d.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def _bwd_cols_kernel(X, W, M_ROW, NORM_ROW, PBAR, G, IDX, DVAL, OUT,
-                     N, H, M, R, n_per_split, sx_n, sx_h, sw_m, sw_k, si_n, so_s, so_m,
-                     K: tl.constexpr, MODE: tl.constexpr,
-                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
-                     PREC: tl.constexpr):
-    """dR1 partial (BM, r) over the tokens of split program_id(1): Σ_blocks dℓᵀ z."""
+def _bwd_cols_kernel(Z, W, M_ROW, NORM_ROW, PBAR, G, OUT, N, M, R, n_per_split,
+                     sz_n, sz_r, sw_m, sw_r, so_s, so_m,
+                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr):
+    """The dense part of dR1, a partial (BM, r) over the tokens of split program_id(1):
+    Σ_blocks (P ⊙ (p̄ − g))ᵀ z. The sparse top-k part is _sparse_cols_kernel's."""
     cols = tl.program_id(0) * BM + tl.arange(0, BM)
     col_ok = cols < M
     pid_s = tl.program_id(1)
-    cc = tl.arange(0, BR)
+    rr = tl.arange(0, BR)
+    r_ok = rr < R
+    w = load_rows(W, cols.to(tl.int64), col_ok, sw_m, rr, r_ok, sw_r)
+    pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
     acc = tl.zeros((BM, BR), tl.float32)
     n_end = tl.minimum(N, (pid_s + 1) * n_per_split)
     for n0 in range(pid_s * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
         row_ok = rows < n_end
         rows64 = rows.to(tl.int64)
-        z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
-                         MODE, BN, BM, BR, BH, PREC)
+        z = load_rows(Z, rows64, row_ok, sz_n, rr, r_ok, sz_r)   # masked rows: z = 0
+        m, lz = _row_stats(rows64, row_ok, M_ROW, NORM_ROW)
         g = tl.load(G + rows64, mask=row_ok, other=0.0)
-        d = _dlogits(logits, rows64, row_ok, cols, col_ok, M_ROW, NORM_ROW, PBAR, g, IDX, DVAL,
-                     si_n, K)
+        d = _probs(tl.dot(z, tl.trans(w), input_precision=PREC), m, lz)
+        d = d * (pbar[None, :] - g[:, None])
         acc = tl.dot(tl.trans(d.to(z.dtype)), z, acc, input_precision=PREC)
-    offs = pid_s.to(tl.int64) * so_s + cols.to(tl.int64)[:, None] * so_m + cc[None, :]
-    tl.store(OUT + offs, acc, mask=col_ok[:, None] & (cc < R)[None, :])
+    offs = pid_s.to(tl.int64) * so_s + cols.to(tl.int64)[:, None] * so_m + rr[None, :]
+    tl.store(OUT + offs, acc, mask=col_ok[:, None] & r_ok[None, :])
+
+
+@triton.jit
+def _sparse_cols_kernel(A, ORDER, OFFSETS, DVAL, OUT, R, sa_n, sa_r, so_m,
+                        K: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr):
+    """dW[e, chunk] += Σ over the (token, slot) pairs routed to expert e, in pair order, of
+    dval · a[token, chunk] (a = z or x): the sparse top-k part of dR1 | dW, deterministic
+    (one program per expert and r-chunk, a fixed order, no atomics)."""
+    e = tl.program_id(0)
+    rr = tl.program_id(1) * BR + tl.arange(0, BR)
+    r_ok = rr < R
+    start = tl.load(OFFSETS + e)
+    end = tl.load(OFFSETS + e + 1)
+    acc = tl.zeros((BR,), tl.float32)
+    for p0 in range(start, end, BP):
+        pp = p0 + tl.arange(0, BP)
+        ok = pp < end
+        pair = tl.load(ORDER + pp, mask=ok, other=0)
+        dv = tl.load(DVAL + pair, mask=ok, other=0.0)
+        a = load_rows(A, pair // K, ok, sa_n, rr, r_ok, sa_r).to(tl.float32)
+        acc += tl.sum(dv[:, None] * a, axis=0)
+    tl.store(OUT + e.to(tl.int64) * so_m + rr, acc, mask=r_ok)
 
 
 # ---------------------------------------------------------------- launchers
@@ -222,16 +263,31 @@ def _token_splits(device, tiles: int, N: int, BN: int, splits: int | None) -> in
     return fill_splits(device, tiles, N, BN)
 
 
+def sparse_weight_grad(a, idx, dval, experts: int):
+    """(M, R) fp32: row e is Σ over the (token, slot) pairs routed to expert e of dval · a[token]
+    (a = z for dR1, x for dW), summed in pair order per expert: deterministic, no atomics."""
+    N, R = a.shape
+    k = idx.shape[1]
+    out = torch.zeros(experts, R, device=a.device, dtype=torch.float32)
+    if N == 0:
+        return out
+    sorted_e, order = torch.sort(idx.reshape(-1).long(), stable=True)
+    offsets = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=a.device))
+    BR = min(128, max(16, triton.next_power_of_2(R)))
+    _sparse_cols_kernel[(experts, triton.cdiv(R, BR))](
+        a, order, offsets, dval.float().contiguous(), out, R, a.stride(0), a.stride(1),
+        out.stride(0), K=k, BP=32, BR=BR, num_warps=4)
+    return out
+
+
 def _sparse_backward(x, w, idx, dval):
-    """Without a psum gradient only the k selected logits have one: gathers for dz and an
-    index_add for dW (float atomics on CUDA: not bit-reproducible, unlike the dense path)."""
+    """Without a psum gradient only the k selected logits have one: gathers for dz and
+    sparse_weight_grad for dW."""
     idx64, dval = idx.long(), dval.float()
     dz = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
-    dw = torch.zeros(w.shape, device=x.device, dtype=torch.float32)
     for j in range(idx.shape[1]):
         dz += dval[:, j, None] * w[idx64[:, j]].float()
-        dw.index_add_(0, idx64[:, j], dval[:, j, None] * x.float())
-    return dz, dw
+    return dz, sparse_weight_grad(x, idx, dval, w.shape[0])
 
 
 def _mm_fp32(a, b):
@@ -293,7 +349,9 @@ def launch_psum(x, w, m_row, norm_row, *, mode: int, splits: int | None = None,
 def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits: int | None = None,
                     config: dict | None = None):
     """(dz|dx (N, R) fp32, dR1|dW (M, R) fp32) from dval = d topk_val (N, k) and p̄ = d psum
-    (M,) or None (no balancing-loss gradient: only the sparse top-k part)."""
+    (M,) or None (no balancing-loss gradient: only the sparse top-k part). The low-rank
+    router: one sweep per token block (dz, g), one per expert tile (the dense part of dR1),
+    and sparse_weight_grad for its top-k part."""
     N, M, R = x.shape[0], w.shape[0], x.shape[1]
     k = idx.shape[1]
     dev = x.device
@@ -313,14 +371,15 @@ def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits
     dw = torch.zeros(n_splits, M, R, device=dev, dtype=torch.float32)
     if N == 0:
         return dz, dw.sum(0)
-    common = dict(MODE=mode, BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], BH=cfg["BH"],
-                  PREC=dot_precision(x.dtype), num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
-    strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), idx.stride(0))
+    shift = pbar.mean().reshape(1)               # c: g_n is a P-weighted mean of p̄
+    wc = (w.float() * (pbar - shift)[:, None]).to(w.dtype)
+    common = dict(BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], PREC=dot_precision(x.dtype),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     _bwd_rows_kernel[(triton.cdiv(N, cfg["BN"]),)](
-        x, w, m_row, norm_row, pbar, idx, dval, dz, g, N, x.shape[1], M, R, *strides,
-        dz.stride(0), K=k, **common)
+        x, w, wc, m_row, norm_row, pbar, idx, dval, dz, g, shift, N, M, R, x.stride(0),
+        x.stride(1), w.stride(0), w.stride(1), wc.stride(0), idx.stride(0), dz.stride(0), K=k,
+        **common)
     _bwd_cols_kernel[(tiles, n_splits)](
-        x, w, m_row, norm_row, pbar, g, idx, dval, dw, N, x.shape[1], M, R, n_per_split, *strides,
-        dw.stride(0), dw.stride(1), K=k, **common)
-    return dz, dw.sum(0)
+        x, w, m_row, norm_row, pbar, g, dw, N, M, R, n_per_split, x.stride(0), x.stride(1),
+        w.stride(0), w.stride(1), dw.stride(0), dw.stride(1), **common)
+    return dz, dw.sum(0) + sparse_weight_grad(x, idx, dval, M)
