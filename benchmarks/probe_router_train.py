@@ -7,6 +7,7 @@ and how often its selection agrees with torch.topk (run on the GPU). One JSON li
   host       the small batch (--small tokens), inference and training, fused and unfused:
              eager device-event time against the replay of the same call as a CUDA graph
              (the GPU's own time): where eager is much slower, the host is the limiter
+  profile    cProfile of the small batch's host time (printed, not emitted)
   agreement  the fraction of rows whose ordered top-k equals torch.topk's on the fp32 logits
              of the same z, and the largest logit gap of any difference, at the issue's points
 
@@ -21,9 +22,10 @@ import torch.nn.functional as F
 from moremoe.bench.harness import time_ms
 from moremoe.bench.router import Point, _training_fn, _inference_fn
 from moremoe.kernels import router_lowrank as kr
+from moremoe.kernels import router_candidates as rc
 from moremoe.kernels import router_train as rt
-from moremoe.kernels._common import ZGIVEN
-from moremoe.kernels.router_topk import launch_sweep
+from moremoe.kernels._common import LOWRANK, ZGIVEN
+from moremoe.kernels.router_topk import launch_sweep, sweep_config
 from moremoe.runtime import environment
 
 
@@ -96,26 +98,60 @@ def host(emit, N, dev):
 
 @torch.no_grad()
 def agreement(emit, dev):
+    """Against torch.topk on fp32 logits of two z's: the kernel's own (x R2ᵀ accumulated on
+    chip, narrowed to bf16; differences are then the key precision and the MMA's summation
+    order) and cuBLAS's (its bf16 z may differ from the kernel's by an ulp)."""
     N, M, r = 262144, 8192, 64
     for h, k in ((512, 4), (2048, 4), (512, 8), (512, 16)):
         x, R1, R2 = _inputs(N, h, M, r, dev, 5)
         val, idx, _ = kr.infer(x, R1, R2, k)
-        same, worst, worst_rel = 0, 0.0, 0.0
-        for n0 in range(0, N, 16384):
-            sl = slice(n0, n0 + 16384)
-            z = (x[sl].float() @ R2.float().T).bfloat16().float()   # z as the kernel keeps it
-            logits = z @ R1.float().T
-            ref_v, ref_i = torch.topk(logits, k, dim=1)
-            ours = idx[sl].long()
-            eq = (ours == ref_i).all(1)
-            same += int(eq.sum())
-            if not eq.all():
-                got = logits.gather(1, ours)[~eq]
-                gap = (ref_v[~eq] - got).abs().max().item()
-                rel = gap / ref_v[~eq].abs().max().item()
-                worst, worst_rel = max(worst, gap), max(worst_rel, rel)
-        emit("agreement with torch.topk", h=h, k=k, N=N, rows_identical=same / N,
-             rows_differing=N - same, largest_gap=worst, largest_gap_rel=worst_rel)
+        cfg = sweep_config(LOWRANK, r, h, k, M)
+        z_own = rc.launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg)[1][:, :r]
+        for which in ("kernel z", "cuBLAS z"):
+            same, worst, worst_rel = 0, 0.0, 0.0
+            for n0 in range(0, N, 16384):
+                sl = slice(n0, n0 + 16384)
+                z = z_own[sl] if which == "kernel z" else (x[sl] @ R2.T)
+                logits = z.float() @ R1.float().T
+                ref_v, ref_i = torch.topk(logits, k, dim=1)
+                ours = idx[sl].long()
+                eq = (ours == ref_i).all(1)
+                same += int(eq.sum())
+                if not eq.all():
+                    got = logits.gather(1, ours)[~eq]
+                    gap = (ref_v[~eq] - got).abs()
+                    worst = max(worst, gap.max().item())
+                    worst_rel = max(worst_rel, (gap / ref_v[~eq].abs().clamp_min(1e-30))
+                                    .max().item())
+            emit("agreement with torch.topk", against=which, h=h, k=k, N=N,
+                 rows_identical=same / N, rows_differing=N - same, largest_gap=worst,
+                 largest_gap_rel=worst_rel)
+
+
+def host_profile(emit, N, dev):
+    """cProfile of the small-batch training step and inference call (the host's time)."""
+    import cProfile
+    import io
+    import pstats
+    h, M, r, k = 512, 8192, 64, 4
+    p = Point(h=h, M=M, r=r, k=k, B=N // 1024, T=1024)
+    for phase in ("inference", "training"):
+        xs = _inputs(N, h, M, r, dev, 6, grad=phase == "training")
+        fn = (_training_fn("lowrank", "triton", p, dev) if phase == "training"
+              else _inference_fn("lowrank", "triton", k))
+        for _ in range(20):
+            fn(*xs)
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(50):
+            fn(*xs)
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        print(f"--- host profile, {phase}, N = {N}, 50 calls ---")
+        print("\n".join(buf.getvalue().splitlines()[:45]))
 
 
 def main():
@@ -142,6 +178,8 @@ def main():
         host(emit, args.small, dev)
     if "agreement" in todo:
         agreement(emit, dev)
+    if "profile" in todo:
+        host_profile(emit, args.small, dev)
 
 
 if __name__ == "__main__":

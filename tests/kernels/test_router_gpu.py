@@ -166,3 +166,21 @@ def test_non_finite_logits_at_every_column_are_never_selected(k):
     agree = (idx == want_idx).all(1).float().mean().item()
     assert agree > 0.99                            # the rest: near-ties in bf16 z
     assert torch.isfinite(gates).all()
+
+
+def test_training_statistics_with_non_finite_logits_in_some_tiles():
+    """m, Z and psum count the finite logits only, in tiles that hold non-finite logits (the
+    sweep's slow path) and in those that do not (its fast path), at bf16 full width."""
+    from moremoe.kernels import router_lowrank as kr
+    x, R1, R2 = _lowrank(8192, 512, 2048, 64, seed=7)
+    R1[[3, 130]] = float("nan")            # tiles 0 and 1 of 128 experts
+    R1[[700, 701]] = float("-inf")         # tile 5; with x R2ᵀ of both signs: ±inf logits
+    z = x @ R2.T
+    val, idx, _, m, Z, psum = kr.train_forward(z, R1, 4)
+    L = z.double() @ R1.double().T
+    L = torch.where(torch.isfinite(L), L, float("-inf"))
+    lse = torch.logsumexp(L, 1)
+    torch.testing.assert_close(m.double() + Z.double().log(), lse, rtol=0, atol=1e-3)
+    want = torch.softmax(L, 1).sum(0)
+    assert ((psum.double() - want).norm() / want.norm()).item() < 1e-3
+    assert not torch.isin(idx, torch.tensor([3, 130, 700, 701], device="cuda").int()).any()

@@ -103,10 +103,9 @@ def _best_keys(keys, C: tl.constexpr, TUPLE: tl.constexpr):
 
 
 @triton.jit
-def _store_best(keys, CAND, t, rows64, row_ok, N, C: tl.constexpr, TUPLE: tl.constexpr):
-    """The C best keys of each row of the tile t into CAND[t, 0:C, rows]."""
+def _store_best(c1, c2, c3, c4, CAND, t, rows64, row_ok, N, C: tl.constexpr):
+    """The C best keys c1.. of each row of the tile t into CAND[t, 0:C, rows]."""
     base = CAND + (tl.zeros_like(rows64) + t) * C * N + rows64   # int64: T C N may pass 2^31
-    c1, c2, c3, c4 = _best_keys(keys, C, TUPLE)
     tl.store(base, c1, mask=row_ok)
     if C > 1:
         tl.store(base + N, c2, mask=row_ok)
@@ -114,6 +113,19 @@ def _store_best(keys, CAND, t, rows64, row_ok, N, C: tl.constexpr, TUPLE: tl.con
         tl.store(base + 2 * N, c3, mask=row_ok)
     if C > 3:
         tl.store(base + 3 * N, c4, mask=row_ok)
+
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _spoiled(c1, NAN_SEEN: tl.constexpr):
+    """Whether a row of the tile may hold a non-finite logit: NAN_SEEN, c1 (the first
+    candidates) is NaN exactly then; otherwise always assumed."""
+    if NAN_SEEN:
+        return tl.max((c1 != c1).to(tl.int32), axis=0) > 0
+    else:
+        return True
 
 
 @triton.jit
@@ -149,15 +161,24 @@ def _candidates_kernel(X, W, R2, CAND, ZOUT, OUT_M, OUT_NORM, N, H, M, R, m_per_
             keys = tl.where(keys == keys, keys, NEG_INF)
         if not EVEN:
             keys = tl.where(col_ok[None, :], keys, NEG_INF)
-        if STATS:   # the keys of non-finite logits are NaN: tl.max skips them
-            top = tl.max(keys, axis=1)
-            new_m = tl.maximum(run_m, tl.where(top == top, top, NEG_INF))
+        c1, c2, c3, c4 = _best_keys(keys, C, TUPLE)
+        if STATS:   # the online softmax over the finite logits: 3 ops per logit
+            top = c1
+            # the tuple reduction's first key is NaN where the tile held a non-finite logit
+            # (their keys are NaN): then, and wherever that is not known, the slow path
+            if _spoiled(c1, TUPLE and not QUIET_KEYS):
+                top = tl.max(keys, axis=1)              # skips NaN keys
+                top = tl.where(top == top, top, NEG_INF)
+            new_m = tl.maximum(run_m, top)
             safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
-            p = tl.exp(logits - safe_m[:, None])
-            p = tl.where(col_ok[None, :] & (p < float("inf")), p, 0.0)
-            run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
+            p = tl.math.exp2(logits * LOG2E - (safe_m * LOG2E)[:, None])
+            if _spoiled(c1, TUPLE and not QUIET_KEYS):
+                p = tl.where(p < float("inf"), p, 0.0)
+            if not EVEN:
+                p = tl.where(col_ok[None, :], p, 0.0)
+            run_norm = run_norm * tl.math.exp2((run_m - safe_m) * LOG2E) + tl.sum(p, axis=1)
             run_m = new_m
-        _store_best(keys, CAND, m0 // BM, rows64, row_ok, N, C, TUPLE)
+        _store_best(c1, c2, c3, c4, CAND, m0 // BM, rows64, row_ok, N, C)
     if STATS:
         tl.store(OUT_M + rows64, run_m, mask=row_ok)
         tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)

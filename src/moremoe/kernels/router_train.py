@@ -65,7 +65,7 @@ def _psum_kernel(X, W, M_ROW, NORM_ROW, OUT, N, H, M, R, n_per_split,
     rr = tl.arange(0, BR)
     if MODE != MODE_LINEAR:    # the tile's R1 rows, loaded once for the whole split
         w = load_rows(W, cols.to(tl.int64), col_ok, sw_m, rr, rr < R, sw_k)
-    acc = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BN, BM), tl.float32)   # summed over its rows once, after the loop
     n_end = tl.minimum(N, (pid_s + 1) * n_per_split)
     for n0 in range(pid_s * n_per_split, n_end, BN):
         rows = n0 + tl.arange(0, BN)
@@ -79,8 +79,8 @@ def _psum_kernel(X, W, M_ROW, NORM_ROW, OUT, N, H, M, R, n_per_split,
             z = load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
             logits = tl.dot(z, tl.trans(w), input_precision=PREC)
         m, lz = _row_stats(rows64, row_ok, M_ROW, NORM_ROW)
-        acc += tl.sum(_probs(logits, m, lz), axis=0)
-    tl.store(OUT + pid_s * so_s + cols, acc, mask=col_ok)
+        acc += _probs(logits, m, lz)
+    tl.store(OUT + pid_s * so_s + cols, tl.sum(acc, axis=0), mask=col_ok)
 
 
 @triton.jit
@@ -124,7 +124,7 @@ def _bwd_rows_kernel(Z, W, WC, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G, 
     m, lz = _row_stats(rows64, row_ok, M_ROW, NORM_ROW)
     acc_c = tl.zeros((BN, BR), tl.float32)
     acc_p = tl.zeros((BN, BR), tl.float32)
-    g = tl.zeros((BN,), tl.float32)
+    g = tl.zeros((BN, BM), tl.float32)     # g's terms, summed over the columns at the end
     for m0 in range(0, M, BM):
         cols = m0 + tl.arange(0, BM)
         col_ok = cols < M
@@ -133,10 +133,11 @@ def _bwd_rows_kernel(Z, W, WC, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G, 
         wc = load_rows(WC, cols64, col_ok, swc_m, rr, r_ok, sw_r)
         p = _probs(tl.dot(z, tl.trans(w), input_precision=PREC), m, lz)
         pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)   # 0 past M: no share of g
-        g += tl.sum(p * pbar[None, :], axis=1)
+        g += p * pbar[None, :]
         p16 = p.to(w.dtype)
         acc_c = tl.dot(p16, wc, acc_c, input_precision=PREC)
         acc_p = tl.dot(p16, w, acc_p, input_precision=PREC)
+    g = tl.sum(g, axis=1)
     tl.store(OUT_G + rows64, g, mask=row_ok)
     acc = acc_c - (g - tl.load(SHIFT))[:, None] * acc_p
     for j in range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
@@ -271,8 +272,10 @@ def sparse_weight_grad(a, idx, dval, experts: int):
     out = torch.zeros(experts, R, device=a.device, dtype=torch.float32)
     if N == 0:
         return out
-    sorted_e, order = torch.sort(idx.reshape(-1).long(), stable=True)
-    offsets = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=a.device))
+    flat = idx.reshape(-1)                   # int32: half the radix passes of int64
+    sorted_e, order = torch.sort(flat, stable=True)
+    offsets = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=a.device,
+                                                        dtype=flat.dtype))
     BR = min(128, max(16, triton.next_power_of_2(R)))
     _sparse_cols_kernel[(experts, triton.cdiv(R, BR))](
         a, order, offsets, dval.float().contiguous(), out, R, a.stride(0), a.stride(1),
