@@ -72,7 +72,7 @@ def parts(emit, N, dev):
         lambda: rt.sparse_weight_grad(z, idx, dval, M), device=dev))
     for stages in (2, 3, 4):
         for warps in (4, 8):
-            cfg = {"num_stages": stages, "num_warps": warps}
+            cfg = {"bwd_stages": stages, "num_warps": warps}
             emit("backward", N=N, cfg=cfg, ms=time_ms(
                 lambda: kr.train_backward(z, R1, m, Z, pbar, idx, dval, config=cfg),
                 device=dev))

@@ -216,20 +216,22 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ; BM = 128
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
     shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep),
-    cand_stages its pipeline depth. The standard router takes 256-expert tiles (h = 2,048:
-    18 ms against 31 ms at 128) and, from h = 1,024, 128-row tiles of 8 warps.
+    cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps. The
+    standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
+    from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
     and with it the first call's compile time, bounded."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
     cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
-           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "cand_stages": 3, "laneb": 6}
+           "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "cand_stages": 3, "laneb": 6,
+           "bwd_stages": 3}
     if mode == LINEAR:   # GEMM-shaped tiles: the x Wᵀ MMA over h sets the pace
         cfg.update(BM=256, cand_stages=2)
         if H >= 1024:
             cfg.update(BN=128, num_warps=8, num_stages=3, cand_stages=3 if H < 2048 else 4)
     if fp32:
         cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2,
-                   cand_stages=2)
+                   cand_stages=2, bwd_stages=2)
     cfg.update(overrides or {})
     if "C" not in cfg:
         cfg["C"] = pick_candidates(K, triton.cdiv(M, cfg["BM"]))

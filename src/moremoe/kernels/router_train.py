@@ -377,7 +377,7 @@ def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits
     shift = pbar.mean().reshape(1)               # c: g_n is a P-weighted mean of p̄
     wc = (w.float() * (pbar - shift)[:, None]).to(w.dtype)
     common = dict(BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], PREC=dot_precision(x.dtype),
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  num_warps=cfg["num_warps"], num_stages=cfg["bwd_stages"])
     _bwd_rows_kernel[(triton.cdiv(N, cfg["BN"]),)](
         x, w, wc, m_row, norm_row, pbar, idx, dval, dz, g, shift, N, M, R, x.stride(0),
         x.stride(1), w.stride(0), w.stride(1), wc.stride(0), idx.stride(0), dz.stride(0), K=k,

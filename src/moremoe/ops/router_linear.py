@@ -1,7 +1,8 @@
 """The standard router op: logits x Wᵀ -> top-k values, indices, gates [, psum].
 
 ``router_linear(x, W, k, with_psum=..., impl=...)`` runs the fused Triton kernels on CUDA
-(custom ops moremoe::router_linear[_train[_bwd]]) and the plain-torch reference elsewhere.
+(custom ops moremoe::router_linear[_train[_bwd]]; outside torch.compile their bodies run
+directly, ops/router_common.py) and the plain-torch reference elsewhere.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from torch import Tensor
 
 from . import reference as ref
 from .dispatch import kernel_dtype, needs_grad, resolve_impl
-from .router_common import infer_fakes, save_for_backward, train_backward, train_fakes
+from .router_common import (call_infer, call_train, infer_fakes, save_for_backward,
+                            train_backward, train_fakes)
 
 
 def _kernels():
@@ -20,9 +22,11 @@ def _kernels():
     return router_linear
 
 
-@torch.library.custom_op("moremoe::router_linear", mutates_args=())
-def infer_op(x: Tensor, W: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _infer(x: Tensor, W: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     return _kernels().infer(x, W, k)
+
+
+infer_op = torch.library.custom_op("moremoe::router_linear", _infer, mutates_args=())
 
 
 @infer_op.register_fake
@@ -30,9 +34,8 @@ def _(x, W, k):
     return infer_fakes(x, k)
 
 
-@torch.library.custom_op("moremoe::router_linear_train", mutates_args=())
-def train_op(x: Tensor, W: Tensor, k: int,
-             with_psum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _train(x: Tensor, W: Tensor, k: int,
+           with_psum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(val, idx, m, norm, psum); psum is zeros when not asked for."""
     val, idx, _, m, norm, psum = _kernels().train_forward(x, W, k, with_psum=with_psum)
     if psum is None:
@@ -40,16 +43,21 @@ def train_op(x: Tensor, W: Tensor, k: int,
     return val, idx, m, norm, psum
 
 
+train_op = torch.library.custom_op("moremoe::router_linear_train", _train, mutates_args=())
+
+
 @train_op.register_fake
 def _(x, W, k, with_psum):
     return train_fakes(x, W, k)
 
 
-@torch.library.custom_op("moremoe::router_linear_train_bwd", mutates_args=())
-def bwd_op(x: Tensor, W: Tensor, m: Tensor, norm: Tensor, pbar: Optional[Tensor], idx: Tensor,
-           dval: Tensor) -> tuple[Tensor, Tensor]:
+def _bwd(x: Tensor, W: Tensor, m: Tensor, norm: Tensor, pbar: Optional[Tensor], idx: Tensor,
+         dval: Tensor) -> tuple[Tensor, Tensor]:
     dx, dW = _kernels().train_backward(x, W, m, norm, pbar, idx, dval)
     return dx.to(x.dtype), dW.to(W.dtype)
+
+
+bwd_op = torch.library.custom_op("moremoe::router_linear_train_bwd", _bwd, mutates_args=())
 
 
 @bwd_op.register_fake
@@ -72,7 +80,7 @@ def router_linear(x_NH, W_MH, k: int, *, with_psum: bool = False, impl: str = "a
     dt = kernel_dtype(x_NH)          # under autocast, the autocast dtype
     x, W = x_NH.to(dt), W_MH.to(dt)
     if not (with_psum or needs_grad(x_NH, W_MH)):
-        val, idx, gates = infer_op(x, W, k)
+        val, idx, gates = call_infer(infer_op, _infer, x, W, k)
         return val, idx, gates, None
-    val, idx, _, _, psum = train_op(x, W, k, with_psum)
+    val, idx, _, _, psum = call_train(train_op, _train, _bwd, x, W, k, with_psum)
     return val, idx, ref.topk_gates(val), (psum if with_psum else None)

@@ -1,7 +1,8 @@
 """The low-rank (MoRE) router op: logits (x R2ᵀ) R1ᵀ -> top-k values, indices, gates [, psum].
 
 ``router_lowrank(x, R1, R2, k, with_psum=..., impl=...)`` runs the fused Triton kernels on
-CUDA (custom ops moremoe::router_lowrank[_train[_bwd]], traceable by torch.compile) and the
+CUDA (custom ops moremoe::router_lowrank[_train[_bwd]], traceable by torch.compile;
+outside torch.compile their bodies run directly, ops/router_common.py) and the
 plain-torch reference elsewhere. In training (psum requested or gradients needed) z = x R2ᵀ
 is a cuBLAS GEMM whose autograd gives dx and dR2 from the kernel's dz.
 """
@@ -15,7 +16,8 @@ from torch import Tensor
 
 from . import reference as ref
 from .dispatch import kernel_dtype, needs_grad, resolve_impl
-from .router_common import infer_fakes, save_for_backward, train_backward, train_fakes
+from .router_common import (call_infer, call_train, infer_fakes, save_for_backward,
+                            train_backward, train_fakes)
 
 
 def _kernels():
@@ -23,9 +25,11 @@ def _kernels():
     return router_lowrank
 
 
-@torch.library.custom_op("moremoe::router_lowrank", mutates_args=())
-def infer_op(x: Tensor, R1: Tensor, R2: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _infer(x: Tensor, R1: Tensor, R2: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     return _kernels().infer(x, R1, R2, k)
+
+
+infer_op = torch.library.custom_op("moremoe::router_lowrank", _infer, mutates_args=())
 
 
 @infer_op.register_fake
@@ -33,9 +37,8 @@ def _(x, R1, R2, k):
     return infer_fakes(x, k)
 
 
-@torch.library.custom_op("moremoe::router_lowrank_train", mutates_args=())
-def train_op(z: Tensor, R1: Tensor, k: int,
-             with_psum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _train(z: Tensor, R1: Tensor, k: int,
+           with_psum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(val, idx, m, norm, psum) from z = x R2ᵀ; psum is zeros when not asked for."""
     val, idx, _, m, norm, psum = _kernels().train_forward(z, R1, k, with_psum=with_psum)
     if psum is None:
@@ -43,16 +46,21 @@ def train_op(z: Tensor, R1: Tensor, k: int,
     return val, idx, m, norm, psum
 
 
+train_op = torch.library.custom_op("moremoe::router_lowrank_train", _train, mutates_args=())
+
+
 @train_op.register_fake
 def _(z, R1, k, with_psum):
     return train_fakes(z, R1, k)
 
 
-@torch.library.custom_op("moremoe::router_lowrank_train_bwd", mutates_args=())
-def bwd_op(z: Tensor, R1: Tensor, m: Tensor, norm: Tensor, pbar: Optional[Tensor], idx: Tensor,
-           dval: Tensor) -> tuple[Tensor, Tensor]:
+def _bwd(z: Tensor, R1: Tensor, m: Tensor, norm: Tensor, pbar: Optional[Tensor], idx: Tensor,
+         dval: Tensor) -> tuple[Tensor, Tensor]:
     dz, dR1 = _kernels().train_backward(z, R1, m, norm, pbar, idx, dval)
     return dz.to(z.dtype), dR1.to(R1.dtype)
+
+
+bwd_op = torch.library.custom_op("moremoe::router_lowrank_train_bwd", _bwd, mutates_args=())
 
 
 @bwd_op.register_fake
@@ -75,8 +83,9 @@ def router_lowrank(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False, impl:
     dt = kernel_dtype(x_NH)          # under autocast, the autocast dtype
     x, R1, R2 = x_NH.to(dt), R1_MR.to(dt), R2_RH.to(dt)
     if not (with_psum or needs_grad(x_NH, R1_MR, R2_RH)):
-        val, idx, gates = infer_op(x, R1, R2, k)
+        val, idx, gates = call_infer(infer_op, _infer, x, R1, R2, k)
         return val, idx, gates, None
     z_NR = F.linear(x, R2)
-    val, idx, _, _, psum = train_op(z_NR, R1.to(z_NR.dtype), k, with_psum)
+    val, idx, _, _, psum = call_train(train_op, _train, _bwd, z_NR, R1.to(z_NR.dtype), k,
+                                      with_psum)
     return val, idx, ref.topk_gates(val), (psum if with_psum else None)
