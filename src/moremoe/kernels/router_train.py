@@ -3,24 +3,27 @@ statistic psum (forward, after the top-k sweep of router_topk.py) and the backwa
 (Algorithm 3 of the paper), shared by the low-rank and the standard router.
 
 Legend: P the softmax over all M experts (P_ni), Z its normaliser (norm in code), m the
-row max, p̄ the gradient of psum, g_n = Σ_i p̄_i P_ni; SPLITS the token splits of the
-column-wise kernels.
+row max, p̄ the gradient of psum, g_n = Σ_i p̄_i P_ni, c the mean of p̄; SPLITS the token
+splits of the column-wise kernels.
 
 Kernels (grid, reads -> writes):
-  _psum_kernel       (M/BM, SPLITS) z|x, R1|W, m, Z -> psum partials (SPLITS, M) fp32
-  _bwd_rows_kernel   (N/BN,)        z, R1, m, Z, p̄, idx, dval -> dz (N, r) fp32, g (N)
-  _bwd_cols_kernel   (M/BM, SPLITS) z, R1, m, Z, p̄, g, idx, dval -> dR1 partials
-                                    (SPLITS, M, r)
-  _dlogits_rows_kernel (Nc/BN,)     ℓ (Nc, M) fp32 from cuBLAS, m, Z, p̄, idx, dval -> dℓ for a
-                                    chunk of tokens (the standard router)
+  _psum_kernel         (M/BM, SPLITS) z|x, R1|W, m, Z -> psum partials (SPLITS, M) fp32
+  _bwd_rows_kernel     (N/BN,)        z, R1, R1 ⊙ (p̄ − c), m, Z, p̄, idx, dval -> dz (N, r)
+                                      fp32, g (N): one sweep, P shared by two MMAs
+  _bwd_cols_kernel     (M/BM, SPLITS) z, R1, m, Z, p̄, g -> the dense part of dR1, partials
+                                      (SPLITS, M, r)
+  _sparse_cols_kernel  (M, r/BR)      z|x, pairs sorted by expert, dval -> the top-k part of
+                                      dR1|dW (M, r)
+  _dlogits_rows_kernel (Nc/BN,)       ℓ (Nc, M) fp32 from cuBLAS, m, Z, p̄, idx, dval -> dℓ
+                                      for a chunk of tokens (the standard router)
 
-SPLITS splits the tokens of the column-wise kernels; partials are summed by torch afterwards, so
-psum and the weight gradients are deterministic (no float atomics). The standard router's
-rank is h, too wide for an on-chip accumulator: its backward takes one chunk of tokens at a
-time, logits, dx and dW as cuBLAS GEMMs (_linear_backward). The low-rank router's logit
-tiles are recomputed from z and R1 and never stored: dℓ = scatter(dval) + P ⊙ (p̄ − g).
-The sparse top-k part of dz is added by gathers; that of dR1 by comparing each tile's
-columns with the k indices.
+P = 2^((ℓ − m) log2 e − log2 Z) costs a subtraction, an FMA and an ex2 per logit. Partials
+are summed by torch afterwards and the sparse part in pair order, so psum and the weight
+gradients are deterministic (no float atomics). The standard router's rank is h, too wide
+for an on-chip accumulator: its backward takes one chunk of tokens at a time, logits, dx and
+dW as cuBLAS GEMMs (_linear_backward). The low-rank router's logit tiles are recomputed from
+z and R1 and never stored: dℓ = scatter(dval) + P ⊙ (p̄ − g), dz = P (R1 ⊙ (p̄ − c)) −
+(g − c) P R1 + Σ_j dval_j R1[idx_j] (centring on c keeps the second term small).
 """
 import torch
 import triton
