@@ -4,6 +4,7 @@ and how often its selection agrees with torch.topk (run on the GPU). One JSON li
   parts      training at N = 262,144 (and --small tokens), h = 512, M = 8,192, r = 64, k = 4:
              z = x R2ᵀ, the sweep with m and Z, psum, the backward (and its sparse part alone),
              the whole step as `moremoe bench router` times it
+  bwd_split  the backward's row and column sweeps timed alone
   host       the small batch (--small tokens), inference and training, fused and unfused:
              eager device-event time against the replay of the same call as a CUDA graph
              (the GPU's own time): where eager is much slower, the host is the limiter
@@ -80,6 +81,42 @@ def parts(emit, N, dev):
     fn = _training_fn("lowrank", "triton", p, dev)
     xs = _inputs(N, h, M, r, dev, 2, grad=True)
     emit("training step (bench router)", N=N, ms=time_ms(lambda: fn(*xs), device=dev))
+
+
+def bwd_split(emit, N, dev):
+    """The low-rank backward's two sweeps, each timed alone."""
+    import triton
+    h, M, r, k = 512, 8192, 64, 4
+    x, R1, R2 = _inputs(N, h, M, r, dev, 1)
+    z = F.linear(x, R2)
+    val, idx, _, m, Z = launch_sweep(z, R1, k, mode=ZGIVEN, stats=True)
+    pbar = torch.randn(M, device=dev) / N
+    dval = torch.randn(N, k, device=dev)
+    cfg = sweep_config(ZGIVEN, r, r, 1)
+    dz = torch.empty(N, r, device=dev)
+    g = torch.zeros(N, device=dev)
+    shift = pbar.mean().reshape(1)
+    wc = (R1.float() * (pbar - shift)[:, None]).to(R1.dtype)
+    tiles = triton.cdiv(M, cfg["BM"])
+    n_splits = rt._token_splits(dev, tiles, N, cfg["BN"], None)
+    n_per = triton.cdiv(triton.cdiv(N, n_splits), cfg["BN"]) * cfg["BN"]
+    n_splits = triton.cdiv(N, n_per)
+    dw = torch.zeros(n_splits, M, r, device=dev)
+    common = dict(BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], PREC="tf32",
+                  num_warps=cfg["num_warps"], num_stages=cfg["bwd_stages"])
+
+    def rows():
+        rt._bwd_rows_kernel[(triton.cdiv(N, cfg["BN"]),)](
+            z, R1, wc, m, Z, pbar, idx, dval, dz, g, shift, N, M, r, z.stride(0), 1,
+            R1.stride(0), 1, wc.stride(0), idx.stride(0), dz.stride(0), K=k, **common)
+
+    def cols():
+        rt._bwd_cols_kernel[(tiles, n_splits)](
+            z, R1, m, Z, pbar, g, dw, N, M, r, n_per, z.stride(0), 1, R1.stride(0), 1,
+            dw.stride(0), dw.stride(1), **common)
+
+    emit("backward rows sweep (dz, g)", N=N, ms=time_ms(rows, device=dev))
+    emit("backward cols sweep (dense dR1)", N=N, ms=time_ms(cols, device=dev))
 
 
 def host(emit, N, dev):
@@ -174,6 +211,8 @@ def main():
     if "parts" in todo:
         parts(emit, 262144, dev)
         parts(emit, args.small, dev)
+    if "bwd_split" in todo:
+        bwd_split(emit, 262144, dev)
     if "host" in todo:
         host(emit, args.small, dev)
     if "agreement" in todo:
