@@ -202,9 +202,13 @@ def _bwd_cols_kernel(Z, W, M_ROW, NORM_ROW, PBAR, G, OUT, N, M, R, n_per_split,
         z = load_rows(Z, rows64, row_ok, sz_n, rr, r_ok, sz_r)   # masked rows: z = 0
         m, lz = _row_stats(rows64, row_ok, M_ROW, NORM_ROW)
         g = tl.load(G + rows64, mask=row_ok, other=0.0)
-        d = _probs(tl.dot(z, tl.trans(w), input_precision=PREC), m, lz)
-        d = d * (pbar[None, :] - g[:, None])
-        acc = tl.dot(tl.trans(d.to(z.dtype)), z, acc, input_precision=PREC)
+        # the tile transposed, (BM, BN): experts along the MMA's rows, so that dℓᵀ is the
+        # next MMA's A operand as it stands (no transpose through shared memory)
+        pt = tl.math.exp2((tl.dot(w, tl.trans(z), input_precision=PREC) - m[None, :]) * LOG2E
+                          - lz[None, :])
+        pt = tl.where(pt < float("inf"), pt, 0.0)
+        d = pt * (pbar[:, None] - g[None, :])
+        acc = tl.dot(d.to(z.dtype), z, acc, input_precision=PREC)
     offs = pid_s.to(tl.int64) * so_s + cols.to(tl.int64)[:, None] * so_m + rr[None, :]
     tl.store(OUT + offs, acc, mask=col_ok[:, None] & r_ok[None, :])
 
