@@ -4,10 +4,7 @@ router defines its own three ops explicitly (ops/router_lowrank.py, ops/router_l
 ``<name>`` (inference), ``<name>_train`` (top-k, m, Z and psum; differentiable) and
 ``<name>_train_bwd`` (its backward).
 
-Outside torch.compile the ops' bodies run directly (call_infer, call_train: an
-autograd.Function with the same context and backward): the custom op's eager dispatch costs
-0.1–1 ms of host time a call on an H100 host, more than the whole router at small batches
-(benchmarks/NOTES.md). Under torch.compile the ops are traced as ops.
+Outside torch.compile the ops' bodies run directly (ops/eager.py).
 
 Legend: a the matrix the router's weight w scores (z = x R2ᵀ with w = R1 for the low-rank
 router, x with w = W for the standard one); m, norm the online softmax's row max and
@@ -42,41 +39,12 @@ def save_for_backward(ctx, inputs, output) -> None:
 
 
 def train_backward(bwd_op, ctx, dval, didx, dm, dnorm, dpsum):
-    """Gradients of (a, w) through the router's backward op; psum's gradient only when the
-    forward computed psum (its zeros otherwise carry none)."""
+    """Gradients of (a, w) through the router's backward op (or its body); psum's gradient
+    only when the forward computed psum (its zeros otherwise carry none) and one arrived."""
     a, w, m, norm, idx = ctx.saved_tensors
     if dval is None:
         dval = torch.zeros(idx.shape, device=a.device, dtype=torch.float32)
-    pbar = dpsum if ctx.with_psum else None
+    pbar = dpsum if ctx.with_psum else None          # None: only the top-k values' part
     da, dw = bwd_op(a, w, m, norm, pbar, idx, dval.float())
     return da, dw, None, None
 
-
-class _EagerTrain(torch.autograd.Function):
-    """The training op outside torch.compile: fwd and bwd are the bodies of the custom op
-    and of its backward op; the context is saved and used as the op's autograd does."""
-
-    @staticmethod
-    def forward(ctx, a, w, k, with_psum, fwd, bwd):
-        out = fwd(a, w, k, with_psum)
-        save_for_backward(ctx, (a, w, k, with_psum), out)
-        ctx.bwd = bwd
-        ctx.mark_non_differentiable(out[1], out[2], out[3])     # idx, m, norm
-        return out
-
-    @staticmethod
-    def backward(ctx, dval, didx, dm, dnorm, dpsum):
-        return (*train_backward(ctx.bwd, ctx, dval, didx, dm, dnorm, dpsum), None, None)
-
-
-def call_infer(op, fn, *args):
-    """op(*args) under torch.compile, fn(*args) (its body) otherwise."""
-    return op(*args) if torch.compiler.is_compiling() else fn(*args)
-
-
-def call_train(op, fwd, bwd, a, w, k: int, with_psum: bool):
-    """The differentiable training op under torch.compile; its bodies with the same autograd
-    otherwise."""
-    if torch.compiler.is_compiling():
-        return op(a, w, k, with_psum)
-    return _EagerTrain.apply(a, w, k, with_psum, fwd, bwd)

@@ -2,7 +2,7 @@
 
 ``router_linear(x, W, k, with_psum=..., impl=...)`` runs the fused Triton kernels on CUDA
 (custom ops moremoe::router_linear[_train[_bwd]]; outside torch.compile their bodies run
-directly, ops/router_common.py) and the plain-torch reference elsewhere.
+directly, ops/eager.py) and the plain-torch reference elsewhere.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from torch import Tensor
 
 from . import reference as ref
 from .dispatch import kernel_dtype, needs_grad, resolve_impl
-from .router_common import (call_infer, call_train, infer_fakes, save_for_backward,
-                            train_backward, train_fakes)
+from .eager import call, call_autograd
+from .router_common import infer_fakes, save_for_backward, train_backward, train_fakes
 
 
 def _kernels():
@@ -69,6 +69,10 @@ def _backward(ctx, *grads):
     return train_backward(bwd_op, ctx, *grads)
 
 
+def _backward_direct(ctx, *grads):
+    return train_backward(_bwd, ctx, *grads)
+
+
 train_op.register_autograd(_backward, setup_context=save_for_backward)
 
 
@@ -80,7 +84,8 @@ def router_linear(x_NH, W_MH, k: int, *, with_psum: bool = False, impl: str = "a
     dt = kernel_dtype(x_NH)          # under autocast, the autocast dtype
     x, W = x_NH.to(dt), W_MH.to(dt)
     if not (with_psum or needs_grad(x_NH, W_MH)):
-        val, idx, gates = call_infer(infer_op, _infer, x, W, k)
+        val, idx, gates = call(infer_op, _infer, x, W, k)
         return val, idx, gates, None
-    val, idx, _, _, psum = call_train(train_op, _train, _bwd, x, W, k, with_psum)
+    val, idx, _, _, psum = call_autograd(train_op, _train, save_for_backward,
+                                         _backward_direct, x, W, k, with_psum)
     return val, idx, ref.topk_gates(val), (psum if with_psum else None)

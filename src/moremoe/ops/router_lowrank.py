@@ -2,7 +2,7 @@
 
 ``router_lowrank(x, R1, R2, k, with_psum=..., impl=...)`` runs the fused Triton kernels on
 CUDA (custom ops moremoe::router_lowrank[_train[_bwd]], traceable by torch.compile;
-outside torch.compile their bodies run directly, ops/router_common.py) and the
+outside torch.compile their bodies run directly, ops/eager.py) and the
 plain-torch reference elsewhere. In training (psum requested or gradients needed) z = x R2ᵀ
 is a cuBLAS GEMM whose autograd gives dx and dR2 from the kernel's dz.
 """
@@ -16,8 +16,8 @@ from torch import Tensor
 
 from . import reference as ref
 from .dispatch import kernel_dtype, needs_grad, resolve_impl
-from .router_common import (call_infer, call_train, infer_fakes, save_for_backward,
-                            train_backward, train_fakes)
+from .eager import call, call_autograd
+from .router_common import infer_fakes, save_for_backward, train_backward, train_fakes
 
 
 def _kernels():
@@ -72,6 +72,10 @@ def _backward(ctx, *grads):
     return train_backward(bwd_op, ctx, *grads)
 
 
+def _backward_direct(ctx, *grads):
+    return train_backward(_bwd, ctx, *grads)
+
+
 train_op.register_autograd(_backward, setup_context=save_for_backward)
 
 
@@ -83,9 +87,10 @@ def router_lowrank(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False, impl:
     dt = kernel_dtype(x_NH)          # under autocast, the autocast dtype
     x, R1, R2 = x_NH.to(dt), R1_MR.to(dt), R2_RH.to(dt)
     if not (with_psum or needs_grad(x_NH, R1_MR, R2_RH)):
-        val, idx, gates = call_infer(infer_op, _infer, x, R1, R2, k)
+        val, idx, gates = call(infer_op, _infer, x, R1, R2, k)
         return val, idx, gates, None
     z_NR = F.linear(x, R2)
-    val, idx, _, _, psum = call_train(train_op, _train, _bwd, z_NR, R1.to(z_NR.dtype), k,
-                                      with_psum)
+    val, idx, _, _, psum = call_autograd(train_op, _train, save_for_backward,
+                                         _backward_direct, z_NR, R1.to(z_NR.dtype), k,
+                                         with_psum)
     return val, idx, ref.topk_gates(val), (psum if with_psum else None)

@@ -2,8 +2,8 @@
 
 ``swiglu_experts(x, gates, topk_idx, w_gate, w_up, w_down, impl=...)`` runs the grouped
 Triton kernels (custom ops moremoe::swiglu_experts[_train[_bwd]], with fake tensors for
-torch.compile and autograd for x, gates and the three weights) or the plain-torch
-reference. impl="auto" takes the kernels on CUDA (for the dtypes they cover), the reference
+torch.compile and autograd for x, gates and the three weights; outside torch.compile their
+bodies run directly, ops/eager.py) or the plain-torch reference. impl="auto" takes the kernels on CUDA (for the dtypes they cover), the reference
 elsewhere.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from torch import Tensor
 from ..checks import check_expert_ids
 from . import reference as ref
 from .dispatch import kernel_dtype, needs_grad, resolve_impl
+from .eager import call, call_autograd
 
 
 def _kernels():
@@ -21,10 +22,12 @@ def _kernels():
     return swiglu_experts
 
 
-@torch.library.custom_op("moremoe::swiglu_experts", mutates_args=())
-def infer_op(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-             w_down: Tensor) -> Tensor:
+def _infer(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
+           w_down: Tensor) -> Tensor:
     return _kernels().forward(x, gates, idx, w_gate, w_up, w_down)
+
+
+infer_op = torch.library.custom_op("moremoe::swiglu_experts", _infer, mutates_args=())
 
 
 @infer_op.register_fake
@@ -37,10 +40,9 @@ def _block_rows(w_gate: Tensor) -> int:
     return _kernels().config(h, s)["BM"]
 
 
-@torch.library.custom_op("moremoe::swiglu_experts_train", mutates_args=())
-def train_op(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-             w_down: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                      Tensor]:
+def _train(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
+           w_down: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                    Tensor]:
     """y, the saved act, xg, xu, and the routing metadata (order, offsets, block_expert,
     block_start) that the backward reuses."""
     from ..kernels.routing_meta import routing_meta
@@ -48,6 +50,9 @@ def train_op(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor
     y, act, xg, xu = _kernels().forward(x, gates, idx, w_gate, w_up, w_down, save=True,
                                       meta=meta)
     return y, act, xg, xu, meta.order, meta.offsets, meta.block_expert, meta.block_start
+
+
+train_op = torch.library.custom_op("moremoe::swiglu_experts_train", _train, mutates_args=())
 
 
 @train_op.register_fake
@@ -62,11 +67,10 @@ def _(x, gates, idx, w_gate, w_up, w_down):
             idx.new_empty((B,), dtype=i64))
 
 
-@torch.library.custom_op("moremoe::swiglu_experts_train_bwd", mutates_args=())
-def bwd_op(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-           w_down: Tensor, act: Tensor, xg: Tensor, xu: Tensor, order: Tensor, offsets: Tensor,
-           block_expert: Tensor,
-           block_start: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _bwd(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
+         w_down: Tensor, act: Tensor, xg: Tensor, xu: Tensor, order: Tensor, offsets: Tensor,
+         block_expert: Tensor,
+         block_start: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     from ..kernels.routing_meta import RoutingMeta
     meta = RoutingMeta(order=order, offsets=offsets, block_expert=block_expert,
                        block_start=block_start, block_rows=_block_rows(w_gate),
@@ -74,6 +78,9 @@ def bwd_op(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_
     dx, dgates, dwg, dwu, dwd = _kernels().backward(dy, x, gates, idx, w_gate, w_up, w_down,
                                                     act, xg, xu, meta=meta)
     return dx, dgates.to(gates.dtype), dwg, dwu, dwd
+
+
+bwd_op = torch.library.custom_op("moremoe::swiglu_experts_train_bwd", _bwd, mutates_args=())
 
 
 @bwd_op.register_fake
@@ -87,9 +94,15 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs, *output[1:])
 
 
-def _backward(ctx, dy, *_unused):
-    dx, dgates, dwg, dwu, dwd = bwd_op(dy, *ctx.saved_tensors)
+def _backward(ctx, dy, *_unused, bwd=bwd_op):
+    if dy is None:                  # eager, y unused (ops/eager.py passes None, not zeros)
+        dy = torch.zeros_like(ctx.saved_tensors[0])
+    dx, dgates, dwg, dwu, dwd = bwd(dy, *ctx.saved_tensors)
     return dx, dgates, None, dwg, dwu, dwd
+
+
+def _backward_direct(ctx, dy, *_unused):
+    return _backward(ctx, dy, bwd=_bwd)
 
 
 train_op.register_autograd(_backward, setup_context=_setup)
@@ -112,5 +125,6 @@ def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: s
     wg, wu, wd = ws
     gates = gates_NK.float()
     if needs_grad(x_NH, gates_NK, w_gate, w_up, w_down):
-        return train_op(x, gates, topk_idx_NK, wg, wu, wd)[0]
-    return infer_op(x, gates, topk_idx_NK, wg, wu, wd)
+        return call_autograd(train_op, _train, _setup, _backward_direct, x, gates, topk_idx_NK,
+                             wg, wu, wd)[0]
+    return call(infer_op, _infer, x, gates, topk_idx_NK, wg, wu, wd)
