@@ -85,6 +85,19 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     return path
 
 
+def save_figure(fig, path: str | Path, *, dpi: int = 110) -> Path:
+    """Lay out a matplotlib figure, write it as PNG atomically (write_atomic) and close it."""
+    import io
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    try:
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return write_atomic(path, buf.getvalue())
+
+
 def check_output_dir(path: str | Path, flag: str) -> Path:
     """Prove a file can be written in the folder an output goes to (a read-only folder or
     file system, a path under a file, a full disk), before any work starts: the folders it

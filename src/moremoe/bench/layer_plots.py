@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..report import save_figure
 from .layer import HS, MS
 from .router_plots import _log_axes, _pyplot
 
@@ -50,9 +51,7 @@ def render_layer(rows: list[dict], out_dir) -> list[Path]:
         _heat(axes[2], moe / more, "speedup vs MoE unfused", "{:.2f}x", "RdYlGn")
         _heat(axes[3], moe_f / more, "speedup vs MoE with fused router", "{:.2f}x", "RdYlGn")
         fig.suptitle(f"prefill forward of one layer, s=64, k=4, r=64, N=262,144, bf16 ({device})")
-        fig.tight_layout()
-        fig.savefig(out_dir / "layer_prefill.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, out_dir / "layer_prefill.png")
         paths.append(out_dir / "layer_prefill.png")
     unf = _grid(rows, "more_unfused", key="peak_bytes", sweep="memory")
     fus = _grid(rows, "more_fused", key="peak_bytes", sweep="memory")
@@ -60,9 +59,7 @@ def render_layer(rows: list[dict], out_dir) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.8))
         _heat(ax, unf / fus, f"peak memory fwd+bwd, unfused / fused MoRE ({device})",
               "{:.1f}x", "RdYlGn")
-        fig.tight_layout()
-        fig.savefig(out_dir / "layer_memory.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, out_dir / "layer_memory.png")
         paths.append(out_dir / "layer_memory.png")
     return paths
 
@@ -84,7 +81,5 @@ def render_decode(rows: list[dict], out_dir) -> list[Path]:
             if pts:
                 ax.plot(*zip(*pts), style, marker="o", label=variant)
         _log_axes(ax, "M", "ms per step", f"decode, h={h}, B={B}")
-    fig.tight_layout()
-    fig.savefig(out_dir / "decode.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_dir / "decode.png")
     return [out_dir / "decode.png"]

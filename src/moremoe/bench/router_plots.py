@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..report import save_figure
+
 LABELS = {("lowrank", "triton"): "MoRE fused", ("lowrank", "unfused"): "MoRE unfused",
           ("lowrank", "alg1"): "MoRE, paper's Algorithm 1",
           ("linear", "triton"): "MoE fused", ("linear", "unfused"): "MoE unfused"}
@@ -76,9 +78,7 @@ def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(6, 4.2))
         _panel(ax, series, key, f"{title}\n{device}")
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=110)
-        plt.close(fig)
+        save_figure(fig, out_dir / name)
         paths.append(out_dir / name)
     if any(r.get("sweep") == "M" for r in rows):
         fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
@@ -95,8 +95,6 @@ def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
             _log_axes(ax, "M", "peak memory, forward + backward (GiB)",
                       f"training peak memory (h={h})")
         fig.suptitle(device)
-        fig.tight_layout()
-        fig.savefig(out_dir / "router_M.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, out_dir / "router_M.png")
         paths.append(out_dir / "router_M.png")
     return paths

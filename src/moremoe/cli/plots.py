@@ -3,21 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..report import save_figure
+
 
 def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-def _save(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return path
 
 
 def plot_phonebook_runs(runs: list[dict], path: str | Path, *, title: str = "") -> Path:
@@ -49,8 +42,7 @@ def plot_phonebook_runs(runs: list[dict], path: str | Path, *, title: str = "") 
     axes[2].set_ylim(0, 1.02)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_capacity(results: list[dict], path: str | Path, *, title: str = "") -> Path:
@@ -74,8 +66,7 @@ def plot_capacity(results: list[dict], path: str | Path, *, title: str = "") -> 
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title or "phonebook capacity (star: largest size reaching the threshold)")
-    fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sweep(report: dict, path: str | Path) -> Path:
@@ -100,5 +91,4 @@ def plot_sweep(report: dict, path: str | Path) -> Path:
     ax.legend()
     ax.set_title(f"phonebook of {report['size']:,} entries: exact match against "
                  f"{report['over']}", fontsize=9)
-    fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -28,6 +28,7 @@ from ..nn.router import factor_router, topk_agreement
 from ..ops.balance import expert_counts
 from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
+from ..report import save_figure
 from .routing import normalized_entropy
 
 
@@ -150,11 +151,7 @@ def plot_rank(rows: list[dict], bounds: dict, path: str | Path, title: str) -> P
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_hypercube(result: dict, path: str | Path) -> Path:
@@ -175,8 +172,4 @@ def plot_hypercube(result: dict, path: str | Path) -> Path:
                  f"k={result['top_k']}, n={result['tokens']:,}: max |deviation| "
                  f"{result['max_deviation']:.0f}, H_norm {result['hnorm']:.5f}", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..nn.router import factor_router, topk_agreement
+from ..report import save_figure
 
 
 def find_routers(model) -> list[tuple[str, torch.Tensor]]:
@@ -102,8 +103,4 @@ def plot_agreement(result: dict, path: str | Path, title: str) -> Path:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -4,8 +4,9 @@ learning rates, the balancing loss and H_norm per layer against the step; one ru
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from ..report import save_figure
 
 LOG = "log.jsonl"
 
@@ -66,16 +67,7 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path, *, title: str = "")
             ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def refresh(run_dir: str | Path) -> str | None:
