@@ -6,7 +6,8 @@ import torch
 
 pytest.importorskip("triton")
 mg = pytest.importorskip("moremoe.kernels.swiglu_experts")
-from moremoe.kernels.routing_meta import max_blocks, routing_meta  # noqa: E402
+from moremoe.kernels.routing_meta import (SMALL_PAIRS, max_blocks, routing_meta,  # noqa: E402
+                                          routing_meta_torch)
 from moremoe.nn import SwiGLUExperts  # noqa: E402
 from moremoe.ops import swiglu_experts as ose  # noqa: E402
 from moremoe.ops.reference import swiglu_experts_ref  # noqa: E402
@@ -128,6 +129,26 @@ def test_decoding_schedule_touches_only_the_experts_present():
     present = meta.block_expert[meta.block_expert >= 0].tolist()
     assert present == [3, 17, 4000, 9000]
     assert meta.max_blocks == 5                                    # min(4, M) + ceil(4 / 64)
+
+
+@pytest.mark.parametrize("N,k,M,BM,hot", [
+    (1, 1, 1, 64, False), (1, 4, 16384, 64, False), (3, 2, 5, 2, False), (7, 3, 9, 2, True),
+    (37, 4, 300, 64, False), (64, 4, 8, 16, True), (256, 4, 64, 64, True),
+    (SMALL_PAIRS // 4, 4, 2000, 64, False), (100, 8, 129, 128, True)])
+def test_one_launch_metadata_equals_the_torch_ops(N, k, M, BM, hot):
+    """The single-kernel metadata of small N (decoding) is the torch path's, field by field:
+    runs longer than a block (hot: most pairs on a few experts), one expert, M > N·k, the
+    last expert id, and N·k = SMALL_PAIRS."""
+    g = torch.Generator().manual_seed(N * 7 + M)
+    hi = min(M, 3) if hot else M
+    idx = torch.randint(0, hi, (N, k), generator=g)
+    idx[0, 0] = M - 1
+    idx = idx.to(DEV, torch.int32)
+    a, b = routing_meta(idx, M, BM), routing_meta_torch(idx, M, BM)
+    for field in ("order", "offsets", "block_expert", "block_start"):
+        ta, tb = getattr(a, field), getattr(b, field)
+        assert ta.dtype == tb.dtype and torch.equal(ta, tb), field
+    assert (a.block_rows, a.tokens, a.top_k) == (BM, N, k)
 
 
 def test_walking_schedule_gives_the_same_result():
