@@ -47,6 +47,33 @@ def test_int64_offsets_beyond_2_pow_31():
     assert ((y[tail].float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("combine", ["pairs", "atomic"])
+def test_one_kernel_forward_full_size_and_beyond_2_pow_31(combine):
+    """The fused inference forward (act on chip), with pair rows or fp32 atomics, at full
+    size and with N·k·h > 2^31 pair-row offsets."""
+    from moremoe.kernels import swiglu_experts as mg
+    from moremoe.ops.reference import swiglu_experts_ref
+    for N, M, seed in ((65536, 8192, 0), (2 ** 20 + 5, 256, 1)):
+        x, gates, idx, ws = _setup(N, 512, 64, M, 4, seed=seed)
+        y = mg.forward(x, gates, idx, *ws, cfg={"fused": True}, combine=combine)
+        tail = slice(N - 2048, N)
+        ref = swiglu_experts_ref(x[tail], gates[tail], idx[tail], *ws, upcast=True)
+        assert ((y[tail].float() - ref).norm() / ref.norm()).item() < 1e-2
+        two = mg.forward(x[tail], gates[tail], idx[tail], *ws)
+        assert ((y[tail].float() - two.float()).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("N,k,M", [(1, 4, 16384), (4, 4, 8192), (64, 4, 64), (256, 4, 1024),
+                                   (255, 4, 2), (128, 8, 8192)])
+def test_one_launch_routing_metadata_on_the_gpu(N, k, M):
+    from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
+    g = torch.Generator(device="cuda").manual_seed(N + M)
+    idx = torch.randint(0, M, (N, k), device="cuda", generator=g, dtype=torch.int32)
+    a, b = routing_meta(idx, M, 64), routing_meta_torch(idx, M, 64)
+    for field in ("order", "offsets", "block_expert", "block_start"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+
+
 @pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty",
                                   "width_56"])
 def test_auto_dispatch_edges_with_autograd(case):

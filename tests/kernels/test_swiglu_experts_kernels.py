@@ -221,3 +221,21 @@ def test_weight_gradient_tiles_are_their_own_config():
                       cfg={"dw_BR": 16, "dw_BS": 16, "dw_BH": 32})
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("combine", ["pairs", "atomic"])
+@pytest.mark.parametrize("N,h,s,M,k", [(1, 16, 16, 3, 1), (37, 48, 32, 11, 4), (70, 40, 56, 5, 2)])
+def test_fused_forward_matches_the_reference(N, h, s, M, k, combine, split, monkeypatch):
+    """The one-kernel inference forward (act on chip; pair rows or fp32 atomics; h split over
+    programs as when decoding, or not as at prefill) equals the reference and the two-kernel
+    forward."""
+    if not split:
+        monkeypatch.setattr(mg, "FILL_BLOCKS", 1)
+    x, gates, idx, ws = make(N, h, s, M, k)
+    y = mg.forward(x, gates, idx, *ws, cfg={"fused": True}, combine=combine)
+    ref = swiglu_experts_ref(x, gates, idx, *ws)
+    torch.testing.assert_close(y, ref, atol=1e-4 * h, rtol=1e-4)
+    torch.testing.assert_close(y, mg.forward(x, gates, idx, *ws), atol=1e-5 * h, rtol=1e-5)
+    with pytest.raises(ValueError, match="combine must be"):
+        mg.forward(x, gates, idx, *ws, combine="sum")

@@ -105,6 +105,49 @@ def _down_kernel(ACT, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
 
 
 @triton.jit
+def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+                  H, S, K, sx_n, sw_e, sw_s, sw_h, sd_e, sd_h, sd_s,
+                  ATOMIC: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    """Inference with s <= BS: gate/up and down projections in one program, act kept on chip
+    (no (P, s) round trip, one launch). Program (b, j) does the down projection's h chunks
+    j, j + n, j + 2n, ... (n programs along axis 1): n = 1 when there are blocks enough to
+    fill the GPU, more when few (decoding), each then recomputing the block's act. OUT: the pair rows (P, h), or with ATOMIC the fp32
+    (N, h) sum itself through float atomics (order-dependent: opt-in, not deterministic)."""
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    if e >= 0:
+        tok = pair // K
+        ss = tl.arange(0, BS)
+        s_ok = ss < S
+        wg_base = WG + e.to(tl.int64) * sw_e
+        wu_base = WU + e.to(tl.int64) * sw_e
+        wd_base = WD + e.to(tl.int64) * sd_e
+        acc_xg = tl.zeros((BM, BS), tl.float32)
+        acc_xu = tl.zeros((BM, BS), tl.float32)
+        for h0 in range(0, H, BH):
+            hh = h0 + tl.arange(0, BH)
+            h_ok = hh < H
+            x = load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
+            wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+            acc_xg = tl.dot(x, tl.trans(wg), acc_xg)
+            acc_xu = tl.dot(x, tl.trans(wu), acc_xu)
+        act = (acc_xg * tl.sigmoid(acc_xg) * acc_xu).to(X.dtype.element_ty)
+        gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
+        dest = tok if ATOMIC else pair
+        for h0 in range(tl.program_id(1) * BH, H, tl.num_programs(1) * BH):
+            hh = h0 + tl.arange(0, BH)
+            h_ok = hh < H
+            wd = load_rows(wd_base, hh, h_ok, sd_h, ss, s_ok, sd_s).to(act.dtype)
+            out = tl.dot(act, tl.trans(wd)) * gate[:, None]
+            ptr = OUT + dest[:, None] * H + hh[None, :]
+            mask = ok[:, None] & h_ok[None, :]
+            if ATOMIC:
+                tl.atomic_add(ptr, out, mask=mask, sem="relaxed")
+            else:
+                tl.store(ptr, out.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _combine_kernel(IN, Y, N, H, K: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
     n = tl.program_id(0) * BN + tl.arange(0, BN).to(tl.int64)
     n_ok = n < N
@@ -238,8 +281,9 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
     cfg.update({"dw_BR": cfg["BM"], "dw_BS": cfg["BS"], "dw_BH": cfg["BH"],
                 "dw_warps": cfg["num_warps"], "dw_stages": cfg["num_stages"]})
     cfg.update({k: v for k, v in (overrides or {}).items() if k.startswith("dw_")})
+    cfg.setdefault("fused", False)
     unknown = set(cfg) - {"BM", "BS", "BH", "num_warps", "num_stages", "dw_BR", "dw_BS",
-                          "dw_BH", "dw_warps", "dw_stages"}
+                          "dw_BH", "dw_warps", "dw_stages", "fused"}
     if unknown:
         raise ValueError(f"unknown expert kernel config keys {sorted(unknown)}")
     return cfg
@@ -264,12 +308,35 @@ def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, **kw) -> RoutingMeta:
     return meta
 
 
+FILL_BLOCKS = 1024    # row blocks that fill an H100 (132 SMs) without splitting h
+
+
+def _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c, *, atomic):
+    P, dev, dt = N * k, x.device, x.dtype
+    out = (torch.zeros(N, h, device=dev, dtype=torch.float32) if atomic
+           else torch.empty(P, h, device=dev, dtype=dt))
+    if P:
+        B = meta.max_blocks
+        split = 1 if B >= FILL_BLOCKS else triton.cdiv(h, c["BH"])
+        _fused_kernel[(B, split)](
+            x, w_gate, w_up, w_down, gates_flat, out, *args, h, s, k, x.stride(0),
+            *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, BM=c["BM"], BS=c["BS"],
+            BH=c["BH"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return out.to(dt) if atomic else _combine(out, N, k, h, dt)
+
+
 def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
             cfg: dict | None = None, walk_experts: bool = False,
-            meta: RoutingMeta | None = None):
+            meta: RoutingMeta | None = None, combine: str = "pairs"):
     """y (N, h) in x's dtype; with save also (act, xg, xu) (P, s) in sorted-row order.
     meta: routing_meta(idx, M, BM) when the caller has it (the backward reuses the
-    forward's); walk_experts: the benchmarks' baseline schedule (routing_meta)."""
+    forward's); walk_experts: the benchmarks' baseline schedule (routing_meta).
+    cfg fused=True (inference, s <= BS) runs gate/up and down in one kernel, act kept on
+    chip; combine="atomic" (opt-in, inference with s <= BS, fused) sums each token's k rows
+    through fp32 atomics instead of pair rows: the summation order, hence the last bits of y,
+    may differ between runs."""
+    if combine not in ("pairs", "atomic"):
+        raise ValueError(f"combine must be 'pairs' or 'atomic', got {combine!r}")
     check_inputs(x, gates, idx, w_gate, w_up, w_down)
     x = x.contiguous()
     N, h = x.shape
@@ -285,6 +352,9 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     out = torch.empty(P, h, device=dev, dtype=dt)
     B = meta.max_blocks
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
+    if not save and s <= c["BS"] and (c["fused"] or combine == "atomic"):
+        return _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c,
+                              atomic=combine == "atomic")
     if P:
         _gate_up_kernel[(B, triton.cdiv(s, c["BS"]))](
             x, w_gate, w_up, act, xg, xu, *args, h, s, k, x.stride(0), *w_gate.stride(),

@@ -1,0 +1,128 @@
+"""Where the expert forward's time goes, and the variants against it (run on the GPU):
+
+- forward at s = 64, h = 512, M = 8,192, N = 262,144, k = 4, bf16: the two kernels + combine
+  (default), the one-kernel forward (act on chip) with pair rows, and with fp32 atomics
+  (opt-in, not deterministic); each kernel of the default timed alone; the floor (x read
+  once, y written once, the weights) and the expert-major floor (x gathered per slot, pair
+  rows written and read) at the measured copy rate;
+- routing metadata at decode sizes (N·k = 4 … 1,024, M = 8,192): the one-launch kernel
+  against the torch ops, GPU time (CUDA-graph replay) and host time per call (eager).
+
+    PYTHONPATH=src python benchmarks/probe_experts.py --out results.jsonl
+"""
+import argparse
+import json
+import time
+
+import torch
+import triton
+
+from moremoe.bench.harness import ceilings, time_ms
+from moremoe.kernels import swiglu_experts as mg
+from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
+from moremoe.runtime import environment
+
+
+def setup(N, h, s, M, k, dev):
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(N, h, device=dev, generator=g).bfloat16()
+    idx = torch.randint(0, M, (N, k), device=dev, generator=g).int()
+    gates = torch.softmax(torch.randn(N, k, device=dev, generator=g), -1)
+    ws = [(torch.randn(*shape, device=dev, generator=g) * 0.05).bfloat16()
+          for shape in ((M, s, h), (M, s, h), (M, h, s))]
+    return x, gates, idx, ws
+
+
+def graph_ms(fn, dev):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return time_ms(g.replay, device=dev)
+
+
+def host_ms(fn, reps=200):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return 1e3 * (t1 - t0) / reps
+
+
+def forward_rows(dev, ceil):
+    N, h, s, M, k = 262144, 512, 64, 8192, 4
+    x, gates, idx, ws = setup(N, h, s, M, k, dev)
+    c = mg.config(h, s)
+    meta = routing_meta(idx, M, c["BM"])
+    P, copy = N * k, ceil["copy_bytes_per_s"]
+    floor = 2 * (2 * N * h + 3 * M * h * s) / copy * 1e3
+    expert_major = 2 * (P * h + 3 * M * h * s + 2 * P * h + N * h) / copy * 1e3
+    yield {"what": "floor", "ms": floor, "expert_major_floor_ms": expert_major}
+    for name, kw in (("two_kernels", {}), ("one_kernel", {"cfg": {"fused": True}}),
+                     ("one_kernel_atomic", {"cfg": {"fused": True}, "combine": "atomic"})):
+        ms = time_ms(lambda: mg.forward(x, gates, idx, *ws, meta=meta, **kw), device=dev)
+        yield {"what": "forward", "variant": name, "ms": ms, "to_floor": ms / floor}
+    # the default forward's kernels alone
+    gf = gates.reshape(-1).contiguous()
+    act = torch.empty(P, s, device=dev, dtype=x.dtype)
+    out = torch.empty(P, h, device=dev, dtype=x.dtype)
+    args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
+    blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
+               num_stages=c["num_stages"])
+    B = meta.max_blocks
+    parts = {
+        "gate_up": lambda: mg._gate_up_kernel[(B, triton.cdiv(s, c["BS"]))](
+            x, ws[0], ws[1], act, act, act, *args, h, s, k, x.stride(0), *ws[0].stride(),
+            SAVE=False, **blk),
+        "down": lambda: mg._down_kernel[(B, triton.cdiv(h, c["BH"]))](
+            act, ws[2], gf, out, *args, h, s, *ws[2].stride(), **blk),
+        "combine": lambda: mg._combine(out, N, k, h, x.dtype),
+        "routing_meta": lambda: routing_meta(idx, M, c["BM"])}
+    for name, fn in parts.items():
+        yield {"what": "part", "variant": name, "ms": time_ms(fn, device=dev)}
+
+
+def decode_rows(dev):
+    """The forward at decode sizes, GPU time of a CUDA-graph replay (metadata included)."""
+    h, s, M, k = 512, 64, 8192, 4
+    for N in (4, 16, 64, 256):
+        x, gates, idx, ws = setup(N, h, s, M, k, dev)
+        for name, kw in (("two_kernels", {}), ("one_kernel", {"cfg": {"fused": True}})):
+            ms = graph_ms(lambda: mg.forward(x, gates, idx, *ws, **kw), dev)
+            yield {"what": "decode_forward", "variant": name, "N": N, "ms": ms}
+
+
+def meta_rows(dev):
+    M = 8192
+    for P in (4, 16, 64, 256, 1024):
+        idx = torch.randint(0, M, (P // 4, 4), device=dev, dtype=torch.int32)
+        for name, fn in (("one_launch", routing_meta), ("torch_ops", routing_meta_torch)):
+            call = (lambda f=fn: f(idx, M, 64))
+            yield {"what": "routing_meta", "variant": name, "pairs": P, "M": M,
+                   "gpu_ms": graph_ms(call, dev), "host_ms": host_ms(call)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    env, ceil = environment(dev), ceilings(dev)
+    out = open(args.out, "a") if args.out else None
+    for row in [*forward_rows(dev, ceil), *decode_rows(dev), *meta_rows(dev)]:
+        row = {**row, **env, **{f"ceiling_{k}": v for k, v in ceil.items()}}
+        print(json.dumps({k: v for k, v in row.items() if k not in env}), flush=True)
+        if out:
+            out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
