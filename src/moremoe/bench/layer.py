@@ -1,15 +1,21 @@
 """``moremoe bench layer``, ``bench decode`` and ``bench experts``: whole MoE / MoRE layers.
 
 layer   prefill forward over h x M (s = 64, k = 4, r = 64, N = 262,144, bf16) for MoE with the
-        unfused standard router, MoE with the fused standard router and MoRE with the fused
-        low-rank router, all three with the same grouped expert kernels; s in {128, 256, 512}
-        at h = 512; forward + backward peak memory of MoRE unfused vs fused; the matched
-        wall-clock point (largest M at which MoRE is no slower than MoE at M = 512, h = 512).
+        unfused standard router (as plain torch writes it: cuBLAS logits, torch.topk, the
+        softmax of the k values), MoE with the fused standard router and MoRE with the fused
+        low-rank router, all three with the same grouped expert kernels; at M <= 1,024 also
+        MoE written the torchtitan way (the plain-torch router, torch._grouped_mm experts);
+        s in {128, 256, 512} at h = 512; forward + backward peak memory of MoRE unfused vs
+        fused; the matched wall-clock point (largest M at which MoRE is no slower than MoE at
+        M = 512, h = 512).
 decode  one layer's step at B tokens (one per sequence), MoE vs MoRE over h x M, and the
         expert kernels with a schedule that walks the range of expert ids; steps are timed
-        as CUDA-graph replays so launch latency does not swamp them.
+        as CUDA-graph replays so launch latency does not swamp them. Each row carries its
+        memory floor: the weights of the experts the step touches (counted from its routing)
+        plus the router's, x and y, at the measured copy rate.
 experts the grouped expert kernels alone, forward and backward, achieved FLOP/s against the
-        measured matmul rate and each row's floor.
+        measured matmul rate and each row's floor; at M <= 1,024 the torch._grouped_mm
+        experts beside them (forward, and forward + backward for both).
 """
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ WIDE_S = (128, 256, 512)
 MATCH_MS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 DECODE_BS = (4, 16, 64, 256)
 VARIANTS = {"moe_unfused": (None, "reference"), "moe_fused": (None, "triton"),
-            "more_fused": (64, "triton")}
+            "more_fused": (64, "triton"), "moe_grouped_mm": (None, "reference")}
+GROUPED_MM_MAX_M = 1024     # torchtitan's grouped experts refuse more experts than this
 
 
 @dataclass(frozen=True)
@@ -88,13 +95,37 @@ def _experts(p: LayerPoint, device):
     return make_layer(p, "more_fused", device).experts
 
 
+def _plain_router(layer):
+    """The standard router as plain torch writes it (bench.router's unfused baseline), not
+    the library's reference (the selection oracle, slower by design)."""
+    from .router import _unfused
+    W = layer.router.weight
+    return lambda x: _unfused("linear", x, W, k=layer.config.top_k, with_psum=False)[1:3]
+
+
+def forward_fn(layer, variant: str, x):
+    """The timed forward of one variant: the layer itself for the fused routers; for
+    moe_unfused the plain-torch router and our experts, for moe_grouped_mm the plain-torch
+    router and the torch._grouped_mm experts."""
+    from ..ops.swiglu_experts import swiglu_experts
+    if variant not in ("moe_unfused", "moe_grouped_mm"):
+        return lambda: layer(x)
+    route, ex = _plain_router(layer), layer.experts
+    if variant == "moe_grouped_mm":
+        from .grouped_mm import GroupedWeights, grouped_mm_experts
+        w = GroupedWeights.of(ex.w_gate, ex.w_up, ex.w_down)
+        return lambda: grouped_mm_experts(x, *reversed(route(x)), w)
+    return lambda: swiglu_experts(x, *reversed(route(x)), ex.w_gate, ex.w_up, ex.w_down,
+                                  impl=ex.impl, check_ids=False)
+
+
 def prefill(p: LayerPoint, variant: str, device, env, ceil, sweep: str, experts) -> dict:
     base = dict(sweep=sweep, phase="forward")
     try:
         layer = make_layer(p, variant, device, experts=experts)
         x = _x(p, device)
         with torch.no_grad():
-            ms = time_ms(lambda: layer(x), device=device)
+            ms = time_ms(forward_fn(layer, variant, x), device=device)
         flops, nbytes = layer_cost(p, VARIANTS[variant][0])
         fl = floor_ms(flops, nbytes, ceil)
         row = _row("layer", p, variant, env, ceil, **base, ms=ms, floor_ms=fl, flops=flops,
@@ -133,23 +164,32 @@ def train_memory(p: LayerPoint, router_impl: str, device, env, ceil, experts) ->
 LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")   # also in cli/bench.py (no torch there)
 
 
-def _layer_plan(quick: bool, sweeps) -> list[tuple[LayerPoint, list]]:
+def _variants(M: int, quick: bool) -> list[str]:
+    """The grouped_mm baseline where torchtitan's experts run (M <= 1,024) and the GEMM
+    does (CUDA, sm90+; its CPU fallback under --quick)."""
+    from .grouped_mm import available
+    grouped = M <= GROUPED_MM_MAX_M and (quick or (torch.cuda.is_available()
+                                                   and available("cuda")))
+    return [v for v in VARIANTS if v != "moe_grouped_mm" or grouped]
+
+
+def _layer_plan(quick: bool, sweeps, expert_counts=None) -> list[tuple[LayerPoint, list]]:
     """[(point, [(sweep, variant or memory impl), ...])] grouped so that each point's
     experts are built once."""
     n = 256 if quick else 262144
-    hs, ms = ((64,), (16,)) if quick else (HS, MS)
+    hs, ms = ((64,), (16,)) if quick else (HS, tuple(expert_counts or MS))
     h0 = 64 if quick else 512
     plan: dict[LayerPoint, list] = {}
     for h, M in itertools.product(hs, ms):
         p = LayerPoint(h, M, N=n)
         if "grid" in sweeps:
-            plan.setdefault(p, []).extend(("grid", v) for v in VARIANTS)
+            plan.setdefault(p, []).extend(("grid", v) for v in _variants(M, quick))
         if "memory" in sweeps:
             plan.setdefault(p, []).extend(("memory", impl) for impl in ("reference", "triton"))
     if "wide_s" in sweeps:
         for s, M in itertools.product((32,) if quick else WIDE_S, ms):
-            plan.setdefault(LayerPoint(h0, M, s=s, N=n), []).extend(("wide_s", v)
-                                                                     for v in VARIANTS)
+            plan.setdefault(LayerPoint(h0, M, s=s, N=n), []).extend(
+                ("wide_s", v) for v in _variants(M, quick))
     if "match" in sweeps:
         for M in (64,) if quick else MATCH_MS:
             p = LayerPoint(h0, M, N=n)
@@ -158,9 +198,10 @@ def _layer_plan(quick: bool, sweeps) -> list[tuple[LayerPoint, list]]:
     return list(plan.items())
 
 
-def run_layer(device, *, quick=False, progress=None, sweeps=LAYER_SWEEPS):
+def run_layer(device, *, quick=False, progress=None, sweeps=LAYER_SWEEPS, expert_counts=None):
+    """expert_counts: the M values of the grid and memory sweeps (default MS)."""
     env, ceil = environment(device), ceilings(device)
-    plan = _layer_plan(quick, sweeps)
+    plan = _layer_plan(quick, sweeps, expert_counts)
     total, i = sum(len(jobs) for _, jobs in plan), 0
     for p, jobs in plan:
         try:
@@ -211,16 +252,27 @@ def decode_step(p: LayerPoint, variant: str, device, env, ceil, experts, *,
         return grouped.forward(x, routed.gates, routed.topk_idx, experts.w_gate,
                                 experts.w_up, experts.w_down, walk_experts=True)
     with torch.no_grad():
+        touched = int(torch.unique(layer.router(x).topk_idx).numel())
         fn = _graph_or_plain(walking if walk else (lambda: layer(x)), device)
         ms = time_ms(fn, device=device)
     name = variant + ("_walk" if walk else "")
-    return _row("decode", p, name, env, ceil, B=p.N, phase="decode", ms=ms)
+    nbytes = decode_bytes(p, VARIANTS[variant][0], touched)
+    fl = floor_ms(0, nbytes, ceil)
+    return _row("decode", p, name, env, ceil, B=p.N, phase="decode", ms=ms, experts_touched=touched,
+                bytes=nbytes, floor_ms=fl, ratio_to_floor=(ms / fl) if fl else None)
+
+
+def decode_bytes(p: LayerPoint, rank, touched: int) -> int:
+    """A decode step's memory floor in bytes (bf16): the weights of the experts it touches,
+    the router's weights, x read and y written."""
+    router = p.M * p.h if not rank else (p.M + p.h) * rank
+    return 2 * (3 * touched * p.h * p.s + router + 2 * p.N * p.h)
 
 
 def run_decode(device, *, quick=False, progress=None):
     """Each (h, M) builds its experts once; every B and variant reuses them."""
     env, ceil = environment(device), ceilings(device)
-    hs, ms, bs = ((64,), (16, 64), (4,)) if quick else (HS, MS, DECODE_BS)
+    hs, ms, bs = ((64,), (16, 128), (4,)) if quick else (HS, MS, DECODE_BS)
     total, i = len(hs) * len(ms) * len(bs) * len(DECODE_VARIANTS), 0
     for h, M in itertools.product(hs, ms):
         experts = _experts(LayerPoint(h, M, N=1), device)
@@ -233,39 +285,78 @@ def run_decode(device, *, quick=False, progress=None):
         _free(device)
 
 
-def run_experts(device, *, quick=False, progress=None):
-    """Expert kernels alone at h = 512, k = 4, N = 262,144, s in {64, 128, 512}."""
+def _expert_rows(p: LayerPoint, device, env, ceil, quick: bool):
+    """Our expert kernels at one point, forward and backward (reusing the forward's routing
+    metadata, as in training); at M <= 1,024 also forward + backward of ours and forward
+    and forward + backward of the torch._grouped_mm experts on the same routing."""
     from ..kernels import swiglu_experts as grouped
-    env, ceil = environment(device), ceilings(device)
-    widths, n, h = ((16,), 256, 64) if quick else ((64, 128, 512), 262144, 512)
-    for i, s in enumerate(widths):
-        p = LayerPoint(h, 8192 if not quick else 16, s=s, N=n)
-        layer = make_layer(p, "more_fused", device)
-        x = _x(p, device)
-        with torch.no_grad():
-            routed = layer.router(x)
-        ex = layer.experts
-        args = (x, routed.gates, routed.topk_idx, ex.w_gate, ex.w_up, ex.w_down)
-        fwd = 6 * p.N * p.k * p.h * s
-        # each input read once, each output written once (bf16): forward x, W -> y;
-        # backward dy, x, W, the saved (act, xg, xu) -> dx, dW
-        nbytes = 2 * (2 * p.N * p.h) + 2 * (3 * p.M * p.h * s)
-        bwd_bytes = 2 * (3 * p.N * p.h) + 2 * (2 * 3 * p.M * p.h * s) + 2 * (3 * p.N * p.k * s)
-        # the backward reuses the forward's routing metadata, as in training
-        meta = grouped.routing_meta(routed.topk_idx, p.M, grouped.config(p.h, s)["BM"])
-        y, act, xg, xu = grouped.forward(*args, save=True, meta=meta)
-        dy = torch.randn_like(y)
-        for phase, fn, flops, byts in (
-                ("forward", lambda: grouped.forward(*args), fwd, nbytes),
-                ("backward", lambda: grouped.backward(dy, *args, act, xg, xu, meta=meta),
-                 2 * fwd, bwd_bytes)):
+    from .grouped_mm import GroupedWeights, available, grouped_mm_experts
+    layer = make_layer(p, "more_fused", device)
+    x = _x(p, device)
+    with torch.no_grad():
+        routed = layer.router(x)
+    ex = layer.experts
+    ws = (ex.w_gate, ex.w_up, ex.w_down)
+    args = (x, routed.gates, routed.topk_idx, *ws)
+    fwd = 6 * p.N * p.k * p.h * p.s
+    # each input read once, each output written once (bf16): forward x, W -> y;
+    # backward dy, x, W, the saved (act, xg, xu) -> dx, dW
+    nbytes = 2 * (2 * p.N * p.h) + 2 * (3 * p.M * p.h * p.s)
+    bwd_bytes = 2 * (3 * p.N * p.h) + 2 * (2 * 3 * p.M * p.h * p.s) + 2 * (3 * p.N * p.k * p.s)
+    meta = grouped.routing_meta(routed.topk_idx, p.M, grouped.config(p.h, p.s)["BM"])
+    y, act, xg, xu = grouped.forward(*args, save=True, meta=meta)
+    dy = torch.randn_like(y)
+    cases = [("experts", "forward", lambda: grouped.forward(*args), fwd, nbytes),
+             ("experts", "backward", lambda: grouped.backward(dy, *args, act, xg, xu,
+                                                               meta=meta), 2 * fwd, bwd_bytes)]
+    if p.M <= GROUPED_MM_MAX_M and (quick or available(device)):
+        leaves = [t.detach().requires_grad_() for t in (x, routed.gates, *ws)]
+        xl, gl, *wl = leaves
+        gw = GroupedWeights.of(*(w.detach() for w in ws))
+        gwl = GroupedWeights(gw.w_gate_up.requires_grad_(), gw.w_down.requires_grad_())
+
+        def ours_step():
+            from ..ops.swiglu_experts import swiglu_experts
+            out = swiglu_experts(xl, gl, routed.topk_idx, *wl, impl=ex.impl, check_ids=False)
+            torch.autograd.backward(out, dy)
+
+        def grouped_step():
+            torch.autograd.backward(grouped_mm_experts(xl, gl, routed.topk_idx, gwl), dy)
+        cases += [("experts", "forward+backward", ours_step, 3 * fwd, nbytes + bwd_bytes),
+                  ("grouped_mm", "forward", lambda: grouped_mm_experts(x, routed.gates,
+                                                                       routed.topk_idx, gw),
+                   fwd, nbytes),
+                  ("grouped_mm", "forward+backward", grouped_step, 3 * fwd,
+                   nbytes + bwd_bytes)]
+    for variant, phase, fn, flops, byts in cases:
+        grad = phase == "forward+backward"
+        with torch.set_grad_enabled(grad):
             ms = time_ms(fn, device=device)
-            fl = floor_ms(flops, byts, ceil)
-            row = _row("experts", p, "experts", env, ceil, phase=phase, ms=ms, flops=flops,
-                       bytes=byts, floor_ms=fl, tflops=flops / ms / 1e9,
-                       ratio_to_floor=(ms / fl) if fl else None)
-            progress and progress(2 * i + 1 + (phase == "backward"), 2 * len(widths), row)
+        fl = floor_ms(flops, byts, ceil)
+        yield _row("experts", p, variant, env, ceil, phase=phase, ms=ms, flops=flops,
+                   bytes=byts, floor_ms=fl, tflops=flops / ms / 1e9,
+                   ratio_to_floor=(ms / fl) if fl else None)
+
+
+def run_experts(device, *, quick=False, progress=None):
+    """Expert kernels alone at h = 512, k = 4, N = 262,144: s in {64, 128, 512} at M = 8,192,
+    and s = 64 at M in {512, 1,024} with the torch._grouped_mm experts beside them."""
+    env, ceil = environment(device), ceilings(device)
+    if quick:
+        points = [LayerPoint(64, 16, s=16, N=256)]
+    else:
+        points = ([LayerPoint(512, 8192, s=s) for s in (64, 128, 512)]
+                  + [LayerPoint(512, M) for M in (512, GROUPED_MM_MAX_M)])
+    from .grouped_mm import available
+    ok = quick or available(device)
+    total = sum(2 + 3 * (ok and p.M <= GROUPED_MM_MAX_M) for p in points)
+    rows = 0
+    for p in points:
+        for row in _expert_rows(p, device, env, ceil, quick):
+            rows += 1
+            progress and progress(rows, total, row)
             yield row
+        _free(device)
 
 
 def matched_wallclock(rows: list[dict], h: int = 512) -> dict | None:
