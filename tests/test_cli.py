@@ -192,7 +192,7 @@ def test_bench_router_plots_from_committed_results(tmp_path):
     assert (tmp_path / "router_M.png").stat().st_size > 50_000
 
 
-@pytest.mark.parametrize("name", ["layer", "decode", "experts"])
+@pytest.mark.parametrize("name", ["layer", "decode", "experts", "model"])
 def test_bench_layer_decode_experts_quick_code_paths(capsys, tmp_path, name):
     pytest.importorskip("triton")
     out = tmp_path / f"{name}.jsonl"
@@ -202,4 +202,23 @@ def test_bench_layer_decode_experts_quick_code_paths(capsys, tmp_path, name):
         assert row["bench"] == name and "commit" in row and "device" in row
     if name == "layer":
         variants = {r["variant"] for r in data["rows"]}
-        assert {"moe_unfused", "moe_fused", "more_fused", "more_unfused"} <= variants
+        assert {"moe_unfused", "moe_fused", "more_fused", "more_unfused",
+                "moe_grouped_mm"} <= variants
+    if name == "experts":
+        assert {(r["variant"], r["phase"]) for r in data["rows"]} == {
+            ("experts", "forward"), ("experts", "backward"), ("experts", "forward+backward"),
+            ("grouped_mm", "forward"), ("grouped_mm", "forward+backward")}
+    if name == "model":        # a tiny pair, both phases, components that add up to the total
+        rows = data["rows"]
+        assert {(r["kind"], r["phase"]) for r in rows} == {
+            (k, p) for k in ("moe", "more") for p in ("prefill", "decode")}
+        for r in rows:
+            parts = r["components"]
+            assert set(parts) == {"attention", "router", "experts", "rest"}
+            assert all(v >= 0 for v in parts.values()) and parts["experts"] > 0
+            assert sum(parts.values()) == pytest.approx(r["ms"], rel=0.01) or parts["rest"] == 0
+        assert (out.parent / "model.png").exists()
+    if name == "decode":       # the floor's bytes: touched experts, router, x and y
+        for r in data["rows"]:
+            assert 1 <= r["experts_touched"] <= min(r["M"], r["B"] * r["k"])
+            assert r["bytes"] > 2 * 3 * r["experts_touched"] * r["h"] * r["s"]

@@ -56,7 +56,7 @@ def _run_bench(args, name: str, runner, render) -> int:
         ms = "OOM" if row.get("oom") else (f"{row['ms']:.3f} ms" if row.get("ms") is not None
                                            else f"{(row.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
         point = " ".join(f"{k}={row[k]}" for k in ("h", "M", "r", "s", "k", "B") if k in row)
-        print(f"[{i}/{n}] {row.get('sweep', name)} {row.get('variant') or row.get('router')}"
+        print(f"[{i}/{n}] {row.get('sweep', name)} {row.get('variant') or row.get('router') or row.get('model')}"
               f"/{row.get('impl', '')} {row.get('phase', '')} {point}: {ms}",
               file=sys.stderr, flush=True)
 
@@ -84,11 +84,17 @@ def _layer_table(rows: list[dict]) -> str:
 
 def _matched(rows):
     from ..bench.layer import matched_wallclock
+    from ..bench.layer_summary import layer_text
     m = matched_wallclock(rows)
     if not m or m["more_M"] is None:
-        return ""
-    return (f"\nmatched wall-clock at h={m['h']}: MoE M=512 takes {m['moe_ms']:.2f} ms; MoRE "
+        return layer_text(rows)
+    return layer_text(rows) + (f"\nmatched wall-clock at h={m['h']}: MoE M=512 takes {m['moe_ms']:.2f} ms; MoRE "
             f"fits M={m['more_M']} ({m['ratio']:.0f}x the experts) in that time")
+
+
+def _decode_summary(rows):
+    from ..bench.layer_summary import decode_text
+    return decode_text(rows)
 
 
 # the sweeps of `bench layer` (moremoe.bench.layer.LAYER_SWEEPS; named here so --help does
@@ -106,6 +112,17 @@ def _router_sweeps(text: str) -> list[str]:
     return names
 
 
+def _experts_arg(text: str) -> list[int]:
+    try:
+        ms = [int(t) for t in text.split(",") if t]
+    except ValueError:
+        ms = []
+    if not ms or any(m < 1 for m in ms):
+        raise argparse.ArgumentTypeError(f"--experts got {text!r}, expected a comma-separated "
+                                         f"list of positive integers, e.g. 512,1024,8192")
+    return ms
+
+
 def _layer_sweeps(text: str) -> list[str]:
     sweeps = [s for s in text.split(",") if s]
     bad = [s for s in sweeps if s not in LAYER_SWEEPS]
@@ -115,19 +132,76 @@ def _layer_sweeps(text: str) -> list[str]:
     return sweeps
 
 
+def _model_table(rows: list[dict]) -> str:
+    out = []
+    for r in rows:
+        shape = f"{r['B']}x{r['T']}" if r["phase"] == "prefill" else f"B={r['B']}"
+        if r.get("oom"):
+            out.append([r["model"], r["phase"], shape, "OOM", "-", "-", "-", "-", "-"])
+            continue
+        c = r["components"]
+        out.append([r["model"], r["phase"], shape, f"{r['ms']:.2f}",
+                    f"{r['tokens_per_s']:,.0f}",
+                    *(f"{c[k]:.2f}" for k in ("attention", "router", "experts", "rest"))])
+    return table(out, ["model", "phase", "batch", "ms" + " (per step in decode)", "tokens/s",
+                       "attention", "router", "experts", "rest"])
+
+
+def _model_summary(rows) -> str:
+    from ..bench.model import ratios
+    lines = []
+    for r in ratios(rows):
+        shape = f"{r['B']}x{r['T']}" if r["phase"] == "prefill" else f"B={r['B']}"
+        comp = ", ".join(f"{k} {v:.2f}x" for k, v in r["components"].items() if v)
+        lines.append(f"{r['pair']} {r['phase']} {shape}: MoRE/MoE {r['ratio']:.3f} "
+                     f"({r['more_ms']:.2f} / {r['moe_ms']:.2f} ms; {comp})")
+    return "\n" + "\n".join(lines) if lines else ""
+
+
+def _pair_configs(names: list[str], quick: bool):
+    from ..training.presets import PAIRS, get_preset
+    out = []
+    for pair in (["tiny"] if quick else names):
+        models = []
+        for preset in PAIRS[pair]:
+            spec = get_preset(preset).model
+            tc = spec.transformer_config(vocab=512 if quick else None)
+            if quick:                      # the code path only: short sequences, 2 layers
+                from dataclasses import replace
+                tc = replace(tc, max_seq_len=64)
+            models.append((preset, spec.kind, tc))
+        out.append((pair, models))
+    return out
+
+
+def _pairs_arg(text: str) -> list[str]:
+    from ..training.presets import PAIRS
+    names = [s for s in text.split(",") if s]
+    bad = [s for s in names if s not in PAIRS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"--pairs got {text!r}, expected a comma-separated "
+                                         f"subset of {', '.join(PAIRS)}")
+    return names
+
+
 def cmd_bench(args) -> int:
     from ..bench import layer, layer_plots, router, router_plots
     quick = {"quick": args.quick}
+    if args.bench_command == "model":
+        from ..bench import model, model_plots
+        args.table, args.summarize = _model_table, _model_summary
+        args.runner_kwargs = {**quick, "pairs": _pair_configs(args.pairs, args.quick)}
+        return _run_bench(args, "model", model.run_model, model_plots.render_model)
     spec = {"router": (lambda device, progress, **kw: router.run(
                 args.sweeps, device=device, training=not args.no_training, progress=progress,
                 **kw), router_plots.render, _bench_table, None),
             "layer": (layer.run_layer, layer_plots.render_layer, _layer_table, _matched),
-            "decode": (layer.run_decode, layer_plots.render_decode, _layer_table, None),
+            "decode": (layer.run_decode, layer_plots.render_decode, _layer_table, _decode_summary),
             "experts": (layer.run_experts, lambda rows, d: [], _layer_table, None)}
     runner, render, args.table, args.summarize = spec[args.bench_command]
     args.runner_kwargs = quick
     if args.bench_command == "layer":
-        args.runner_kwargs = {**quick, "sweeps": args.sweeps}
+        args.runner_kwargs = {**quick, "sweeps": args.sweeps, "expert_counts": args.experts}
     return _run_bench(args, args.bench_command, runner, render)
 
 
@@ -147,7 +221,13 @@ def add_bench_parser(sub) -> None:
         "decode": "one layer's decode step at B in {4, 16, 64, 256} over h x M, MoE vs MoRE, and "
                   "a schedule that walks the range of expert ids",
         "experts": "the grouped expert kernels alone, forward and backward, at s in {64, 128, "
-                   "512}: achieved TFLOP/s and ratio to the floor"}
+                   "512}: achieved TFLOP/s and ratio to the floor; at M in {512, 1024} the "
+                   "torch._grouped_mm experts (the torchtitan way) beside them",
+        "model": "whole models, the paper's whole-model tables: prefill of matched MoE / MoRE "
+                 "pairs of 12-layer presets at B x T = 64 x 1024 and 256 x 1024 and decode "
+                 "tokens/s with the key/value cache at batch 1, 8, 64 (128 new tokens), each "
+                 "with a breakdown into attention, router, experts and the rest (stacked bars "
+                 "in model.png) and the MoRE/MoE ratio"}
     for name, text in descriptions.items():
         pb = bsub.add_parser(name, help=text.split(":")[0].split(",")[0],
                              description=text + ". Each row is appended to benchmarks/results/"
@@ -165,6 +245,16 @@ def add_bench_parser(sub) -> None:
                                  "512 at h=512), match (MoRE at M up to 32,768 for the matched "
                                  "wall-clock point), memory (forward+backward peak over h x M);"
                                  " default all")
+            pb.add_argument("--experts", type=_experts_arg, default=None, metavar="M,M,...",
+                            help="the expert counts of the grid and memory sweeps "
+                                 "(default 64,128,...,8192)")
+        if name == "model":
+            pb.add_argument("--pairs", type=_pairs_arg,
+                            default=["h512-s64", "h512-s128", "h512-s64-x8", "h1024-s32"],
+                            help="matched preset pairs, comma-separated: h512-s64 (MoE-256 / "
+                                 "MoRE-1792, the paper's), h512-s128, h512-s64-x8 (MoE-1024 / "
+                                 "MoRE-8192), h1024-s32 (default all four; a model that does "
+                                 "not fit gives OOM rows)")
         pb.add_argument("--quick", action="store_true",
                         help="tiny sizes: checks the code path (also on CPU with "
                              "TRITON_INTERPRET=1)")

@@ -69,6 +69,14 @@ PRESETS = {
     "tiny-peer": ("peer",),
 }
 
+# matched pairs (equal active FLOPs): name -> (MoE preset, MoRE preset); the first is the
+# paper's main h = 512 pair
+PAIRS = {"h512-s64": ("h512-s64-moe256", "h512-s64-more1792"),
+         "h512-s128": ("h512-s128-moe256", "h512-s128-more1792"),
+         "h512-s64-x8": ("h512-s64-moe1024", "h512-s64-more8192"),
+         "h1024-s32": ("h1024-s32-moe128", "h1024-s32-more1536"),
+         "tiny": ("tiny-moe", "tiny-more")}
+
 
 def preset_names() -> list[str]:
     return list(PRESETS)

@@ -1,0 +1,57 @@
+"""Figure of ``moremoe bench model``: stacked bars of each model's time by component
+(attention, router, experts, rest), MoE beside MoRE, for prefill (per B x T) and decode (per
+batch, milliseconds per step)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..report import save_figure
+from .model import COMPONENTS
+from .router_plots import _pyplot
+
+COLORS = {"attention": "C0", "router": "C3", "experts": "C2", "rest": "C7"}
+
+
+def _latest(rows, phase):
+    out = {}
+    for r in rows:
+        if r.get("bench") == "model" and r.get("phase") == phase and r.get("ms"):
+            out[(r["pair"], r["B"], r.get("T"), r["kind"])] = r
+    return out
+
+
+def render_model(rows: list[dict], out_dir) -> list[Path]:
+    plt = _pyplot()
+    phases = [p for p in ("prefill", "decode") if _latest(rows, p)]
+    if not phases:
+        return []
+    fig, axes = plt.subplots(1, len(phases), figsize=(8 * len(phases), 5), squeeze=False)
+    for ax, phase in zip(axes[0], phases):
+        pts = _latest(rows, phase)
+        groups = sorted({key[:3] for key in pts})
+        labels, x = [], 0
+        for pair, B, T in groups:
+            for kind in ("moe", "more"):
+                r = pts.get((pair, B, T, kind))
+                if r is None:
+                    continue
+                bottom = 0.0
+                for c in COMPONENTS:
+                    v = r["components"].get(c, 0.0)
+                    ax.bar(x, v, bottom=bottom, color=COLORS[c],
+                           label=c if (x == 0) else None)
+                    bottom += v
+                ax.text(x, bottom, f"{r['ms']:.1f}" if r["ms"] >= 10 else f"{r['ms']:.2f}",
+                        ha="center", va="bottom", fontsize=7)
+                shape = f"{B}x{T}" if phase == "prefill" else f"B={B}"
+                labels.append((x, f"{r['model'].split('-')[-1]}\n{shape}\n{pair}"))
+                x += 1
+            x += 0.6
+        ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize=6)
+        ax.set_ylabel("ms" + (" per step" if phase == "decode" else ""))
+        ax.set_title(f"{phase}: time by component (bf16, {rows[0].get('device', '')})",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+    path = Path(out_dir) / "model.png"
+    save_figure(fig, path)
+    return [path]
