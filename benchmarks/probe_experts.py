@@ -66,7 +66,8 @@ def forward_rows(dev, ceil):
     floor = 2 * (2 * N * h + 3 * M * h * s) / copy * 1e3
     expert_major = 2 * (P * h + 3 * M * h * s + 2 * P * h + N * h) / copy * 1e3
     yield {"what": "floor", "ms": floor, "expert_major_floor_ms": expert_major}
-    for name, kw in (("two_kernels", {}), ("one_kernel", {"cfg": {"fused": True}}),
+    for name, kw in (("two_kernels", {"cfg": {"fused": False}}),
+                     ("one_kernel", {"cfg": {"fused": True}}),
                      ("one_kernel_atomic", {"cfg": {"fused": True}, "combine": "atomic"})):
         ms = time_ms(lambda: mg.forward(x, gates, idx, *ws, meta=meta, **kw), device=dev)
         yield {"what": "forward", "variant": name, "ms": ms, "to_floor": ms / floor}
@@ -85,7 +86,9 @@ def forward_rows(dev, ceil):
         "down": lambda: mg._down_kernel[(B, triton.cdiv(h, c["BH"]))](
             act, ws[2], gf, out, *args, h, s, *ws[2].stride(), **blk),
         "combine": lambda: mg._combine(out, N, k, h, x.dtype),
-        "routing_meta": lambda: routing_meta(idx, M, c["BM"])}
+        "routing_meta": lambda: routing_meta(idx, M, c["BM"]),
+        "sort_int64": lambda: torch.sort(idx.reshape(-1).long(), stable=True),
+        "sort_int32": lambda: torch.sort(idx.reshape(-1), stable=True)}
     for name, fn in parts.items():
         yield {"what": "part", "variant": name, "ms": time_ms(fn, device=dev)}
 
@@ -95,7 +98,8 @@ def decode_rows(dev):
     h, s, M, k = 512, 64, 8192, 4
     for N in (4, 16, 64, 256):
         x, gates, idx, ws = setup(N, h, s, M, k, dev)
-        for name, kw in (("two_kernels", {}), ("one_kernel", {"cfg": {"fused": True}})):
+        for name, kw in (("two_kernels", {"cfg": {"fused": False}}),
+                         ("one_kernel", {"cfg": {"fused": True}}), ("default", {})):
             ms = graph_ms(lambda: mg.forward(x, gates, idx, *ws, **kw), dev)
             yield {"what": "decode_forward", "variant": name, "N": N, "ms": ms}
 

@@ -35,7 +35,7 @@ MATCH_MS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 DECODE_BS = (4, 16, 64, 256)
 VARIANTS = {"moe_unfused": (None, "reference"), "moe_fused": (None, "triton"),
             "more_fused": (64, "triton"), "moe_grouped_mm": (None, "reference")}
-GROUPED_MM_MAX_M = 1024     # torchtitan's grouped experts refuse more experts than this
+GROUPED_MM_MAX_M = 1024     # torchtitan refuses more experts (torch 2.11: also 1,024 groups)
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,15 @@ def prefill(p: LayerPoint, variant: str, device, env, ceil, sweep: str, experts)
     try:
         layer = make_layer(p, variant, device, experts=experts)
         x = _x(p, device)
-        with torch.no_grad():
-            ms = time_ms(forward_fn(layer, variant, x), device=device)
+        try:
+            with torch.no_grad():
+                ms = time_ms(forward_fn(layer, variant, x), device=device)
+        except RuntimeError as err:       # torch._grouped_mm's own limits (e.g. groups)
+            if variant != "moe_grouped_mm" or isinstance(err, torch.OutOfMemoryError):
+                raise
+            _free(device)
+            return _row("layer", p, variant, env, ceil, **base, ms=None,
+                        error=str(err).splitlines()[0])
         flops, nbytes = layer_cost(p, VARIANTS[variant][0])
         fl = floor_ms(flops, nbytes, ceil)
         row = _row("layer", p, variant, env, ceil, **base, ms=ms, floor_ms=fl, flops=flops,
@@ -330,8 +337,15 @@ def _expert_rows(p: LayerPoint, device, env, ceil, quick: bool):
                    nbytes + bwd_bytes)]
     for variant, phase, fn, flops, byts in cases:
         grad = phase == "forward+backward"
-        with torch.set_grad_enabled(grad):
-            ms = time_ms(fn, device=device)
+        try:
+            with torch.set_grad_enabled(grad):
+                ms = time_ms(fn, device=device)
+        except RuntimeError as err:       # torch._grouped_mm's own limits (e.g. groups)
+            if variant != "grouped_mm":
+                raise
+            yield _row("experts", p, variant, env, ceil, phase=phase, ms=None,
+                       error=str(err).splitlines()[0])
+            continue
         fl = floor_ms(flops, byts, ceil)
         yield _row("experts", p, variant, env, ceil, phase=phase, ms=ms, flops=flops,
                    bytes=byts, floor_ms=fl, tflops=flops / ms / 1e9,

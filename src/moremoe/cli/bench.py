@@ -53,11 +53,13 @@ def _run_bench(args, name: str, runner, render) -> int:
     rows = []
 
     def progress(i, n, row):
-        ms = "OOM" if row.get("oom") else (f"{row['ms']:.3f} ms" if row.get("ms") is not None
-                                           else f"{(row.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
+        ms = "OOM" if row.get("oom") else row.get("error") or (
+            f"{row['ms']:.3f} ms" if row.get("ms") is not None
+            else f"{(row.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
         point = " ".join(f"{k}={row[k]}" for k in ("h", "M", "r", "s", "k", "B") if k in row)
-        print(f"[{i}/{n}] {row.get('sweep', name)} {row.get('variant') or row.get('router') or row.get('model')}"
-              f"/{row.get('impl', '')} {row.get('phase', '')} {point}: {ms}",
+        what = row.get("variant") or row.get("router") or row.get("model")
+        print(f"[{i}/{n}] {row.get('sweep', name)} {what}/{row.get('impl', '')} "
+              f"{row.get('phase', '')} {point}: {ms}",
               file=sys.stderr, flush=True)
 
     for row in runner(device, progress=progress, **args.runner_kwargs):
@@ -74,7 +76,8 @@ def _run_bench(args, name: str, runner, render) -> int:
 def _layer_table(rows: list[dict]) -> str:
     out = []
     for r in rows:
-        val = ("OOM" if r.get("oom") else f"{r['ms']:.3f} ms" if r.get("ms") is not None
+        val = ("OOM" if r.get("oom") else "error" if r.get("error") else
+               f"{r['ms']:.3f} ms" if r.get("ms") is not None
                else f"{(r.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
         ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
         out.append([r.get("sweep", r["bench"]), r["variant"], r.get("phase", ""),

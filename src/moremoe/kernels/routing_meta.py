@@ -76,7 +76,9 @@ def routing_meta_torch(topk_idx_NK: torch.Tensor, experts: int, block_rows: int,
     N, k = topk_idx_NK.shape
     dev = topk_idx_NK.device
     flat = topk_idx_NK.reshape(-1).long()
-    _, order = torch.sort(flat, stable=True)
+    # 32-bit sort keys where the ids fit: a radix sort of half the key bits
+    keys = flat.int() if experts < 2 ** 31 else flat
+    _, order = torch.sort(keys, stable=True)
     counts = torch.zeros(experts, dtype=torch.int64, device=dev).index_add_(
         0, flat, torch.ones_like(flat))
     offsets = torch.zeros(experts + 1, dtype=torch.int64, device=dev)

@@ -281,7 +281,7 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
     cfg.update({"dw_BR": cfg["BM"], "dw_BS": cfg["BS"], "dw_BH": cfg["BH"],
                 "dw_warps": cfg["num_warps"], "dw_stages": cfg["num_stages"]})
     cfg.update({k: v for k, v in (overrides or {}).items() if k.startswith("dw_")})
-    cfg.setdefault("fused", False)
+    cfg.setdefault("fused", None)
     unknown = set(cfg) - {"BM", "BS", "BH", "num_warps", "num_stages", "dw_BR", "dw_BS",
                           "dw_BH", "dw_warps", "dw_stages", "fused"}
     if unknown:
@@ -308,7 +308,13 @@ def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, **kw) -> RoutingMeta:
     return meta
 
 
+# Inference with s <= BS takes the one-kernel forward (cfg fused=None) where it measured
+# faster on the H100 (benchmarks/NOTES.md, issue 14): with blocks enough to fill the GPU
+# (2.07 against 2.56 ms at N = 262,144, M = 8,192) and with so few that one launch less
+# outweighs recomputing gate/up per h split (N = 4: 20.5 against 23.4 us); between them
+# (N = 16 … 64 tokens) the two kernels are faster.
 FILL_BLOCKS = 1024    # row blocks that fill an H100 (132 SMs) without splitting h
+FEW_BLOCKS = 32
 
 
 def _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c, *, atomic):
@@ -331,8 +337,8 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     """y (N, h) in x's dtype; with save also (act, xg, xu) (P, s) in sorted-row order.
     meta: routing_meta(idx, M, BM) when the caller has it (the backward reuses the
     forward's); walk_experts: the benchmarks' baseline schedule (routing_meta).
-    cfg fused=True (inference, s <= BS) runs gate/up and down in one kernel, act kept on
-    chip; combine="atomic" (opt-in, inference with s <= BS, fused) sums each token's k rows
+    Inference with s <= BS runs gate/up and down in one kernel, act kept on chip, where that
+    is faster (FILL_BLOCKS, FEW_BLOCKS; cfg fused=True / False forces it); combine="atomic" (opt-in, inference with s <= BS, fused) sums each token's k rows
     through fp32 atomics instead of pair rows: the summation order, hence the last bits of y,
     may differ between runs."""
     if combine not in ("pairs", "atomic"):
@@ -352,7 +358,9 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     out = torch.empty(P, h, device=dev, dtype=dt)
     B = meta.max_blocks
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
-    if not save and s <= c["BS"] and (c["fused"] or combine == "atomic"):
+    fused = c["fused"] if c["fused"] is not None else (
+        meta.max_blocks >= FILL_BLOCKS or meta.max_blocks <= FEW_BLOCKS)
+    if not save and s <= c["BS"] and (fused or combine == "atomic"):
         return _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c,
                               atomic=combine == "atomic")
     if P:
