@@ -91,8 +91,9 @@ def _matched(rows):
     m = matched_wallclock(rows)
     if not m or m["more_M"] is None:
         return layer_text(rows)
-    return layer_text(rows) + (f"\nmatched wall-clock at h={m['h']}: MoE M=512 takes {m['moe_ms']:.2f} ms; MoRE "
-            f"fits M={m['more_M']} ({m['ratio']:.0f}x the experts) in that time")
+    return layer_text(rows) + (
+        f"\nmatched wall-clock at h={m['h']}: MoE M=512 takes {m['moe_ms']:.2f} ms; MoRE "
+        f"fits M={m['more_M']} ({m['ratio']:.0f}x the experts) in that time")
 
 
 def _decode_summary(rows):

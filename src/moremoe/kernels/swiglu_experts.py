@@ -111,8 +111,9 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
     """Inference with s <= BS: gate/up and down projections in one program, act kept on chip
     (no (P, s) round trip, one launch). Program (b, j) does the down projection's h chunks
     j, j + n, j + 2n, ... (n programs along axis 1): n = 1 when there are blocks enough to
-    fill the GPU, more when few (decoding), each then recomputing the block's act. OUT: the pair rows (P, h), or with ATOMIC the fp32
-    (N, h) sum itself through float atomics (order-dependent: opt-in, not deterministic)."""
+    fill the GPU, more when few (decoding), each then recomputing the block's act.
+    OUT: the pair rows (P, h), or with ATOMIC the fp32 (N, h) sum itself through float
+    atomics (order-dependent: opt-in, not deterministic)."""
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
     if e >= 0:
         tok = pair // K
@@ -338,7 +339,8 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     meta: routing_meta(idx, M, BM) when the caller has it (the backward reuses the
     forward's); walk_experts: the benchmarks' baseline schedule (routing_meta).
     Inference with s <= BS runs gate/up and down in one kernel, act kept on chip, where that
-    is faster (FILL_BLOCKS, FEW_BLOCKS; cfg fused=True / False forces it); combine="atomic" (opt-in, inference with s <= BS, fused) sums each token's k rows
+    is faster (FILL_BLOCKS, FEW_BLOCKS; cfg fused=True / False forces it);
+    combine="atomic" (opt-in, inference with s <= BS, fused) sums each token's k rows
     through fp32 atomics instead of pair rows: the summation order, hence the last bits of y,
     may differ between runs."""
     if combine not in ("pairs", "atomic"):
