@@ -117,11 +117,15 @@ def meta_rows(dev):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default="forward,decode,meta",
+                    help="comma list of forward (and its kernels), decode, meta")
     args = ap.parse_args()
     dev = torch.device("cuda")
     env, ceil = environment(dev), ceilings(dev)
     out = open(args.out, "a") if args.out else None
-    for row in [*forward_rows(dev, ceil), *decode_rows(dev), *meta_rows(dev)]:
+    parts = {"forward": lambda: forward_rows(dev, ceil), "decode": lambda: decode_rows(dev),
+             "meta": lambda: meta_rows(dev)}
+    for row in (r for name in args.only.split(",") for r in parts[name]()):
         row = {**row, **env, **{f"ceiling_{k}": v for k, v in ceil.items()}}
         print(json.dumps({k: v for k, v in row.items() if k not in env}), flush=True)
         if out:

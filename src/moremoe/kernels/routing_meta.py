@@ -75,14 +75,14 @@ def routing_meta_torch(topk_idx_NK: torch.Tensor, experts: int, block_rows: int,
     expert has rows or not, the cost of a schedule that walks the range of expert ids."""
     N, k = topk_idx_NK.shape
     dev = topk_idx_NK.device
-    flat = topk_idx_NK.reshape(-1).long()
     # 32-bit sort keys where the ids fit: a radix sort of half the key bits
-    keys = flat.int() if experts < 2 ** 31 else flat
-    _, order = torch.sort(keys, stable=True)
-    counts = torch.zeros(experts, dtype=torch.int64, device=dev).index_add_(
-        0, flat, torch.ones_like(flat))
-    offsets = torch.zeros(experts + 1, dtype=torch.int64, device=dev)
-    offsets[1:] = torch.cumsum(counts, 0)
+    keys = topk_idx_NK.reshape(-1)
+    keys = keys.to(torch.int32 if experts < 2 ** 31 else torch.int64)
+    sorted_keys, order = torch.sort(keys, stable=True)
+    # offsets[e] = first sorted row of expert >= e: M + 1 binary searches, no atomics
+    offsets = torch.searchsorted(sorted_keys, torch.arange(experts + 1, device=dev,
+                                                           dtype=keys.dtype))
+    counts = offsets[1:] - offsets[:-1]
     if walk_experts:
         per = -(-(N * k) // block_rows) if N * k else 1
         b = torch.arange(experts * per, device=dev)
