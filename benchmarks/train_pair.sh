@@ -38,7 +38,12 @@ for preset in $PRESETS; do
     "${LAUNCH[@]}" train --preset "$preset" --data "$DATA" --out "$run" --device "$DEVICE" \
         --max-minutes "$MINUTES" --set train.save_on_stop=false --set train.profile_steps=10 \
         --set train.eval_every=1000000 --json $EXTRA > "$OUT/${preset}_x$NPROC.json" \
-        2> "$OUT/${preset}_x$NPROC.log" || { tail -20 "$OUT/${preset}_x$NPROC.log"; exit 1; }
+        2> "$OUT/${preset}_x$NPROC.log" || rc=$?
+    # 75: stopped by --max-minutes with a checkpoint to resume from (the expected end here)
+    if [ "${rc:-0}" -ne 0 ] && [ "${rc:-0}" -ne 75 ]; then
+        tail -20 "$OUT/${preset}_x$NPROC.log"; exit 1
+    fi
+    rc=0
     cp "$run/profile.txt" "$OUT/${preset}_x${NPROC}_profile.txt" 2>/dev/null || true
     cp "$run/log.jsonl" "$OUT/${preset}_x${NPROC}_log.jsonl" 2>/dev/null || true
     $PY - "$OUT/${preset}_x$NPROC.json" <<'EOF'
