@@ -25,8 +25,10 @@ def render_model(rows: list[dict], out_dir) -> list[Path]:
     phases = [p for p in ("prefill", "decode") if _latest(rows, p)]
     if not phases:
         return []
-    fig, axes = plt.subplots(1, len(phases), figsize=(8 * len(phases), 5), squeeze=False)
-    for ax, phase in zip(axes[0], phases):
+    bars = max(len(_latest(rows, p)) for p in phases)
+    fig, axes = plt.subplots(len(phases), 1, figsize=(max(8, 0.5 * bars + 2), 5.5 * len(phases)),
+                             squeeze=False)
+    for ax, phase in zip(axes[:, 0], phases):
         pts = _latest(rows, phase)
         groups = sorted({key[:3] for key in pts})
         labels, x = [], 0
@@ -44,10 +46,10 @@ def render_model(rows: list[dict], out_dir) -> list[Path]:
                 ax.text(x, bottom, f"{r['ms']:.1f}" if r["ms"] >= 10 else f"{r['ms']:.2f}",
                         ha="center", va="bottom", fontsize=7)
                 shape = f"{B}x{T}" if phase == "prefill" else f"B={B}"
-                labels.append((x, f"{r['model'].split('-')[-1]}\n{shape}\n{pair}"))
+                labels.append((x, f"{pair} {r['model'].split('-')[-1]} {shape}"))
                 x += 1
             x += 0.6
-        ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize=6)
+        ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize=7, rotation=90)
         ax.set_ylabel("ms" + (" per step" if phase == "decode" else ""))
         ax.set_title(f"{phase}: time by component (bf16, {rows[0].get('device', '')})",
                      fontsize=9)
