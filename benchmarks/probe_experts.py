@@ -18,6 +18,7 @@ import torch
 import triton
 
 from moremoe.bench.harness import ceilings, time_ms
+from moremoe.bench.layer import _graph_or_plain
 from moremoe.kernels import swiglu_experts as mg
 from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
 from moremoe.runtime import environment
@@ -34,16 +35,7 @@ def setup(N, h, s, M, k, dev):
 
 
 def graph_ms(fn, dev):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return time_ms(g.replay, device=dev)
+    return time_ms(_graph_or_plain(fn, dev), device=dev)
 
 
 def host_ms(fn, reps=200):

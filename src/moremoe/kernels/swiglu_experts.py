@@ -54,26 +54,34 @@ def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM: tl.constexpr):
 
 
 @triton.jit
+def _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
+             BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    """(x W_gateᵀ, x W_upᵀ) (BM, BS) fp32 of expert e for the token rows tok, over all of h."""
+    wg_base = WG + e.to(tl.int64) * sw_e
+    wu_base = WU + e.to(tl.int64) * sw_e
+    acc_xg = tl.zeros((BM, BS), tl.float32)
+    acc_xu = tl.zeros((BM, BS), tl.float32)
+    for h0 in range(0, H, BH):
+        hh = h0 + tl.arange(0, BH)
+        h_ok = hh < H
+        x = load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
+        wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+        wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
+        acc_xg = tl.dot(x, tl.trans(wg), acc_xg)
+        acc_xu = tl.dot(x, tl.trans(wu), acc_xu)
+    return acc_xg, acc_xu
+
+
+@triton.jit
 def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
                     H, S, K, sx_n, sw_e, sw_s, sw_h,
                     SAVE: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
     if e >= 0:
-        tok = pair // K
         ss = tl.program_id(1) * BS + tl.arange(0, BS)
         s_ok = ss < S
-        wg_base = WG + e.to(tl.int64) * sw_e
-        wu_base = WU + e.to(tl.int64) * sw_e
-        acc_xg = tl.zeros((BM, BS), tl.float32)
-        acc_xu = tl.zeros((BM, BS), tl.float32)
-        for h0 in range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            h_ok = hh < H
-            x = load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
-            wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-            wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-            acc_xg = tl.dot(x, tl.trans(wg), acc_xg)
-            acc_xu = tl.dot(x, tl.trans(wu), acc_xu)
+        acc_xg, acc_xu = _gate_up(X, WG, WU, e, pair // K, ok, ss, s_ok, H, sx_n, sw_e, sw_s,
+                                  sw_h, BM, BS, BH)
         act = acc_xg * tl.sigmoid(acc_xg) * acc_xu
         offs = rows[:, None] * S + ss[None, :]
         mask = ok[:, None] & s_ok[None, :]
@@ -119,19 +127,9 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
         tok = pair // K
         ss = tl.arange(0, BS)
         s_ok = ss < S
-        wg_base = WG + e.to(tl.int64) * sw_e
-        wu_base = WU + e.to(tl.int64) * sw_e
         wd_base = WD + e.to(tl.int64) * sd_e
-        acc_xg = tl.zeros((BM, BS), tl.float32)
-        acc_xu = tl.zeros((BM, BS), tl.float32)
-        for h0 in range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            h_ok = hh < H
-            x = load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
-            wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-            wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-            acc_xg = tl.dot(x, tl.trans(wg), acc_xg)
-            acc_xu = tl.dot(x, tl.trans(wu), acc_xu)
+        acc_xg, acc_xu = _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
+                                  BM, BS, BH)
         act = (acc_xg * tl.sigmoid(acc_xg) * acc_xu).to(X.dtype.element_ty)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         dest = tok if ATOMIC else pair
