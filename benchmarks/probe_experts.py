@@ -72,11 +72,12 @@ def forward_rows(dev, ceil):
                num_stages=c["num_stages"])
     B = meta.max_blocks
     parts = {
-        "gate_up": lambda: mg._gate_up_kernel[(B, triton.cdiv(s, c["BS"]))](
-            x, ws[0], ws[1], act, act, act, *args, h, s, k, x.stride(0), *ws[0].stride(),
-            SAVE=False, **blk),
+        "gate_up": lambda: mg._gate_up_kernel[(B, triton.cdiv(s, c["BS"]), 1)](
+            x, ws[0], ws[1], act, act, act, *args, h, s, k, P, h, x.stride(0),
+            *ws[0].stride(), SAVE=False, SPLIT=False, **blk),
         "down": lambda: mg._down_kernel[(B, triton.cdiv(h, c["BH"]))](
-            act, ws[2], gf, out, *args, h, s, *ws[2].stride(), **blk),
+            act, act, act, ws[2], gf, out, *args, h, s, P, 1, *ws[2].stride(), SPLIT=False,
+            **blk),
         "combine": lambda: mg._combine(out, N, k, h, x.dtype),
         "routing_meta": lambda: routing_meta(idx, M, c["BM"]),
         "sort_int64": lambda: torch.sort(idx.reshape(-1).long(), stable=True),
@@ -87,13 +88,15 @@ def forward_rows(dev, ceil):
 
 def decode_rows(dev):
     """The forward at decode sizes, GPU time of a CUDA-graph replay (metadata included)."""
-    h, s, M, k = 512, 64, 8192, 4
-    for N in (4, 16, 64, 256):
+    s, M, k = 64, 8192, 4
+    for h, N in ((512, 4), (512, 16), (512, 64), (512, 256), (4096, 4), (4096, 16),
+                 (4096, 64), (4096, 256)):
         x, gates, idx, ws = setup(N, h, s, M, k, dev)
-        for name, kw in (("two_kernels", {"cfg": {"fused": False}}),
-                         ("one_kernel", {"cfg": {"fused": True}}), ("default", {})):
-            ms = graph_ms(lambda: mg.forward(x, gates, idx, *ws, **kw), dev)
-            yield {"what": "decode_forward", "variant": name, "N": N, "ms": ms}
+        for name, cfg in (("two_kernels", {"fused": False, "split_h": 1}),
+                          ("two_kernels_split_h", {"fused": False}),
+                          ("one_kernel", {"fused": True}), ("default", {})):
+            ms = graph_ms(lambda: mg.forward(x, gates, idx, *ws, cfg=cfg), dev)
+            yield {"what": "decode_forward", "variant": name, "h": h, "N": N, "ms": ms}
 
 
 def meta_rows(dev):

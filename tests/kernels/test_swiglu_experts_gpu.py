@@ -63,6 +63,20 @@ def test_one_kernel_forward_full_size_and_beyond_2_pow_31(combine):
         assert ((y[tail].float() - two.float()).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("N", [4, 64])
+def test_split_h_decode_forward_at_large_h(N):
+    """Decoding sizes at h = 4,096: the gate/up reduction split over programs (the default
+    there) against the reference and against the unsplit kernels."""
+    from moremoe.kernels import swiglu_experts as mg
+    from moremoe.ops.reference import swiglu_experts_ref
+    x, gates, idx, ws = _setup(N, 4096, 64, 8192, 4, seed=2)
+    y = mg.forward(x, gates, idx, *ws)
+    ref = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
+    one = mg.forward(x, gates, idx, *ws, cfg={"fused": False, "split_h": 1})
+    assert ((y.float() - one.float()).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.parametrize("N,k,M", [(1, 4, 16384), (4, 4, 8192), (64, 4, 64), (256, 4, 1024),
                                    (255, 4, 2), (128, 8, 8192)])
 def test_one_launch_routing_metadata_on_the_gpu(N, k, M):

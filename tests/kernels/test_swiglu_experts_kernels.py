@@ -239,3 +239,16 @@ def test_fused_forward_matches_the_reference(N, h, s, M, k, combine, split, monk
     torch.testing.assert_close(y, mg.forward(x, gates, idx, *ws), atol=1e-5 * h, rtol=1e-5)
     with pytest.raises(ValueError, match="combine must be"):
         mg.forward(x, gates, idx, *ws, combine="sum")
+
+
+@pytest.mark.parametrize("split_h", [1, 2, 3, 5])
+@pytest.mark.parametrize("N,h,s,M,k", [(3, 80, 16, 4, 2), (37, 48, 40, 11, 4), (200, 160, 16, 3, 1)])
+def test_split_h_gate_up_matches_the_reference(N, h, s, M, k, split_h):
+    """The two-kernel inference forward with the gate/up reduction over h split across
+    programs (fp32 partials, added and activated by the down kernel), h not a multiple of
+    the split, more splits than h chunks."""
+    x, gates, idx, ws = make(N, h, s, M, k)
+    cfg = {"fused": False, "split_h": split_h, "BH": 16}
+    y = mg.forward(x, gates, idx, *ws, cfg=cfg)
+    torch.testing.assert_close(y, swiglu_experts_ref(x, gates, idx, *ws), atol=1e-4 * h,
+                               rtol=1e-4)

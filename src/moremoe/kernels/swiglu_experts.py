@@ -55,15 +55,16 @@ def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM: tl.constexpr):
 
 @triton.jit
 def _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
-             BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
-    """(x W_gateᵀ, x W_upᵀ) (BM, BS) fp32 of expert e for the token rows tok, over all of h."""
+             h_lo, h_hi, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    """(x W_gateᵀ, x W_upᵀ) (BM, BS) fp32 of expert e for the token rows tok, summed over
+    h in [h_lo, h_hi)."""
     wg_base = WG + e.to(tl.int64) * sw_e
     wu_base = WU + e.to(tl.int64) * sw_e
     acc_xg = tl.zeros((BM, BS), tl.float32)
     acc_xu = tl.zeros((BM, BS), tl.float32)
-    for h0 in range(0, H, BH):
+    for h0 in range(h_lo, h_hi, BH):
         hh = h0 + tl.arange(0, BH)
-        h_ok = hh < H
+        h_ok = hh < h_hi
         x = load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
         wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
         wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
@@ -74,27 +75,39 @@ def _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
 
 @triton.jit
 def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
-                    H, S, K, sx_n, sw_e, sw_s, sw_h,
-                    SAVE: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+                    H, S, K, P, H_PER, sx_n, sw_e, sw_s, sw_h, SAVE: tl.constexpr,
+                    SPLIT: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
+                    BH: tl.constexpr):
+    """SPLIT (inference with few blocks): program (b, j, q) sums h in [q·H_PER, (q+1)·H_PER)
+    only and writes its fp32 partial xg, xu to XG, XU (n_split, P, S); the down kernel adds
+    the partials and applies SwiGLU as it loads them."""
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
     if e >= 0:
         ss = tl.program_id(1) * BS + tl.arange(0, BS)
         s_ok = ss < S
-        acc_xg, acc_xu = _gate_up(X, WG, WU, e, pair // K, ok, ss, s_ok, H, sx_n, sw_e, sw_s,
-                                  sw_h, BM, BS, BH)
-        act = acc_xg * tl.sigmoid(acc_xg) * acc_xu
         offs = rows[:, None] * S + ss[None, :]
         mask = ok[:, None] & s_ok[None, :]
-        tl.store(ACT + offs, act.to(ACT.dtype.element_ty), mask=mask)
+        h_lo = tl.program_id(2) * H_PER
+        acc_xg, acc_xu = _gate_up(X, WG, WU, e, pair // K, ok, ss, s_ok, H, sx_n, sw_e, sw_s,
+                                  sw_h, h_lo, tl.minimum(h_lo + H_PER, H), BM, BS, BH)
+        if SPLIT:
+            part = tl.program_id(2).to(tl.int64) * P * S + offs
+            tl.store(XG + part, acc_xg, mask=mask)
+            tl.store(XU + part, acc_xu, mask=mask)
+        else:
+            act = acc_xg * tl.sigmoid(acc_xg) * acc_xu
+            tl.store(ACT + offs, act.to(ACT.dtype.element_ty), mask=mask)
         if SAVE:
             tl.store(XG + offs, acc_xg.to(XG.dtype.element_ty), mask=mask)
             tl.store(XU + offs, acc_xu.to(XU.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _down_kernel(ACT, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
-                 H, S, sw_e, sw_h, sw_s,
+def _down_kernel(ACT, XG, XU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+                 H, S, P, N_SPLIT, sw_e, sw_h, sw_s, SPLIT: tl.constexpr,
                  BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+    """SPLIT: act = silu(Σ xg) Σ xu from the gate/up kernel's N_SPLIT fp32 partials, rounded
+    to ACT's dtype as the stored act would be."""
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
     if e >= 0:
         hh = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -104,7 +117,18 @@ def _down_kernel(ACT, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
         for s0 in range(0, S, BS):
             ss = s0 + tl.arange(0, BS)
             s_ok = ss < S
-            a = load_rows(ACT, rows, ok, S, ss, s_ok, 1)
+            if SPLIT:
+                xg = tl.zeros((BM, BS), tl.float32)
+                xu = tl.zeros((BM, BS), tl.float32)
+                xg_q, xu_q = XG, XU
+                for _ in range(0, N_SPLIT):
+                    xg += load_rows(xg_q, rows, ok, S, ss, s_ok, 1)
+                    xu += load_rows(xu_q, rows, ok, S, ss, s_ok, 1)
+                    xg_q += P * S
+                    xu_q += P * S
+                a = (xg * tl.sigmoid(xg) * xu).to(ACT.dtype.element_ty)
+            else:
+                a = load_rows(ACT, rows, ok, S, ss, s_ok, 1)
             wd = load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(a.dtype)
             acc = tl.dot(a, tl.trans(wd), acc)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
@@ -129,7 +153,7 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
         s_ok = ss < S
         wd_base = WD + e.to(tl.int64) * sd_e
         acc_xg, acc_xu = _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
-                                  BM, BS, BH)
+                                  0, H, BM, BS, BH)
         act = (acc_xg * tl.sigmoid(acc_xg) * acc_xu).to(X.dtype.element_ty)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         dest = tok if ATOMIC else pair
@@ -281,8 +305,9 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
                 "dw_warps": cfg["num_warps"], "dw_stages": cfg["num_stages"]})
     cfg.update({k: v for k, v in (overrides or {}).items() if k.startswith("dw_")})
     cfg.setdefault("fused", None)
+    cfg.setdefault("split_h", None)
     unknown = set(cfg) - {"BM", "BS", "BH", "num_warps", "num_stages", "dw_BR", "dw_BS",
-                          "dw_BH", "dw_warps", "dw_stages", "fused"}
+                          "dw_BH", "dw_warps", "dw_stages", "fused", "split_h"}
     if unknown:
         raise ValueError(f"unknown expert kernel config keys {sorted(unknown)}")
     return cfg
@@ -314,6 +339,11 @@ def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, **kw) -> RoutingMeta:
 # (N = 16 … 64 tokens) the two kernels are faster.
 FILL_BLOCKS = 1024    # row blocks that fill an H100 (132 SMs) without splitting h
 FEW_BLOCKS = 32
+FEW_BLOCKS_MAX_H = 512
+# The two-kernel inference forward splits the gate/up projection's reduction over h across
+# programs when blocks are few (decoding), so that about this many programs run at once:
+# without it each block's program loops over all of h (h = 4,096: 64 steps in 16 programs).
+SPLIT_PROGRAMS = 264
 
 
 def _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c, *, atomic):
@@ -359,18 +389,27 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     B = meta.max_blocks
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
     fused = c["fused"] if c["fused"] is not None else (
-        meta.max_blocks >= FILL_BLOCKS or meta.max_blocks <= FEW_BLOCKS)
+        meta.max_blocks >= FILL_BLOCKS
+        or (meta.max_blocks <= FEW_BLOCKS and h <= FEW_BLOCKS_MAX_H))
     if not save and s <= c["BS"] and (fused or combine == "atomic"):
         return _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c,
                               atomic=combine == "atomic")
+    n_s, n_h = triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"])
+    split = 1 if save else c["split_h"] or max(1, min(n_h, SPLIT_PROGRAMS // (B * n_s)))
+    h_per = triton.cdiv(n_h, split) * c["BH"]
+    split = triton.cdiv(h, h_per)
+    if split > 1:                                   # fp32 partials of xg, xu per h split
+        xg = torch.empty(split, P, s, device=dev, dtype=torch.float32)
+        xu = torch.empty_like(xg)
     if P:
-        _gate_up_kernel[(B, triton.cdiv(s, c["BS"]))](
-            x, w_gate, w_up, act, xg, xu, *args, h, s, k, x.stride(0), *w_gate.stride(),
-            SAVE=save, BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
-            num_stages=c["num_stages"])
-        _down_kernel[(B, triton.cdiv(h, c["BH"]))](
-            act, w_down, gates_flat, out, *args, h, s, *w_down.stride(), BM=c["BM"],
-            BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+        blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
+                   num_stages=c["num_stages"])
+        _gate_up_kernel[(B, n_s, split)](
+            x, w_gate, w_up, act, xg, xu, *args, h, s, k, P, h_per, x.stride(0),
+            *w_gate.stride(), SAVE=save, SPLIT=split > 1, **blk)
+        _down_kernel[(B, n_h)](
+            act, xg, xu, w_down, gates_flat, out, *args, h, s, P, split, *w_down.stride(),
+            SPLIT=split > 1, **blk)
     y = _combine(out, N, k, h, dt)
     return (y, act, xg, xu) if save else y
 
