@@ -341,8 +341,10 @@ FILL_BLOCKS = 1024    # row blocks that fill an H100 (132 SMs) without splitting
 FEW_BLOCKS = 32
 FEW_BLOCKS_MAX_H = 512
 # The two-kernel inference forward splits the gate/up projection's reduction over h across
-# programs when blocks are few (decoding), so that about this many programs run at once:
-# without it each block's program loops over all of h (h = 4,096: 64 steps in 16 programs).
+# programs when there are <= FEW_BLOCKS programs (decoding a few tokens), about this many
+# programs in all: without it each block's program loops over all of h (h = 4,096, 4
+# tokens: 81.5 against 60.2 us split); at 16 tokens (65 blocks) the split lost (103 against
+# 125 us at h = 4,096) and is not taken.
 SPLIT_PROGRAMS = 264
 
 
@@ -395,7 +397,8 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
         return _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c,
                               atomic=combine == "atomic")
     n_s, n_h = triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"])
-    split = 1 if save else c["split_h"] or max(1, min(n_h, SPLIT_PROGRAMS // (B * n_s)))
+    split = 1 if save else c["split_h"] or (
+        1 if B * n_s > FEW_BLOCKS else max(1, min(n_h, SPLIT_PROGRAMS // (B * n_s))))
     h_per = triton.cdiv(n_h, split) * c["BH"]
     split = triton.cdiv(h, h_per)
     if split > 1:                                   # fp32 partials of xg, xu per h split
