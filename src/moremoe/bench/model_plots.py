@@ -24,7 +24,7 @@ def render_model(rows: list[dict], out_dir) -> list[Path]:
     plt = _pyplot()
     phases = [p for p in ("prefill", "decode") if _latest(rows, p)]
     if not phases:
-        return []
+        raise ValueError("no timed rows of `moremoe bench model` in it")
     bars = max(len(_latest(rows, p)) for p in phases)
     fig, axes = plt.subplots(len(phases), 1, figsize=(max(8, 0.5 * bars + 2), 5.5 * len(phases)),
                              squeeze=False)
