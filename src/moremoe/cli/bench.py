@@ -127,13 +127,26 @@ def _experts_arg(text: str) -> list[int]:
     return ms
 
 
-def _layer_sweeps(text: str) -> list[str]:
-    sweeps = [s for s in text.split(",") if s]
-    bad = [s for s in sweeps if s not in LAYER_SWEEPS]
-    if bad or not sweeps:
-        raise argparse.ArgumentTypeError(f"--sweeps got {text!r}, expected a comma-separated "
-                                         f"subset of {', '.join(LAYER_SWEEPS)}")
-    return sweeps
+def _subset_arg(flag: str, allowed):
+    """A parser of a comma-separated subset of allowed() (called when parsing, so that
+    --help imports nothing heavy)."""
+    def parse(text: str) -> list[str]:
+        names = [t for t in text.split(",") if t]
+        options = list(allowed())
+        if not names or any(t not in options for t in names):
+            raise argparse.ArgumentTypeError(f"{flag} got {text!r}, expected a comma-separated "
+                                             f"subset of {', '.join(options)}")
+        return names
+    return parse
+
+
+def _pair_names():
+    from ..training.presets import PAIRS
+    return PAIRS
+
+
+_layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
+_pairs_arg = _subset_arg("--pairs", _pair_names)
 
 
 def _model_table(rows: list[dict]) -> str:
@@ -176,16 +189,6 @@ def _pair_configs(names: list[str], quick: bool):
             models.append((preset, spec.kind, tc))
         out.append((pair, models))
     return out
-
-
-def _pairs_arg(text: str) -> list[str]:
-    from ..training.presets import PAIRS
-    names = [s for s in text.split(",") if s]
-    bad = [s for s in names if s not in PAIRS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"--pairs got {text!r}, expected a comma-separated "
-                                         f"subset of {', '.join(PAIRS)}")
-    return names
 
 
 def cmd_bench(args) -> int:
