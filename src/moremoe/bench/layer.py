@@ -276,10 +276,12 @@ def decode_bytes(p: LayerPoint, rank, touched: int) -> int:
     return 2 * (3 * touched * p.h * p.s + router + 2 * p.N * p.h)
 
 
-def run_decode(device, *, quick=False, progress=None):
-    """Each (h, M) builds its experts once; every B and variant reuses them."""
+def run_decode(device, *, quick=False, progress=None, expert_counts=None, hidden=None):
+    """Each (h, M) builds its experts once; every B and variant reuses them. expert_counts,
+    hidden: the M and h values (default MS, HS)."""
     env, ceil = environment(device), ceilings(device)
-    hs, ms, bs = ((64,), (16, 128), (4,)) if quick else (HS, MS, DECODE_BS)
+    hs, ms, bs = ((64,), (16, 128), (4,)) if quick else (
+        tuple(hidden or HS), tuple(expert_counts or MS), DECODE_BS)
     total, i = len(hs) * len(ms) * len(bs) * len(DECODE_VARIANTS), 0
     for h, M in itertools.product(hs, ms):
         experts = _experts(LayerPoint(h, M, N=1), device)

@@ -116,14 +116,14 @@ def _router_sweeps(text: str) -> list[str]:
     return names
 
 
-def _experts_arg(text: str) -> list[int]:
+def _ints_arg(text: str) -> list[int]:
     try:
         ms = [int(t) for t in text.split(",") if t]
     except ValueError:
         ms = []
     if not ms or any(m < 1 for m in ms):
-        raise argparse.ArgumentTypeError(f"--experts got {text!r}, expected a comma-separated "
-                                         f"list of positive integers, e.g. 512,1024,8192")
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected a comma-separated list of "
+                                         f"positive integers, e.g. 512,1024,8192")
     return ms
 
 
@@ -209,6 +209,8 @@ def cmd_bench(args) -> int:
     args.runner_kwargs = quick
     if args.bench_command == "layer":
         args.runner_kwargs = {**quick, "sweeps": args.sweeps, "expert_counts": args.experts}
+    if args.bench_command == "decode":
+        args.runner_kwargs = {**quick, "expert_counts": args.experts, "hidden": args.hidden}
     return _run_bench(args, args.bench_command, runner, render)
 
 
@@ -252,9 +254,14 @@ def add_bench_parser(sub) -> None:
                                  "512 at h=512), match (MoRE at M up to 32,768 for the matched "
                                  "wall-clock point), memory (forward+backward peak over h x M);"
                                  " default all")
-            pb.add_argument("--experts", type=_experts_arg, default=None, metavar="M,M,...",
-                            help="the expert counts of the grid and memory sweeps "
-                                 "(default 64,128,...,8192)")
+        if name in ("layer", "decode"):
+            pb.add_argument("--experts", type=_ints_arg, default=None, metavar="M,M,...",
+                            help="the expert counts" + (" of the grid and memory sweeps"
+                                                        if name == "layer" else "")
+                            + " (default 64,128,...,8192)")
+        if name == "decode":
+            pb.add_argument("--hidden", type=_ints_arg, default=None, metavar="H,H,...",
+                            help="the hidden sizes h (default 64,128,...,4096)")
         if name == "model":
             pb.add_argument("--pairs", type=_pairs_arg,
                             default=["h512-s64", "h512-s128", "h512-s64-x8", "h1024-s32"],
