@@ -22,16 +22,7 @@ from moremoe.bench.layer import _graph_or_plain
 from moremoe.kernels import swiglu_experts as mg
 from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
 from moremoe.runtime import environment
-
-
-def setup(N, h, s, M, k, dev):
-    g = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn(N, h, device=dev, generator=g).bfloat16()
-    idx = torch.randint(0, M, (N, k), device=dev, generator=g).int()
-    gates = torch.softmax(torch.randn(N, k, device=dev, generator=g), -1)
-    ws = [(torch.randn(*shape, device=dev, generator=g) * 0.05).bfloat16()
-          for shape in ((M, s, h), (M, s, h), (M, h, s))]
-    return x, gates, idx, ws
+from tune_experts import setup          # the same inputs as the tuning probe (benchmarks/)
 
 
 def graph_ms(fn, dev):
@@ -68,8 +59,7 @@ def forward_rows(dev, ceil):
     act = torch.empty(P, s, device=dev, dtype=x.dtype)
     out = torch.empty(P, h, device=dev, dtype=x.dtype)
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
-    blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
-               num_stages=c["num_stages"])
+    blk = mg._launch(c)
     B = meta.max_blocks
     parts = {
         "gate_up": lambda: mg._gate_up_kernel[(B, triton.cdiv(s, c["BS"]), 1)](

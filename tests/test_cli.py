@@ -212,11 +212,11 @@ def test_bench_layer_decode_experts_quick_code_paths(capsys, tmp_path, name):
         rows = data["rows"]
         assert {(r["kind"], r["phase"]) for r in rows} == {
             (k, p) for k in ("moe", "more") for p in ("prefill", "decode")}
-        for r in rows:
+        for r in rows:         # every block's spans were recorded (a missed hook gives 0)
             parts = r["components"]
             assert set(parts) == {"attention", "router", "experts", "rest"}
-            assert all(v >= 0 for v in parts.values()) and parts["experts"] > 0
-            assert sum(parts.values()) == pytest.approx(r["ms"], rel=0.01) or parts["rest"] == 0
+            assert min(parts["attention"], parts["router"], parts["experts"]) > 0
+            assert parts["rest"] >= 0 and r["tokens_per_s"] > 0
         assert (out.parent / "model.png").exists()
     if name == "decode":       # the floor's bytes: touched experts, router, x and y
         for r in data["rows"]:

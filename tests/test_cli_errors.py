@@ -87,8 +87,9 @@ def test_bad_files_are_one_line(capsys, tmp_path):
     fails(capsys, ["bench", "layer", "--plot-only", str(bad)], "not rows of `moremoe bench layer`")
     fails(capsys, ["bench", "model", "--plot-only", str(bad)], "not rows of `moremoe bench model`")
     fails(capsys, ["bench", "model", "--pairs", "h512,x"], r"--pairs got 'h512,x', expected")
-    fails(capsys, ["bench", "layer", "--experts", "0"], r"--experts: got '0', expected")
-    fails(capsys, ["bench", "decode", "--hidden", "64,x"], r"--hidden: got '64,x', expected")
+    fails(capsys, ["bench", "layer", "--experts", "0"], r"--experts: expected positive integers")
+    fails(capsys, ["bench", "decode", "--hidden", "64,x"],
+          r"--hidden: expected comma-separated integers .* got '64,x'")
     yaml_file = tmp_path / "run.yaml"
     yaml_file.write_text("model: [1\n")
     fails(capsys, ["train", "--config", str(yaml_file), "--data", "x"],

@@ -239,6 +239,8 @@ def test_fused_forward_matches_the_reference(N, h, s, M, k, combine, split, monk
     torch.testing.assert_close(y, mg.forward(x, gates, idx, *ws), atol=1e-5 * h, rtol=1e-5)
     with pytest.raises(ValueError, match="combine must be"):
         mg.forward(x, gates, idx, *ws, combine="sum")
+    with pytest.raises(ValueError, match="combine='atomic' needs inference"):
+        mg.forward(x, gates, idx, *ws, save=True, combine="atomic")
 
 
 @pytest.mark.parametrize("split_h", [1, 2, 3, 5])

@@ -7,11 +7,31 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from ..report import dumps
+
+
+@contextmanager
+def bf16_on(device):
+    """Modules built inside are created directly on the device in bf16 (no CPU init, no
+    fp32 copy)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def free(device) -> None:
+    """Hand cached blocks back between benchmark points (CUDA)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def device_slug(device: torch.device) -> str:

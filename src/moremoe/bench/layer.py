@@ -26,7 +26,7 @@ import torch
 
 from ..nn.moe import MoEConfig, MoELayer
 from ..runtime import environment
-from .harness import ceilings, floor_ms, peak_bytes, time_ms
+from .harness import bf16_on, ceilings, floor_ms, free, peak_bytes, time_ms
 
 HS = (64, 128, 256, 512, 1024, 2048, 4096)
 MS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -55,13 +55,8 @@ def make_layer(p: LayerPoint, variant: str, device, *, experts_impl="triton", tr
     rank, router_impl = VARIANTS[variant] if variant in VARIANTS else (64, "reference")
     cfg = MoEConfig(experts=p.M, top_k=p.k, hidden=p.h, width=p.s, rank=rank,
                     router_impl=router_impl, experts_impl=experts_impl)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            layer = MoELayer(cfg, experts=experts)
-    finally:
-        torch.set_default_dtype(old)
+    with bf16_on(device):
+        layer = MoELayer(cfg, experts=experts)
     return layer.train(train)
 
 
@@ -83,11 +78,6 @@ def layer_cost(p: LayerPoint, rank) -> tuple[float, float]:
 def _row(bench, p: LayerPoint, variant, env, ceil, **extra) -> dict:
     return {"bench": bench, "variant": variant, **p.__dict__, **env,
             **{f"ceiling_{k}": v for k, v in ceil.items()}, **extra}
-
-
-def _free(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _experts(p: LayerPoint, device):
@@ -130,7 +120,7 @@ def prefill(p: LayerPoint, variant: str, device, env, ceil, sweep: str, experts)
         except RuntimeError as err:       # torch._grouped_mm's own limits (e.g. groups)
             if variant != "moe_grouped_mm" or isinstance(err, torch.OutOfMemoryError):
                 raise
-            _free(device)
+            free(device)
             return _row("layer", p, variant, env, ceil, **base, ms=None,
                         error=str(err).splitlines()[0])
         flops, nbytes = layer_cost(p, VARIANTS[variant][0])
@@ -139,7 +129,7 @@ def prefill(p: LayerPoint, variant: str, device, env, ceil, sweep: str, experts)
                    bytes=nbytes, ratio_to_floor=(ms / fl) if fl else None)
     except torch.OutOfMemoryError:
         row = _row("layer", p, variant, env, ceil, **base, ms=None, oom=True)
-    _free(device)
+    free(device)
     return row
 
 
@@ -164,7 +154,7 @@ def train_memory(p: LayerPoint, router_impl: str, device, env, ceil, experts) ->
         row = _row("layer", p, variant, env, ceil, **base, oom=True)
     for w in experts.parameters():
         w.grad = None
-    _free(device)
+    free(device)
     return row
 
 
@@ -226,7 +216,7 @@ def run_layer(device, *, quick=False, progress=None, sweeps=LAYER_SWEEPS, expert
             progress and progress(i, total, row)
             yield row
         del experts
-        _free(device)
+        free(device)
 
 
 def _graph_or_plain(fn, device):
@@ -291,7 +281,7 @@ def run_decode(device, *, quick=False, progress=None, expert_counts=None, hidden
             progress and progress(i, total, row)
             yield row
         del experts
-        _free(device)
+        free(device)
 
 
 def _expert_rows(p: LayerPoint, device, env, ceil, quick: bool):
@@ -372,7 +362,7 @@ def run_experts(device, *, quick=False, progress=None):
             rows += 1
             progress and progress(rows, total, row)
             yield row
-        _free(device)
+        free(device)
 
 
 def matched_wallclock(rows: list[dict], h: int = 512) -> dict | None:

@@ -26,7 +26,7 @@ import torch
 from ..model.cache import KVCache
 from ..model.transformer import Transformer, TransformerConfig
 from ..runtime import environment
-from .harness import ceilings, time_ms
+from .harness import bf16_on, ceilings, free, time_ms
 
 PREFILL_SHAPES = ((64, 1024), (256, 1024))
 DECODE_BATCHES = (1, 8, 64)
@@ -37,13 +37,8 @@ COMPONENTS = ("attention", "router", "experts", "rest")
 
 def build(cfg: TransformerConfig, device) -> Transformer:
     """The model in bf16, initialised directly on the device, in eval mode."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = Transformer(cfg)
-    finally:
-        torch.set_default_dtype(old)
+    with bf16_on(device):
+        model = Transformer(cfg)
     return model.eval()
 
 
@@ -155,11 +150,6 @@ def decode(model, B: int, new_tokens: int, device, runs: int = 3) -> dict:
             "components": _breakdown(step_ms, parts, 1 / new_tokens)}
 
 
-def _free(device):
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def run_model(device, *, pairs, quick=False, progress=None):
     """pairs: [(pair name, [(model name, kind, TransformerConfig), ...])] — the CLI's presets.
     Yields one row per (model, phase, batch)."""
@@ -191,12 +181,12 @@ def run_model(device, *, pairs, quick=False, progress=None):
                                    else decode(model, B, n, device))
                     except torch.OutOfMemoryError:
                         row.update(oom=True, ms=None)
-                    _free(device)
+                    free(device)
                 i += 1
                 progress and progress(i, total, row)
                 yield row
             del model
-            _free(device)
+            free(device)
 
 
 def ratios(rows: list[dict]) -> list[dict]:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..checks import UserError
-from .args import _add_json
+from .args import _add_json, _int_list
 from ..report import check_output_file, table
 from ..report import emit as _emit
 
@@ -114,17 +114,6 @@ def _router_sweeps(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"unknown sweep(s) {', '.join(bad) or repr(text)}; "
                                          f"expected a comma list of {', '.join(SWEEPS)}")
     return names
-
-
-def _ints_arg(text: str) -> list[int]:
-    try:
-        ms = [int(t) for t in text.split(",") if t]
-    except ValueError:
-        ms = []
-    if not ms or any(m < 1 for m in ms):
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected a comma-separated list of "
-                                         f"positive integers, e.g. 512,1024,8192")
-    return ms
 
 
 def _subset_arg(flag: str, allowed):
@@ -255,12 +244,12 @@ def add_bench_parser(sub) -> None:
                                  "wall-clock point), memory (forward+backward peak over h x M);"
                                  " default all")
         if name in ("layer", "decode"):
-            pb.add_argument("--experts", type=_ints_arg, default=None, metavar="M,M,...",
+            pb.add_argument("--experts", type=_int_list, default=None, metavar="M,M,...",
                             help="the expert counts" + (" of the grid and memory sweeps"
                                                         if name == "layer" else "")
                             + " (default 64,128,...,8192)")
         if name == "decode":
-            pb.add_argument("--hidden", type=_ints_arg, default=None, metavar="H,H,...",
+            pb.add_argument("--hidden", type=_int_list, default=None, metavar="H,H,...",
                             help="the hidden sizes h (default 64,128,...,4096)")
         if name == "model":
             pb.add_argument("--pairs", type=_pairs_arg,

@@ -313,6 +313,12 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
     return cfg
 
 
+def _launch(c: dict) -> dict:
+    """The row-block kernels' tile and launch parameters from a config."""
+    return dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
+                num_stages=c["num_stages"])
+
+
 def _combine(pair_rows, N, k, h, dtype):
     y = torch.empty(N, h, device=pair_rows.device, dtype=dtype)
     if N:
@@ -357,8 +363,7 @@ def _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, 
         split = 1 if B >= FILL_BLOCKS else triton.cdiv(h, c["BH"])
         _fused_kernel[(B, split)](
             x, w_gate, w_up, w_down, gates_flat, out, *args, h, s, k, x.stride(0),
-            *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, BM=c["BM"], BS=c["BS"],
-            BH=c["BH"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+            *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, **_launch(c))
     return out.to(dt) if atomic else _combine(out, N, k, h, dt)
 
 
@@ -383,36 +388,37 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     c = config(h, s, cfg)
     meta = _meta(meta, idx, M, c, walk_experts=walk_experts)
     P, dev, dt = N * k, x.device, x.dtype
-    act = torch.empty(P, s, device=dev, dtype=dt)
-    xg = torch.empty(P if save else 1, s, device=dev, dtype=dt)
-    xu = torch.empty_like(xg)
     gates_flat = gates.reshape(-1).contiguous()
-    out = torch.empty(P, h, device=dev, dtype=dt)
     B = meta.max_blocks
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
+    one_kernel = not save and s <= c["BS"]
+    if combine == "atomic" and not one_kernel:
+        raise ValueError(f"combine='atomic' needs inference (save=False) with s <= BS "
+                         f"({c['BS']}); got save={save}, s={s}")
     fused = c["fused"] if c["fused"] is not None else (
-        meta.max_blocks >= FILL_BLOCKS
-        or (meta.max_blocks <= FEW_BLOCKS and h <= FEW_BLOCKS_MAX_H))
-    if not save and s <= c["BS"] and (fused or combine == "atomic"):
+        B >= FILL_BLOCKS or (B <= FEW_BLOCKS and h <= FEW_BLOCKS_MAX_H))
+    if one_kernel and (fused or combine == "atomic"):
         return _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c,
                               atomic=combine == "atomic")
+    act = torch.empty(P, s, device=dev, dtype=dt)
+    out = torch.empty(P, h, device=dev, dtype=dt)
     n_s, n_h = triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"])
     split = 1 if save else c["split_h"] or (
         1 if B * n_s > FEW_BLOCKS else max(1, min(n_h, SPLIT_PROGRAMS // (B * n_s))))
     h_per = triton.cdiv(n_h, split) * c["BH"]
     split = triton.cdiv(h, h_per)
-    if split > 1:                                   # fp32 partials of xg, xu per h split
+    if split > 1:           # fp32 partials of xg, xu per h split
         xg = torch.empty(split, P, s, device=dev, dtype=torch.float32)
-        xu = torch.empty_like(xg)
+    else:                   # the saved xg, xu (a placeholder when not saving)
+        xg = torch.empty(P if save else 1, s, device=dev, dtype=dt)
+    xu = torch.empty_like(xg)
     if P:
-        blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
-                   num_stages=c["num_stages"])
         _gate_up_kernel[(B, n_s, split)](
             x, w_gate, w_up, act, xg, xu, *args, h, s, k, P, h_per, x.stride(0),
-            *w_gate.stride(), SAVE=save, SPLIT=split > 1, **blk)
+            *w_gate.stride(), SAVE=save, SPLIT=split > 1, **_launch(c))
         _down_kernel[(B, n_h)](
             act, xg, xu, w_down, gates_flat, out, *args, h, s, P, split, *w_down.stride(),
-            SPLIT=split > 1, **blk)
+            SPLIT=split > 1, **_launch(c))
     y = _combine(out, N, k, h, dt)
     return (y, act, xg, xu) if save else y
 
@@ -441,8 +447,7 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
     new = torch.empty_like if P else torch.zeros_like
     dws = [new(w) for w in (w_gate, w_up, w_down)]
     if P:
-        blk = dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
-                   num_stages=c["num_stages"])
+        blk = _launch(c)
         _down_bwd_kernel[(B, n_s)](dy, w_down, act, xg, xu, gates_flat, dxg, dxu, dgate, *args,
                                    h, s, P, k, dy.stride(0), *w_down.stride(), **blk)
         _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, h, s,
