@@ -3,9 +3,11 @@ each micro-step is marked with torch.compiler.cudagraph_mark_step_begin()? (run 
 
 A 2-layer h = 512 model of the pair's shape (MoE-256 or MoRE-1792 layers, k = 4, bf16
 autocast over fp32 weights, 2 micro-steps of 4 x 1,024 tokens), three ways: eager (the
-reference), each block compiled with reduce-overhead, and the whole model compiled with
-reduce-overhead. For each: whether three steps run, the gradients' relative error against
-eager, and the wall time of a step after warm-up. One JSON line per (layer kind, way).
+reference), each block compiled with reduce-overhead, the whole model compiled with
+reduce-overhead, and the whole model compiled without CUDA graphs (model_default). For
+each: whether three steps run (and how long they took, compiling included), the gradients'
+relative error against eager, and the wall time of a step after warm-up. One JSON line
+per (layer kind, way).
 
     PYTHONPATH=src python benchmarks/probe_cudagraph_training.py [--out rows.jsonl]
 """
@@ -53,10 +55,15 @@ def run(kind: str, way: str) -> dict:
         elif way == "blocks":
             model.compile_blocks("reduce-overhead")
             fwd, mark = model, True
-        else:
+        elif way == "model":
             fwd, mark = torch.compile(model, mode="reduce-overhead"), True
+        else:                               # model_default: one graph, no CUDA graphs
+            fwd, mark = torch.compile(model), False
+        t0 = time.perf_counter()
         for _ in range(3):
             got = step(model, fwd, batches, mark)
+        torch.cuda.synchronize()
+        row["first_3_steps_s"] = time.perf_counter() - t0
         err = max(((got[n].float() - r.float()).norm() / r.float().norm().clamp_min(1e-30))
                   .item() for n, r in ref.items())
         torch.cuda.synchronize()
@@ -75,9 +82,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--kinds", default="moe,more", help="comma list of moe, more")
+    ap.add_argument("--ways", default="eager,blocks,model,model_default",
+                    help="comma list of eager, blocks, model, model_default")
     args = ap.parse_args()
     for kind in args.kinds.split(","):
-        for way in ("eager", "blocks", "model"):
+        for way in args.ways.split(","):
             row = run(kind, way)
             print(json.dumps(row), flush=True)
             if args.out:
