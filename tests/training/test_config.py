@@ -51,9 +51,10 @@ def test_layers_preset_file_set_and_flags(tmp_path):
     ("train.autocast=maybe", TypeError, r"train\.autocast must be true/false"),
     ("train.batch_size=0", ValueError, r"train\.batch_size must be >= 1, got 0"),
     ("train.compile_mode=fast", ValueError,
-     r"train\.compile_mode must be one of default, max-autotune-no-cudagraphs, got 'fast'"),
-    ("train.compile_mode=reduce-overhead", ValueError,
-     r"train\.compile_mode='reduce-overhead' uses CUDA graphs.*use one of default"),
+     r"train\.compile_mode must be one of default, max-autotune-no-cudagraphs, "
+     r"reduce-overhead, max-autotune, got 'fast'"),
+    ("train.compile_scope=layers", ValueError,
+     r"train\.compile_scope must be one of blocks, model, got 'layers'"),
     ("model.kind=dense", ValueError, r"model\.kind must be one of \('moe', 'more', 'peer'\)"),
     ("model.rank=8", ValueError, r"model\.rank must be null when model\.kind='moe'"),
     ("model.top_k=99", ValueError, r"model\.top_k must be in \[1, 8\], got 99"),

@@ -29,16 +29,18 @@ def test_tiny_run_on_gpu_stops_and_resumes(text_data, tmp_path, preset, experts_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["default"])
-def test_compiled_blocks_train_like_eager(text_data, tmp_path, mode):
-    """train.compile (each block through torch.compile, the custom ops inside, over 2
-    accumulation micro-steps) follows the eager loss curve to bf16 rounding; the lm head's
-    padded GEMM runs in both."""
+@pytest.mark.parametrize("scope, mode", [("blocks", "default"), ("model", "default"),
+                                         ("blocks", "reduce-overhead"),
+                                         ("model", "reduce-overhead")])
+def test_compiled_training_follows_eager(text_data, tmp_path, scope, mode):
+    """train.compile (each block, or the whole model, through torch.compile with the custom
+    ops inside, over 2 accumulation micro-steps; with CUDA graphs too) follows the eager loss
+    curve to bf16 rounding; the lm head's padded GEMM runs in both."""
     runs = {}
     for comp in (False, True):
         sets = ["model.seq_len=64", "train.log_every=5", "train.eval_every=20",
                 "train.max_steps=20", "train.grad_accum=2", f"train.compile={str(comp).lower()}",
-                f"train.compile_mode={mode}"]
+                f"train.compile_mode={mode}", f"train.compile_scope={scope}"]
         runs[comp] = train(build_run_config(preset="tiny-more", data=str(text_data),
                                             out=str(tmp_path / f"c{comp}"), device="cuda",
                                             overrides=sets), echo=print)

@@ -127,11 +127,12 @@ class OptimSpec:
                                  f"{getattr(self, name)}")
 
 
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-NAN_POLICIES = ("stop", "skip")
-# Refused: with the blocks compiled one by one, or the stack as one function, CUDA graph
-# trees overwrote activations the backward still needed (H100, torch 2.11; benchmarks/NOTES.md)
+# CUDA-graph modes: the trainer marks each micro-step and keeps the gradients allocated, so
+# no .grad is a backward graph's output that the next replay overwrites (pytorch #169545)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs") + CUDA_GRAPH_MODES
+COMPILE_SCOPES = ("blocks", "model")
+NAN_POLICIES = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,10 @@ class TrainSpec:
     out: str | None = None            # run directory; None: runs/train/<preset or config>
     device: str = "auto"              # "auto" | "cpu" | "cuda[:N]"
     autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
-    compile: bool = False             # torch.compile each transformer block
-    compile_mode: str = "default"     # torch.compile's mode, without CUDA graphs
+    compile: bool = False             # torch.compile (what: compile_scope)
+    compile_mode: str = "default"     # torch.compile's mode (reduce-overhead: CUDA graphs)
+    compile_scope: str = "blocks"     # "blocks": each block (one graph they share) and the
+                                      # loss; "model": the whole model as one graph
     tensorboard: bool = False         # also write TensorBoard events to out/tb
     peak_tflops: float | None = None  # per-GPU peak for MFU; None: known device or no MFU
     nan_policy: str = "stop"          # a NaN/inf loss or grad norm: "stop" (before updating,
@@ -185,13 +188,12 @@ class TrainSpec:
             v = getattr(self, name)
             if v is not None and not 0 < v < math.inf:
                 raise ValueError(f"train.{name} must be a finite number > 0 or null, got {v}")
-        if self.compile_mode in CUDA_GRAPH_MODES:
-            raise ValueError(f"train.compile_mode={self.compile_mode!r} uses CUDA graphs, which "
-                             f"break training here (see benchmarks/NOTES.md); use one of "
-                             f"{', '.join(COMPILE_MODES)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, "
                              f"got {self.compile_mode!r}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"train.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, "
+                             f"got {self.compile_scope!r}")
 
 
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
@@ -199,8 +201,8 @@ class TrainSpec:
 RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tokens",
                        "stop_step", "max_minutes", "eval_every", "eval_batches", "log_every",
                        "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps",
-                       "out", "device", "compile", "compile_mode", "tensorboard",
-                       "peak_tflops", "nan_policy", "nan_skip_limit"},
+                       "out", "device", "compile", "compile_mode", "compile_scope",
+                       "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit"},
              "model": {"router_impl", "experts_impl"}}
 
 

@@ -36,7 +36,7 @@ from ..tasks.text import open_tokens, read_meta
 from ..model import checkpoint as stored
 from . import checkpoint as ckpt
 from . import run_plot
-from .config import RunConfig
+from .config import CUDA_GRAPH_MODES, RunConfig
 from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
@@ -152,9 +152,25 @@ class LMTrainer:
 
     def _wrapped(self) -> None:
         t = self.cfg.train
-        if t.compile:
+        self.graphs = t.compile and t.compile_mode in CUDA_GRAPH_MODES and self.dev.type == "cuda"
+        if t.compile and t.compile_scope == "blocks":
             self.model.compile_blocks(t.compile_mode)
         self.ddp_model = ddp.wrap(self.model, self.info)
+        if t.compile and t.compile_scope == "model":
+            self.ddp_model = torch.compile(self.ddp_model, mode=t.compile_mode)
+        self._zero_grads()
+
+    def _zero_grads(self) -> None:
+        """Free the gradients; under CUDA graphs keep them allocated and zero them in place:
+        a .grad that autograd took over from a backward graph's output (it does when .grad is
+        None) is overwritten by the next micro-step's replay (pytorch #169545)."""
+        if not self.graphs:
+            self.opt.zero_grad(set_to_none=True)
+            return
+        for p in self.model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.opt.zero_grad(set_to_none=False)
 
     RUN_FILES = ("log.jsonl", "summary.json", "config.json", "profile.txt", "loss.png")
 
@@ -242,6 +258,8 @@ class LMTrainer:
             last = j == accum - 1
             no_sync = self.ddp_model.no_sync if self.info.enabled and not last else \
                 contextlib.nullcontext
+            if self.graphs:                 # this micro-step may overwrite the last one's outputs
+                torch.compiler.cudagraph_mark_step_begin()
             with no_sync():
                 with torch.autocast(device_type=self.dev.type, dtype=self.amp,
                                     enabled=self.amp is not None):
@@ -261,7 +279,7 @@ class LMTrainer:
         self.batches.advance()
         self.step, self.tokens = self.step + 1, self.tokens + self.tokens_per_step
         self._updating = False
-        self.opt.zero_grad(set_to_none=True)
+        self._zero_grads()
         return torch.cat([vals, vals.new_ones(1)]) if update else vals.new_zeros(5)
 
     def _finite(self, vals: torch.Tensor) -> bool:
@@ -283,7 +301,7 @@ class LMTrainer:
                 self.echo(f"warning: {what}; the update is skipped (train.nan_policy=skip)")
                 return False
             what += f", the {t.nan_skip_limit}th non-finite step in a row"
-        self.opt.zero_grad(set_to_none=True)
+        self._zero_grads()
         raise NonFiniteStep(f"{what}: the run stops with the weights of step {self.step} "
                             f"(saved, no non-finite checkpoint is written); lower optim.lr, "
                             f"or pass --set train.nan_policy=skip to skip such steps")
