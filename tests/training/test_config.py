@@ -1,5 +1,6 @@
 """Run configs: presets, YAML files, --set overrides, type checks and the errors' wording."""
 import pytest
+import torch
 from cli_checks import fails
 
 from moremoe.cli import main
@@ -51,7 +52,7 @@ def test_layers_preset_file_set_and_flags(tmp_path):
     ("train.autocast=maybe", TypeError, r"train\.autocast must be true/false"),
     ("train.batch_size=0", ValueError, r"train\.batch_size must be >= 1, got 0"),
     ("train.compile_mode=fast", ValueError,
-     r"train\.compile_mode must be one of default, max-autotune-no-cudagraphs, "
+     r"train\.compile_mode must be one of auto, default, max-autotune-no-cudagraphs, "
      r"reduce-overhead, max-autotune, got 'fast'"),
     ("train.compile_scope=layers", ValueError,
      r"train\.compile_scope must be one of blocks, model, got 'layers'"),
@@ -141,3 +142,14 @@ def test_peer_presets_and_their_checks(text_data, tmp_path):
     summary = train(cfg, echo=lambda _t: None)
     assert summary["step"] == 6 and summary["val_loss"] is not None
     assert len(summary["expert_coverage"]) == 2
+
+
+def test_compile_mode_auto_takes_cuda_graphs_only_on_one_gpu_process():
+    from moremoe.training.lm import compile_mode
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert compile_mode("auto", cuda, 1) == "reduce-overhead"
+    assert compile_mode("auto", cuda, 2) == "default"          # DDP: not measured with graphs
+    assert compile_mode("auto", cpu, 1) == "default"
+    assert compile_mode("max-autotune", cpu, 4) == "max-autotune"   # an explicit mode stays
+    paper = build_run_config(preset="h512-s64-more1792").train
+    assert (paper.compile, paper.compile_mode, paper.compile_scope) == (True, "auto", "model")

@@ -36,7 +36,7 @@ examples:
   moremoe train --preset h512-s64-more1792 --data data/fw --out runs/more --resume
   moremoe train --config my.yaml --set optim.lr=3e-4 --set optim.router_lr=1e-3
   moremoe train --preset h512-s64-more1792 --data data/fw --set train.profile_steps=10 \\
-      --set train.compile=false                   # the paper presets compile each block"""
+      --set train.compile=false      # the paper presets compile the model, CUDA graphs on 1 GPU"""
 
 
 def _presets_table(rows: list[dict]) -> str:

@@ -130,7 +130,7 @@ class OptimSpec:
 # CUDA-graph modes: the trainer marks each micro-step and keeps the gradients allocated, so
 # no .grad is a backward graph's output that the next replay overwrites (pytorch #169545)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs") + CUDA_GRAPH_MODES
+COMPILE_MODES = ("auto", "default", "max-autotune-no-cudagraphs") + CUDA_GRAPH_MODES
 COMPILE_SCOPES = ("blocks", "model")
 NAN_POLICIES = ("stop", "skip")
 
@@ -160,7 +160,9 @@ class TrainSpec:
     device: str = "auto"              # "auto" | "cpu" | "cuda[:N]"
     autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
     compile: bool = False             # torch.compile (what: compile_scope)
-    compile_mode: str = "default"     # torch.compile's mode (reduce-overhead: CUDA graphs)
+    compile_mode: str = "default"     # torch.compile's mode (reduce-overhead: CUDA graphs);
+                                      # "auto": reduce-overhead on one GPU process (measured
+                                      # there), default under DDP or on the CPU
     compile_scope: str = "blocks"     # "blocks": each block (one graph they share) and the
                                       # loss; "model": the whole model as one graph
     tensorboard: bool = False         # also write TensorBoard events to out/tb

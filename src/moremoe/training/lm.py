@@ -152,12 +152,14 @@ class LMTrainer:
 
     def _wrapped(self) -> None:
         t = self.cfg.train
-        self.graphs = t.compile and t.compile_mode in CUDA_GRAPH_MODES and self.dev.type == "cuda"
+        self.compile_mode = compile_mode(t.compile_mode, self.dev, self.info.world)
+        self.graphs = (t.compile and self.compile_mode in CUDA_GRAPH_MODES
+                       and self.dev.type == "cuda")
         if t.compile and t.compile_scope == "blocks":
-            self.model.compile_blocks(t.compile_mode)
+            self.model.compile_blocks(self.compile_mode)
         self.ddp_model = ddp.wrap(self.model, self.info)
         if t.compile and t.compile_scope == "model":
-            self.ddp_model = torch.compile(self.ddp_model, mode=t.compile_mode)
+            self.ddp_model = torch.compile(self.ddp_model, mode=self.compile_mode)
         self._zero_grads()
 
     def _zero_grads(self) -> None:
@@ -460,6 +462,8 @@ class LMTrainer:
             "timing_warmup_steps": min(clock.steps, clock.warmup),   # + profiled steps
             "tokens_per_s": tok_s, "mfu": self._mfu(tok_s) if tok_s else None,
             "peak_tflops": self.peak, "flops_per_token": self.flops_per_token,
+            "compile": (f"{self.cfg.train.compile_scope}, {self.compile_mode}"
+                        if self.cfg.train.compile else None),
             "params": self.model_config.total_params(),
             "global_batch": self.batches.global_batch, "seq_len": self.cfg.model.seq_len,
             "val_loss": last_eval["val_loss"] if last_eval else None,
@@ -475,6 +479,15 @@ class LMTrainer:
             write_json(self.out / "summary.json", summary)
         self.log.close()
         return summary
+
+
+def compile_mode(mode: str, device: torch.device, world: int) -> str:
+    """train.compile_mode as torch.compile takes it: "auto" is CUDA graphs (reduce-overhead)
+    for one process on a GPU, where the paper pair's step measured GPU-bound with them
+    (benchmarks/NOTES.md), and "default" under DDP (not measured with graphs) or on a CPU."""
+    if mode != "auto":
+        return mode
+    return "reduce-overhead" if device.type == "cuda" and world == 1 else "default"
 
 
 def _eager():
