@@ -24,7 +24,7 @@ def tiny_model():
 
 
 def save(run, step, model, keep=2):
-    return ck.save_checkpoint(run, step, model, model_config=model.config,
+    return ck.save_checkpoint(run, step, model.state_dict(), model_config=model.config,
                               run_config={"x": 1}, state={"step": step}, keep=keep)
 
 

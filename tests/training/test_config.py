@@ -145,7 +145,7 @@ def test_peer_presets_and_their_checks(text_data, tmp_path):
 
 
 def test_compile_mode_auto_takes_cuda_graphs_only_on_one_gpu_process():
-    from moremoe.training.lm import compile_mode
+    from moremoe.parallel.plan import compile_mode
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert compile_mode("auto", cuda, 1) == "reduce-overhead"
     assert compile_mode("auto", cuda, 2) == "default"          # DDP: not measured with graphs

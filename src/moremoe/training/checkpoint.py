@@ -4,7 +4,8 @@
 A checkpoint is the directory RUN/checkpoints/step_XXXXXXXX with
   model.safetensors  the model's state_dict (fp32 master weights; no DDP/compile prefixes)
   config.json        {"model": TransformerConfig.to_dict(), "train": RunConfig.to_dict()}
-  state.pt           torch.save'd {"step", "tokens", "optimizer", "scheduler", "data",
+  state.pt           torch.save'd {"step", "tokens", "optimizer" (whole, keyed by parameter
+                     name, whatever the ranks held), "scheduler", "data",
                      "rng": one {python, numpy, torch, cuda} per rank, ...}
 It is written to a hidden temporary directory and renamed into place; the last ``keep``
 complete ones are kept. A save replaces a step directory it did not write rather than
@@ -43,10 +44,10 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _flat_tensors(model: torch.nn.Module) -> dict:
-    """state_dict on the CPU, contiguous, with no two entries sharing memory."""
+def _flat_tensors(weights: dict) -> dict:
+    """A state_dict on the CPU, contiguous, with no two entries sharing memory."""
     out, seen = {}, set()
-    for name, t in model.state_dict().items():
+    for name, t in weights.items():
         t = t.detach()
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, tuple(t.shape))
         t = t.to("cpu", copy=key in seen).contiguous()
@@ -55,11 +56,11 @@ def _flat_tensors(model: torch.nn.Module) -> dict:
     return out
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
+def save_checkpoint(run_dir: str | Path, step: int, weights: dict, *,
                     model_config: TransformerConfig, run_config: dict, state: dict,
                     keep: int) -> Path:
-    """Write checkpoint `step` to a temporary directory, rename it into place, then drop all
-    but the newest `keep` complete ones. A step directory already there was not written by
+    """Write checkpoint `step` (weights: the model's whole state_dict) to a temporary
+    directory, rename it into place, then drop all but the newest `keep` complete ones. A step directory already there was not written by
     this save (the caller skips a step it saved itself): it is an older run's or an
     incomplete one, and is replaced, never trusted. What a killed save left half-written is
     removed first."""
@@ -70,7 +71,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, *,
         shutil.rmtree(partial, ignore_errors=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir()
-    safetensors_torch().save_file(_flat_tensors(model), str(tmp / MODEL_FILE),
+    safetensors_torch().save_file(_flat_tensors(weights), str(tmp / MODEL_FILE),
                              metadata={"format": "pt"})
     (tmp / CONFIG_FILE).write_text(json.dumps(
         {"model": model_config.to_dict(), "train": run_config}, indent=2) + "\n")

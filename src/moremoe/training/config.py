@@ -17,10 +17,12 @@ from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
 from ..nn.router import ROUTER_INITS
+from ..parallel.fsdp import DATA_MODES
+from ..parallel.plan import CUDA_GRAPH_MODES
 from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more", "peer")
-SECTIONS = ("model", "optim", "train")
+SECTIONS = ("model", "optim", "train", "parallel")
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,6 @@ class OptimSpec:
 
 # CUDA-graph modes: the trainer marks each micro-step and keeps the gradients allocated, so
 # no .grad is a backward graph's output that the next replay overwrites (pytorch #169545)
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 COMPILE_MODES = ("auto", "default", "max-autotune-no-cudagraphs") + CUDA_GRAPH_MODES
 COMPILE_SCOPES = ("blocks", "model")
 NAN_POLICIES = ("stop", "skip")
@@ -198,6 +199,19 @@ class TrainSpec:
                              f"got {self.compile_scope!r}")
 
 
+@dataclass(frozen=True)
+class ParallelSpec:
+    """How the ranks of a torchrun launch share the model (one process: ignored)."""
+
+    data: str = "ddp"                 # "ddp": every rank holds the whole model; "fsdp":
+                                      # FSDP2, parameters, gradients and AdamW states sharded
+
+    def __post_init__(self):
+        if self.data not in DATA_MODES:
+            raise ValueError(f"parallel.data must be one of {', '.join(DATA_MODES)}, got "
+                             f"{self.data!r}")
+
+
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
 # batch split may change too as long as the global batch stays (checked by the sampler).
 RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tokens",
@@ -205,7 +219,8 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps",
                        "out", "device", "compile", "compile_mode", "compile_scope",
                        "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit"},
-             "model": {"router_impl", "experts_impl"}}
+             "model": {"router_impl", "experts_impl"},
+             "parallel": {"data"}}       # checkpoints hold the whole state, any layout
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,7 @@ class RunConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
     optim: OptimSpec = field(default_factory=OptimSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
     preset: str | None = None
 
     def to_dict(self) -> dict:
@@ -223,7 +239,7 @@ class RunConfig:
         d = dict(d)
         unknown(d, ("preset",) + SECTIONS, "")
         parts = {}
-        for name, spec in zip(SECTIONS, (ModelSpec, OptimSpec, TrainSpec)):
+        for name, spec in zip(SECTIONS, (ModelSpec, OptimSpec, TrainSpec, ParallelSpec)):
             parts[name] = build_spec(spec, d.get(name) or {}, name)
         preset = d.get("preset")
         if preset is not None and not isinstance(preset, str):

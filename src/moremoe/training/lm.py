@@ -29,18 +29,19 @@ from ..checks import UserError
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
-from ..parallel import ddp
+from ..parallel import ddp, fsdp, plan
 from ..report import check_output_dir, write_json
 from ..runtime import autocast_dtype, environment
 from ..tasks.text import open_tokens, read_meta
 from ..model import checkpoint as stored
 from . import checkpoint as ckpt
 from . import run_plot
-from .config import CUDA_GRAPH_MODES, RunConfig
+from .config import RunConfig
 from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
 from .optim import cosine_with_warmup, make_optimizer
+from .signals import StopSignals
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
     t = cfg.train
@@ -60,29 +61,6 @@ def default_out(cfg: RunConfig) -> str:
 # signal 128 + its number after checkpointing; errors (bad input, a non-finite step) 2.
 EXIT_CODES = {"max_steps": 0, "stop_step": 75, "max_minutes": 75,
               "SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}
-
-
-class _Signals:
-    """First SIGINT/SIGTERM asks for a clean stop at the end of the step (requested holds
-    its number); a second one interrupts at once (the handlers are restored on exit)."""
-
-    def __init__(self):
-        self.requested, self._old = 0, {}
-
-    def __enter__(self):
-        with contextlib.suppress(ValueError):           # not the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = int(signum)
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 class NonFiniteStep(UserError):
@@ -138,12 +116,7 @@ class LMTrainer:
         torch.manual_seed(cfg.train.seed)
         self.model_config = cfg.model.transformer_config(self.vocab)
         self.model = Transformer(self.model_config).to(self.dev)
-        o = cfg.optim
-        self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
-                                  weight_decay=o.weight_decay, router_lr=o.router_lr,
-                                  fused=self.dev.type == "cuda")
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
-            self.total, cfg.optim.warmup_frac, cfg.optim.min_lr_frac))
+        self._pending = None        # a checkpoint's optimizer and scheduler, once they exist
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
         self.flops_per_token = self.model_config.training_flops_per_token(cfg.model.seq_len)
         self.peak = peak_tflops(self.dev, cfg.train.peak_tflops)
@@ -151,15 +124,24 @@ class LMTrainer:
         self.skipped, self._skipped_in_a_row = 0, 0       # non-finite steps skipped
 
     def _wrapped(self) -> None:
-        t = self.cfg.train
-        self.compile_mode = compile_mode(t.compile_mode, self.dev, self.info.world)
-        self.graphs = (t.compile and self.compile_mode in CUDA_GRAPH_MODES
+        """Compile, shard or replicate over the ranks, then build the optimizer over the
+        parameters as they are now (FSDP2's are shards) and load a checkpoint's states."""
+        t, o = self.cfg.train, self.cfg.optim
+        self.compile_mode = plan.compile_mode(t.compile_mode, self.dev, self.info.world)
+        self.graphs = (t.compile and self.compile_mode in plan.CUDA_GRAPH_MODES
                        and self.dev.type == "cuda")
-        if t.compile and t.compile_scope == "blocks":
-            self.model.compile_blocks(self.compile_mode)
-        self.ddp_model = ddp.wrap(self.model, self.info)
-        if t.compile and t.compile_scope == "model":
-            self.ddp_model = torch.compile(self.ddp_model, mode=self.compile_mode)
+        self.ddp_model = plan.parallelize(
+            self.model, self.info, data=self.cfg.parallel.data,
+            compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode)
+        self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
+                                  weight_decay=o.weight_decay, router_lr=o.router_lr,
+                                  fused=self.dev.type == "cuda")
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
+            self.total, o.warmup_frac, o.min_lr_frac))
+        if self._pending is not None:
+            fsdp.load_optim_state(self.model, self.opt, self._pending["optimizer"])
+            self.sched.load_state_dict(self._pending["scheduler"])
+            self._pending = None
         self._zero_grads()
 
     def _zero_grads(self) -> None:
@@ -225,8 +207,7 @@ class LMTrainer:
                              f"may change)")
         stored.load_weights(self.model, path)
         state = ckpt.load_state(path)
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        self._pending = state           # loaded into the optimizer once it is built
         self.batches.load_state_dict(state["data"])
         self.step, self.tokens = state["step"], state["tokens"]
         self.coverage.load(state.get("coverage"), self.dev)
@@ -258,11 +239,9 @@ class LMTrainer:
         for j in range(accum):
             x_BT = self._micro_batch(j)
             last = j == accum - 1
-            no_sync = self.ddp_model.no_sync if self.info.enabled and not last else \
-                contextlib.nullcontext
             if self.graphs:                 # this micro-step may overwrite the last one's outputs
                 torch.compiler.cudagraph_mark_step_begin()
-            with no_sync():
+            with fsdp.no_sync(self.ddp_model, self.info, last):
                 with torch.autocast(device_type=self.dev.type, dtype=self.amp,
                                     enabled=self.amp is not None):
                     out = self.ddp_model(x_BT[:, :-1], x_BT[:, 1:])
@@ -270,7 +249,7 @@ class LMTrainer:
             self.coverage.update(out.expert_counts)
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
         clip = self.cfg.optim.clip or float("inf")
-        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        gnorm = fsdp.whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         vals = torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
         update = self._finite(vals)
         self._lrs = {g["name"]: g["lr"] for g in self.opt.param_groups}
@@ -362,19 +341,21 @@ class LMTrainer:
         process already saved it (a stop right after a periodic save)."""
         if self._saved_step == self.step:
             return None
-        flags = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()])
-        if not bool(flags.all()):
+        if not fsdp.all_finite(self.model, self.info):
             raise NonFiniteStep(f"step {self.step}: the weights are not finite; no checkpoint "
                                 f"is written (the last one is kept)")
         rngs = ddp.gather_objects(ckpt.rng_state(), self.info) if gather else [ckpt.rng_state()]
         coverage = self.coverage.state(self._max if gather else (lambda t: t))
+        sharded = fsdp.is_sharded(self.model)      # every rank takes part in gathering
+        weights = fsdp.model_state(self.model) if sharded or self.main else None
+        optim = fsdp.optim_state(self.model, self.opt) if sharded or self.main else None
         path = None
         if self.main:
             state = {"step": self.step, "tokens": self.tokens,
-                     "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                     "optimizer": optim, "scheduler": self.sched.state_dict(),
                      "data": self.batches.state_dict(), "rng": rngs,
                      "world": self.info.world, "coverage": coverage}
-            path = ckpt.save_checkpoint(self.out, self.step, self.model,
+            path = ckpt.save_checkpoint(self.out, self.step, weights,
                                         model_config=self.model_config,
                                         run_config=self.cfg.to_dict(), state=state,
                                         keep=self.cfg.train.keep)
@@ -384,7 +365,7 @@ class LMTrainer:
             ddp.barrier(self.info)
         return path
 
-    def _stop_reason(self, clock: StepClock, signals: _Signals) -> str | None:
+    def _stop_reason(self, clock: StepClock, signals: StopSignals) -> str | None:
         t = self.cfg.train
         if self.step >= self.total:
             return "max_steps"
@@ -414,7 +395,7 @@ class LMTrainer:
                   f"params) on {self.dev} x{self.info.world}: step {self.step} -> {self.total}, "
                   f"{self.batches.global_batch} rows of {self.cfg.model.seq_len} per step")
         try:
-            with _Signals() as signals:
+            with StopSignals() as signals:
                 reason = self._stop_reason(clock, signals)
                 profiler.stepped(clock.steps)          # starts here when timing_warmup = 0
                 while reason is None:
@@ -481,15 +462,6 @@ class LMTrainer:
         return summary
 
 
-def compile_mode(mode: str, device: torch.device, world: int) -> str:
-    """train.compile_mode as torch.compile takes it: "auto" is CUDA graphs (reduce-overhead)
-    for one process on a GPU, where the paper pair's step measured GPU-bound with them
-    (benchmarks/NOTES.md), and "default" under DDP (not measured with graphs) or on a CPU."""
-    if mode != "auto":
-        return mode
-    return "reduce-overhead" if device.type == "cuda" and world == 1 else "default"
-
-
 def _eager():
     """Compiled blocks run eagerly inside: a few evaluation batches do not pay for compiling
     the no-grad graphs (torch < 2.6 has no stance and compiles them)."""
@@ -514,7 +486,11 @@ def train(cfg: RunConfig, *, resume: bool = False, force: bool = False, echo=Non
         if trainer.dev.type == "cuda":      # TF32 for the fp32 matmuls outside autocast
             torch.set_float32_matmul_precision("high")
         try:
-            return trainer.run()
+            summary = trainer.run()
+            # the ranks leave together: torchrun stops the others when one exits non-zero
+            # (75 after a budget stop), which must not cut rank 0's last writes short
+            ddp.barrier(trainer.info)
+            return summary
         finally:
             ddp.destroy(trainer.info)
     finally:      # a process that trains and then checks fp32 numerics keeps full precision
