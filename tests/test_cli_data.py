@@ -100,3 +100,75 @@ def test_corpus_writes_python_docs_and_optionally_its_source(tmp_path, capsys):
     both = json.loads(capsys.readouterr().out)
     assert both["files"] > docs["files"] + 100 and both["bytes"] > 10 * docs["bytes"]
     assert (tmp_path / "all" / "source" / "json" / "decoder.txt").is_file()
+
+
+# ---------------------------------------------------------------- data mixture
+
+MIX = ["--seq-len", "64", "--val-sequences", "10", "--workers", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def mixture_sources(tmp_path_factory):
+    pytest.importorskip("datasets")
+    from mixture_fixtures import write_sources
+    return write_sources(tmp_path_factory.mktemp("mixture_sources"))
+
+
+def test_mixture_help_and_list_show_the_recipe(capsys):
+    with pytest.raises(SystemExit):
+        main(["data", "mixture", "--help"])
+    help_text = capsys.readouterr().out
+    for part in ("--recipe paper", "37B tokens x1", "HuggingFaceTB/smollm-corpus:cosmopedia-v2",
+                 "4B tokens x3", "ComplexWebQuestions", "Winogrande", "whole, x3 each",
+                 "--source NAME=PATH", "--scale F or --tokens N"):
+        assert part in help_text, part
+    assert main(["data", "mixture", "--list"]) == 0
+    text = capsys.readouterr().out
+    assert "63,000,000,000 tokens" in text and "mandarjoshi/trivia_qa:rc.nocontext" in text
+    assert main(["data", "mixture", "--list", "--tokens", "630e6", "--source", "sciq=/x",
+                 "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    by = {s["name"]: s for s in listed["sources"]}
+    assert len(by) == 15 and listed["scale"] == pytest.approx(0.01)
+    assert by["fineweb_edu"]["budget_tokens"] == 370_000_000 and by["wikipedia"]["repeats"] == 3
+    assert by["sciq"]["local"] == "/x" and by["sciq"]["fraction"] == pytest.approx(0.01)
+    assert by["cwq"]["revision"] == "refs/convert/parquet"
+
+
+def test_mixture_from_local_copies(mixture_sources, tmp_path, capsys):
+    from mixture_fixtures import source_args
+    out = tmp_path / "mix"
+    argv = ["data", "mixture", "--recipe", "paper", "--out", str(out), "--tokens", "90000",
+            *source_args(mixture_sources), *MIX]
+    assert main(argv + ["--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    by = {r["name"]: r for r in s["sources"]}
+    assert by["cosmopedia"]["tokens_taken"] == round(14e9 * 90000 / 63e9) == 20_000
+    assert by["wikipedia"]["tokens_written"] == \
+        (by["wikipedia"]["train_sequences"] + by["wikipedia"]["val_sequences"]) * 64
+    assert s["val_sequences"] == 10 and s["tokens_written"] == sum(
+        r["tokens_written"] for r in s["sources"])
+    assert main(["data", "verify", str(out)]) == 0
+    assert "token ids OK" in capsys.readouterr().out
+    fails(capsys, argv, r"already holds prepared data .* pass --force to replace it")
+    assert main(argv + ["--force", "--seed", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "paper mixture at scale 1.43e-06" in text and "fineweb_edu" in text
+
+
+def test_mixture_errors(mixture_sources, tmp_path, capsys):
+    out = ["--out", str(tmp_path / "o")]
+    fails(capsys, ["data", "mixture", *out, *MIX],            # tests run with HF_HUB_OFFLINE=1
+          r"the Hugging Face Hub is out of reach \(HF_HUB_OFFLINE is set\) and 15 sources have "
+          r"no local copy: fineweb_edu=HuggingFaceTB/smollm-corpus:fineweb-edu-dedup, .*"
+          r"winogrande=allenai/winogrande:winogrande_xl; download them .* --source NAME=PATH")
+    fails(capsys, ["data", "mixture", "--no-progress"], "--out is required")
+    fails(capsys, ["data", "mixture", *out, "--source", "fineweb"],
+          "expected NAME=PATH like fineweb_edu=/data/fineweb, got 'fineweb'")
+    fails(capsys, ["data", "mixture", *out, "--source", "web=/x"],
+          r"--source web=/x: 'web' is not in the recipe; expected one of fineweb_edu,")
+    fails(capsys, ["data", "mixture", *out, "--scale", "2"], r"--scale must be in \(0, 1\]")
+    fails(capsys, ["data", "mixture", *out, "--scale", "0.5", "--tokens", "9"],
+          "not allowed with argument")
+    fails(capsys, ["data", "mixture", *out, "--skip", "wiki"], "--skip wiki: not a source")
+    fails(capsys, ["data", "mixture", *out, "--recipe", "gpt3"], "invalid choice: 'gpt3'")

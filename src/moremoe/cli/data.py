@@ -1,10 +1,13 @@
-"""The ``moremoe data`` commands: thin parsing over ``moremoe.tasks.prepare`` and ``.text``."""
+"""The ``moremoe data`` commands: thin parsing over ``moremoe.tasks.prepare``, ``.mixture``
+and ``.text``."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from .args import _add_json, _int_at_least, _positive_float
 from ..report import check_output_dir, emit, human, table
+from ..tasks.recipe import PAPER, RECIPES, describe, nominal_tokens
 
 
 def cmd_prepare(args) -> int:
@@ -48,6 +51,113 @@ def cmd_corpus(args) -> int:
          f"{len(paths):,} files, {nbytes / 2**20:,.1f} MiB of text in {args.out}\n"
          f"next: moremoe data prepare {args.out} --out DIR")
     return 0
+
+
+def _budget(spec) -> str:
+    if spec.budget is not None:
+        return human(spec.budget)
+    return "whole split" if spec.fraction >= 1 else f"{spec.fraction:.3g} of the split"
+
+
+def _mixture_config(args, out: str = ""):
+    from ..tasks.mixture import MixtureConfig
+    return MixtureConfig(
+        out=out, recipe=args.recipe, scale=args.scale, tokens=args.tokens,
+        sources=tuple(args.source), skip=tuple(args.skip), seq_len=args.seq_len,
+        val_sequences=args.val_sequences, seed=args.seed, workers=args.workers,
+        chunk_tokens=args.chunk_tokens, tokenizer_ranks=args.tokenizer_ranks,
+        restart=args.restart, force=args.force)
+
+
+def cmd_mixture(args) -> int:
+    if args.list:
+        return _list_mixture(args)
+    if not args.out:
+        raise ValueError("--out is required: the folder to build the mixture in (or --list to "
+                         "show the recipe)")
+    from ..tasks.mixture import build_mixture
+    s = build_mixture(_mixture_config(args, args.out), progress=not args.no_progress)
+    rows = [[r["name"], r["origin"].get("hub") or r["origin"]["path"], r["documents"],
+             f"{r['tokens_taken']:,}" + ("" if r["budget_tokens"] is None or not
+                                         r["whole_source"] else " (source ended)"),
+             f"x{r['repeats']}", f"{r['train_sequences']:,}", f"{r['val_sequences']:,}",
+             human(r["tokens_written"])] for r in s["sources"]]
+    totals = (f"{s['train_sequences']:,} train + {s['val_sequences']:,} val sequences x "
+              f"{s['seq_len']} = {s['tokens_written']:,} tokens ({human(s['tokens_written'])});"
+              f" chunks {s['chunks']:,} ({s['chunks_reused']:,} reused); {s['seconds']:.1f} s, "
+              f"{s['tokens_per_second']:,.0f} tokens/s")
+    emit(args, s, f"{s['recipe']} mixture at scale {s['scale']:.3g} in {s['out']}\n"
+         + table(rows, ["source", "from", "documents", "tokens taken", "repeats",
+                        "train seq", "val seq", "written"]) + "\n" + totals)
+    return 0
+
+
+def _list_mixture(args) -> int:
+    config = _mixture_config(args)
+    specs, local = config.plan(), dict(args.source)
+    entries = [{**describe(s), "local": local.get(s.name)} for s in specs]
+    rows = [[s.name, local.get(s.name) or s.hub_ref, _budget(s), f"x{s.repeats}"]
+            for s in specs]
+    written = nominal_tokens(specs)
+    emit(args, {"recipe": args.recipe, "scale": config.effective_scale, "sources": entries,
+                "budgeted_tokens_written": written},
+         f"{args.recipe} recipe at scale {config.effective_scale:.3g}: {written:,} tokens "
+         f"({human(written)}) from the budgeted sources, repeats included, plus the "
+         f"benchmarks\n" + table(rows, ["source", "dataset (id:config) or local copy",
+                                         "budget", "repeats"]))
+    return 0
+
+
+def _name_path(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH like fineweb_edu=/data/fineweb, "
+                                         f"got {text!r}")
+    return name, path
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in text.replace(" ", "").split(",") if n)
+
+
+def _recipe_help() -> str:
+    lines = []
+    for s in PAPER:
+        if s.budget is not None:
+            lines.append(f"  {s.title:<27} {human(s.budget):>4} tokens x{s.repeats}   "
+                         f"{s.hub_ref}")
+    bench = ", ".join(s.title for s in PAPER if s.budget is None)
+    return "\n".join(lines) + "\n" + textwrap.fill(
+        f"and the train splits of {bench}: whole, x3 each.", width=92, initial_indent="  ",
+        subsequent_indent="  ")
+
+
+MIXTURE_DESCRIPTION = """\
+Build a pretraining mixture from Hugging Face datasets, streamed with `datasets`, into
+DIR/train.bin, DIR/val.bin and DIR/meta.json in the format of `moremoe data prepare` (GPT-2
+tokens in --seq-len rows), so `moremoe train --data DIR` reads it as it is. DIR/mixture.json
+is the manifest: per source its Hub id, config, split, budget, repeats and what it gave
+(rows read, documents, tokens, sequences), and the seed.
+
+--recipe paper, the paper's pretraining mixture (its Appendix on real-world pretraining):
+{recipe}
+Only train splits. A budget takes the first tokens of a source in its published order (the
+last document cut to fit); a benchmark example is written as lm-evaluation-harness asks it
+zero-shot, then the gold answer ("Question: ...\\nAnswer: ..."). The whole mixture writes
+{full} tokens (37 + 14 + 3 x 4) plus about 0.1% of benchmarks; --scale F or --tokens N
+builds a proportionally smaller one: budgets x F, and each benchmark example kept with
+probability F (a seeded hash, so a uniform subset). `--list` shows every source, its dataset
+and its budget at that scale.
+
+Each source is cut into rows on its own (its tail short of a row dropped), each row written
+`repeats` times. Validation: --val-sequences distinct rows drawn uniformly from that pool
+with --seed; every copy of a validation row is left out of train.
+
+Without a network, download the sources elsewhere and pass each as --source NAME=PATH: a
+.jsonl / .jsonl.gz / .json / .parquet file or a folder of them, or a folder written by
+save_to_disk, in the source's Hub schema. Work is kept chunk by chunk in DIR/.partial: the
+same command run again after an interruption resumes to the same bytes; --force replaces a
+finished output."""
 
 
 PREPARE_DESCRIPTION = """\
@@ -101,6 +211,8 @@ def add_data_parser(sub) -> None:
     _add_json(pp)
     pp.set_defaults(func=cmd_prepare)
 
+    _add_mixture_parser(dsub)
+
     pv = dsub.add_parser("verify", help="check a prepared folder (sizes, sha256, token ids)",
                          description="Read DIR/train.bin and DIR/val.bin in full: sizes against "
                          "meta.json, sha256 recomputed, every id below the vocabulary size. "
@@ -122,3 +234,51 @@ def add_data_parser(sub) -> None:
                     help="the topics as .txt files (default) or one topics.jsonl")
     _add_json(pc)
     pc.set_defaults(func=cmd_corpus)
+
+
+def _add_mixture_parser(dsub) -> None:
+    from ..tasks.prepare import default_workers
+    full = nominal_tokens(PAPER)
+    pm = dsub.add_parser(
+        "mixture", help="build the paper's pretraining mixture from Hugging Face datasets",
+        description=MIXTURE_DESCRIPTION.format(recipe=_recipe_help(), full=f"{full:,}"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pm.add_argument("--recipe", choices=sorted(RECIPES), default="paper",
+                    help="the mixture to build (default paper)")
+    pm.add_argument("--out", metavar="DIR", help="output folder (required unless --list)")
+    pm.add_argument("--list", action="store_true",
+                    help="show the recipe's sources, datasets and budgets, and build nothing")
+    size = pm.add_mutually_exclusive_group()
+    size.add_argument("--scale", type=_positive_float, default=1.0,
+                      help="fraction of the whole mixture, in (0, 1] (default 1)")
+    size.add_argument("--tokens", type=_int_at_least(1), default=None,
+                      help=f"tokens to write in all, in place of --scale (the whole recipe: "
+                           f"{human(full)})")
+    pm.add_argument("--source", type=_name_path, action="append", default=[],
+                    metavar="NAME=PATH", help="a local copy of a source, in place of the Hub "
+                    "(repeat for each; names as in --list)")
+    pm.add_argument("--skip", type=_names, default=(), metavar="NAMES",
+                    help="comma-separated sources to leave out")
+    pm.add_argument("--seq-len", type=_int_at_least(2), default=1024,
+                    help="tokens per sequence (default 1024)")
+    pm.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
+                    help="distinct sequences held out for validation (default 5000)")
+    pm.add_argument("--seed", type=int, default=0,
+                    help="seed of the validation draw and of the benchmark subsets")
+    pm.add_argument("--workers", type=_int_at_least(1), default=default_workers(),
+                    help=f"tokeniser threads (default min(8, CPUs) = {default_workers()})")
+    pm.add_argument("--chunk-tokens", type=_int_at_least(1), default=1 << 24,
+                    help="tokens per chunk, the unit of resume (default 16,777,216)")
+    pm.add_argument("--tokenizer-ranks", default=None, metavar="PATH",
+                    help="a gpt2.tiktoken ranks file to use instead of the packaged one")
+    state = pm.add_mutually_exclusive_group()
+    state.add_argument("--resume", dest="restart", action="store_false", default=False,
+                       help="continue the unfinished work in DIR/.partial (default)")
+    state.add_argument("--restart", action="store_true",
+                       help="discard DIR/.partial and start over")
+    pm.add_argument("--force", action="store_true",
+                    help="replace a finished output in DIR (kept until the new one is ready), "
+                         "and discard unfinished work that conflicts with these options")
+    pm.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_json(pm)
+    pm.set_defaults(func=cmd_mixture)

@@ -1,1 +1,1 @@
-"""Tasks: the phonebook memorisation task, and prepared text for pretraining."""
+"""Tasks: the phonebook memorisation task, prepared text and the pretraining mixture."""

@@ -176,7 +176,7 @@ def _open_state(partial: Path, manifest: dict, *, restart: bool) -> None:
 
 
 @contextlib.contextmanager
-def _locked(out: Path):
+def locked(out: Path, command: str = "moremoe data prepare"):
     """Hold an exclusive lock on the output folder, so two runs never write into it. Forked
     workers share the lock, so the workers of a killed run hold it until they exit."""
     try:
@@ -189,8 +189,8 @@ def _locked(out: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"another `moremoe data prepare` is writing into {out} (or the "
-                             f"workers of a killed one are finishing their shards)") from None
+            raise ValueError(f"another `{command}` is writing into {out} (or the workers of "
+                             f"a killed one are finishing their shards)") from None
         yield
     finally:
         os.close(fd)
@@ -212,7 +212,7 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
     shards = plan_shards(sources, max(1, int(config.shard_mb * 2 ** 20)))
     out.mkdir(parents=True, exist_ok=True)
     partial = out / ".partial"
-    with _locked(out):
+    with locked(out):
         _open_state(partial, _manifest(config, sources, shards), restart=config.restart)
         records, new_shards, new_tokens = _tokenise(
             config, sources, shards, partial / "shards", progress=progress, on_shard=on_shard)
@@ -264,7 +264,7 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     bar = progress_bar(len(records), desc="writing", enabled=progress)
     with open(paths["train"], "wb") as f_train, open(paths["val"], "wb") as f_val:
         row = 0
-        for rows in _stream_rows(partial / "shards", len(records), T, n_seq, bar):
+        for rows in stream_rows(partial / "shards", len(records), T, n_seq, bar):
             mask = is_val[row:row + len(rows)]
             for split, f, part in (("train", f_train, rows[~mask]), ("val", f_val, rows[mask])):
                 data = part.tobytes()
@@ -299,7 +299,7 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
         "files": {s: str(out / f"{s}.bin") for s in SPLITS} | {"meta": str(out / "meta.json")}}
 
 
-def _stream_rows(shard_dir: Path, n_shards: int, T: int, n_seq: int, bar):
+def stream_rows(shard_dir: Path, n_shards: int, T: int, n_seq: int, bar):
     """The token stream of the shards, in order, as (rows, T) blocks; the tail is dropped."""
     carry, left = np.zeros(0, DTYPE), n_seq
     for k in range(n_shards):
