@@ -1,0 +1,176 @@
+"""The sharded router's local pieces, collective-free (parallel/sharded_router.py moves the
+tensors between ranks): each of E ranks scores only its M_e = M/E experts, ℓ_e = a w_eᵀ.
+
+- ``shard_topk``: the shard's top-k_e (k_e = min(k, M_e)) values and local indices under the
+  selection semantics of ``reference.select_topk``, and its row log-sum-exp lse_e (N,) over
+  the finite logits (−inf for a row with none); the fused training sweep on CUDA, the
+  reference elsewhere.
+- ``merge_topk``: the exact global top-k from the E local lists.
+- ``combine_lse``: the global lse (N,) from the E local ones, differentiable.
+- ``shard_psum``: the shard's columns of psum = Σ_n softmax over ALL M logits, given the
+  global lse (the fused psum kernel with m = lse, Z = 1 on CUDA, the reference elsewhere).
+
+Gradients: dℓ_e = scatter(dval) + P_e ⊙ (p̄ − g) needs g_n = Σ_i p̄_i P_ni over all M
+experts; it arrives through lse: shard_psum gives d lse = −Σ_{i in shard} p̄_i P_ni (a
+partial the caller sums over ranks) and shard_topk turns d lse_e into P_e ⊙ d lse_e. The
+fused backward kernels compute g from the columns they see, so they cannot take a global
+one: both backwards here recompute the logits in chunks of tokens in plain torch (fp32).
+
+Legend: N tokens, E ranks, M_e a shard's experts, k_e its top-k, R the width of the scored
+matrix a: r for the low-rank router (a = z = x R2ᵀ, w = R1's rows), h for the standard one
+(a = x, w = W's rows); P the softmax over all M experts, p̄ the gradient of psum.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import reference as ref
+from .dispatch import kernel_dtype, resolve_impl
+
+CHUNK_ELEMENTS = 1 << 24      # logits per chunk of the backward: 64 MiB of fp32 at most
+
+
+def _finite(t: Tensor) -> Tensor:
+    return torch.where(torch.isfinite(t), t, float("-inf"))
+
+
+def _lse(m_N: Tensor, norm_N: Tensor) -> Tensor:
+    """log-sum-exp from the kernel's row max m and normaliser Z (−inf for a row with Z = 0)."""
+    ok = norm_N > 0
+    return torch.where(ok, m_N + torch.log(torch.where(ok, norm_N, 1.0)), float("-inf"))
+
+
+def _kernels(lowrank: bool):
+    from ..kernels import router_linear, router_lowrank
+    return (router_lowrank, router_lowrank.ZGIVEN) if lowrank else \
+        (router_linear, router_linear.LINEAR)
+
+
+def _use_kernels(impl: str, a: Tensor, k: int, lowrank: bool) -> bool:
+    return resolve_impl(impl, a, k, rank=a.shape[1] if lowrank else None) == "triton"
+
+
+def _topk_forward(a_NR, w_MR, k: int, lowrank: bool, impl: str):
+    if _use_kernels(impl, a_NR, k, lowrank):
+        dt = kernel_dtype(a_NR)
+        kern, _ = _kernels(lowrank)
+        val, idx, _, m, norm, _ = kern.train_forward(a_NR.to(dt), w_MR.to(dt), k,
+                                                     with_psum=False)
+        return val, idx, _lse(m, norm)
+    logits_NM = ref.router_logits_linear(a_NR, w_MR)
+    val, idx = ref.select_topk(logits_NM, k)
+    return val, idx, torch.logsumexp(_finite(logits_NM), dim=1)
+
+
+def _psum_forward(a_NR, w_MR, lse_N, lowrank: bool, impl: str):
+    if _use_kernels(impl, a_NR, 1, lowrank):
+        from ..kernels.router_train import launch_psum
+        dt = kernel_dtype(a_NR)
+        _, mode = _kernels(lowrank)
+        # P = exp(ℓ − m) / Z with m = lse, Z = 1; Z = inf zeroes a row with no finite logit
+        norm = torch.where(torch.isfinite(lse_N), 1.0, float("inf"))
+        return launch_psum(a_NR.to(dt), w_MR.to(dt), lse_N.float().contiguous(), norm,
+                           mode=mode)
+    logits_NM = ref.router_logits_linear(a_NR, w_MR)
+    return _probs(logits_NM, lse_N).sum(dim=0)
+
+
+def _probs(logits_NM: Tensor, lse_N: Tensor) -> Tensor:
+    """exp(ℓ − lse), 0 where ℓ is not finite or the row has no finite logit (NaN or inf
+    there, made 0 as the kernels do)."""
+    p = torch.exp(_finite(logits_NM) - lse_N[:, None])
+    return torch.where(p < float("inf"), p, 0.0)
+
+
+def _contract(a_NR, w_MR, lse_N, *, col_M=None, row_N=None, idx_NK=None, dval_NK=None,
+              rows_per_chunk: int | None = None):
+    """(da, dw, g | None) for dℓ = P ⊙ col (col given) or P ⊙ row (row given), plus
+    scatter(dval at idx); P = exp(ℓ − lse); g = P col. Chunks of tokens (CHUNK_ELEMENTS
+    logits each unless rows_per_chunk), fp32."""
+    N, R = a_NR.shape
+    w32 = w_MR.float()
+    da = torch.empty(N, R, device=a_NR.device, dtype=torch.float32)
+    dw = torch.zeros(w_MR.shape, device=a_NR.device, dtype=torch.float32)
+    g = None if col_M is None else torch.empty(N, device=a_NR.device, dtype=torch.float32)
+    step = rows_per_chunk or max(1, CHUNK_ELEMENTS // max(1, w_MR.shape[0]))
+    for n0 in range(0, N, step):
+        a32 = a_NR[n0:n0 + step].float()
+        p = _probs(a32 @ w32.T, lse_N[n0:n0 + step].float())
+        if col_M is not None:
+            d = p * col_M.float()[None, :]
+            g[n0:n0 + step] = p @ col_M.float()
+        else:
+            d = p * row_N[n0:n0 + step].float()[:, None]
+        if idx_NK is not None:
+            d.scatter_add_(1, idx_NK[n0:n0 + step].long(), dval_NK[n0:n0 + step].float())
+        da[n0:n0 + step] = d @ w32
+        dw += d.T @ a32
+    return da.to(a_NR.dtype), dw.to(w_MR.dtype), g
+
+
+class _ShardTopk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a_NR, w_MR, k, lowrank, impl):
+        val, idx, lse = _topk_forward(a_NR.detach(), w_MR.detach(), k, lowrank, impl)
+        ctx.save_for_backward(a_NR, w_MR, idx, lse)
+        ctx.mark_non_differentiable(idx)
+        return val, idx, lse
+
+    @staticmethod
+    def backward(ctx, dval, _didx, dlse):
+        a, w, idx, lse = ctx.saved_tensors
+        da, dw, _ = _contract(a, w, lse, row_N=dlse, idx_NK=idx, dval_NK=dval)
+        return da, dw, None, None, None
+
+
+class _ShardPsum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a_NR, w_MR, lse_N, lowrank, impl):
+        ctx.save_for_backward(a_NR, w_MR, lse_N)
+        return _psum_forward(a_NR.detach(), w_MR.detach(), lse_N.detach(), lowrank, impl)
+
+    @staticmethod
+    def backward(ctx, dpsum_M):
+        a, w, lse = ctx.saved_tensors
+        da, dw, g = _contract(a, w, lse, col_M=dpsum_M)
+        return da, dw, (-g).to(lse.dtype), None, None
+
+
+def shard_topk(a_NR: Tensor, w_MR: Tensor, k: int, *, lowrank: bool, impl: str = "auto"):
+    """(val (N, k) fp32 descending, idx (N, k) int32 in [0, M_e), lse (N,) fp32) of the
+    shard's logits a w_eᵀ; val and lse are differentiable in a and w."""
+    return _ShardTopk.apply(a_NR, w_MR, k, lowrank, impl)
+
+
+def shard_psum(a_NR: Tensor, w_MR: Tensor, lse_N: Tensor, *, lowrank: bool,
+               impl: str = "auto") -> Tensor:
+    """(M_e,) fp32: Σ_n exp(ℓ_n − lse_n) over the shard's columns, lse the GLOBAL row
+    log-sum-exp; differentiable in a, w and lse (whose gradient is a per-rank partial)."""
+    return _ShardPsum.apply(a_NR, w_MR, lse_N, lowrank, impl)
+
+
+def merge_topk(val_ENK: Tensor, idx_ENK: Tensor, k: int):
+    """The global top-k from E local top-k lists (values, GLOBAL int indices), exactly
+    ``reference.select_topk`` of the whole row: the finite values descending, ties and the
+    non-finite fillers by the lower index. Exact because each local list holds the shard's
+    k_e best under that same order (value descending, index ascending), and a row short of
+    k finite logits finds its lowest unchosen indices among the shards' own fillers.
+    Returns (val (N, k), idx (N, k) int32); val is differentiable."""
+    E, N, k_e = val_ENK.shape
+    val_NC = val_ENK.permute(1, 0, 2).reshape(N, E * k_e)
+    idx_NC = idx_ENK.permute(1, 0, 2).reshape(N, E * k_e).long()
+    by_index = idx_NC.argsort(dim=1)                        # indices are distinct in a row
+    keys = _finite(val_NC.detach()).gather(1, by_index)
+    order = by_index.gather(1, keys.sort(dim=1, descending=True, stable=True).indices[:, :k])
+    return val_NC.gather(1, order), idx_NC.gather(1, order).to(torch.int32)
+
+
+def combine_lse(lse_EN: Tensor) -> Tensor:
+    """log Σ_e exp(lse_e) per row, −inf (and no NaN gradient) for a row with no finite
+    logit on any shard."""
+    m = lse_EN.detach().amax(dim=0)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    s = torch.exp(lse_EN - m).sum(dim=0)
+    ok = s > 0
+    return torch.where(ok, m + torch.log(torch.where(ok, s, 1.0)), float("-inf"))

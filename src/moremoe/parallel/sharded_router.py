@@ -1,0 +1,126 @@
+"""A router sharded over the expert-parallel group (beyond the paper, which replicates it):
+rank e holds only the rows of its M_e = M/E experts (W_e of the standard router, R1_e of
+the low-rank one; R2 replicated), over a batch every rank holds whole.
+
+Forward: each rank scores all N tokens against its experts, keeps a local top-k_e
+(k_e = min(k, M_e); the fused training sweep on CUDA, the reference elsewhere) and its row
+log-sum-exp; one all-gather brings the E lists to every rank and an exact merge gives the
+global top-k, ties to the lower global index as one process orders them
+(ops/router_shard.merge_topk). In training the global lse (N,) combines the local ones, each
+rank computes its experts' columns of psum with it, and a second all-gather assembles psum.
+
+Backward: the partial gradients of the scored matrix a (z = x R2ᵀ, or x) are summed over
+the group once (dz is (N, r): the low-rank router's communication is r wide, not h), so
+R2's and x's gradients are complete on every rank; R1_e's or W_e's are complete locally.
+The global psum's gradient reaches every expert's logits through lse, whose partial
+gradients are summed too; inside a layer that sum rides with the layer's own
+(parallel/expert.py), so that all of a layer's backward collectives lie on one chain.
+
+Legend: N tokens, h hidden, r rank, M experts, M_e = M/E per rank, k active, E ranks.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks import check_tensor
+from ..nn.moe import MoEConfig
+from ..nn.router import LinearRouter, LowRankRouter, RouterOutput
+from ..ops.balance import expert_counts
+from ..ops.reference import topk_gates
+from ..ops.router_shard import combine_lse, merge_topk, shard_psum, shard_topk
+from .collectives import (all_gather_stack, copy_to_group, gather_from_group, group_rank,
+                          group_size)
+
+
+def expert_range(experts: int, shards: int, shard: int) -> tuple[int, int]:
+    """[lo, hi): the contiguous experts of rank `shard` among `shards` expert-parallel ranks."""
+    if experts % shards:
+        raise ValueError(f"experts M={experts} must be divisible by the expert-parallel size "
+                         f"E={shards}: each rank owns M/E experts")
+    per = experts // shards
+    return shard * per, (shard + 1) * per
+
+
+class ShardedRouter(nn.Module):
+    """The router of `config` with its expert rows split over `group` (None: WORLD).
+
+    Parameters: ``weight`` (M_e, h) or ``R1`` (M_e, r), sharded (rank e: rows
+    [e·M_e, (e+1)·M_e) of the full router's); ``R2`` (r, h) replicated. Drawn as a router over
+    M_e experts draws them; ``from_router`` copies a single-process router's."""
+
+    def __init__(self, config: MoEConfig, group=None):
+        super().__init__()
+        self.group = group
+        self.shard, self.shards = group_rank(group), group_size(group)
+        M, k = config.experts, config.top_k
+        self.lo, self.hi = expert_range(M, self.shards, self.shard)
+        self.hidden, self.experts, self.top_k = config.hidden, M, k
+        self.local_k = min(k, self.hi - self.lo)
+        self.lowrank = config.is_lowrank
+        self.impl = config.router_impl
+        if self.lowrank:   # the rows of a router over M_e experts: the same init as one
+            proto = LowRankRouter(config.hidden, self.hi - self.lo, self.local_k, config.rank,
+                                  init=config.router_init, init_std=config.init_std)
+            self.R1, self.R2 = proto.R1, proto.R2
+        else:
+            proto = LinearRouter(config.hidden, self.hi - self.lo, self.local_k,
+                                 init_std=config.init_std)
+            self.weight = proto.weight
+
+    @classmethod
+    def from_router(cls, router: LinearRouter | LowRankRouter, config: MoEConfig,
+                    group=None) -> "ShardedRouter":
+        """This rank's shard of a full router (the same on every rank)."""
+        out = cls(config, group)
+        with torch.no_grad():
+            for name, full in router.named_parameters():
+                getattr(out, name).copy_(full[out.lo:out.hi] if name in out.sharded_names()
+                                         else full)
+        return out.to(next(router.parameters()).device)
+
+    def sharded_names(self) -> set[str]:
+        """Names of the parameters split by rows over the group (the others are replicated)."""
+        return {"R1"} if self.lowrank else {"weight"}
+
+    def _scored(self, x_NH):
+        """(a, w): the matrix the shard's rows score and those rows."""
+        if self.lowrank:
+            return F.linear(x_NH, self.R2), self.R1
+        return x_NH, self.weight
+
+    def route(self, x_NH: torch.Tensor):
+        """(RouterOutput with psum None, a, lse): the global top-k, gates and counts, the
+        scored matrix as this rank's copy (its gradient summed over the group), and in
+        training the global row log-sum-exp (N,) for ``global_psum`` (else None)."""
+        check_tensor("x", x_NH, ndim=2, floating=True, last=self.hidden, last_name="hidden")
+        a, w = self._scored(x_NH)
+        a, = copy_to_group([a], self.group)
+        val_e, idx_e, lse_e = shard_topk(a, w, self.local_k, lowrank=self.lowrank,
+                                         impl=self.impl)
+        packed = gather_from_group(torch.cat([val_e, lse_e[:, None]], dim=1), self.group)
+        idx_all = all_gather_stack(idx_e + self.lo, self.group)
+        topk_val, topk_idx = merge_topk(packed[..., :-1], idx_all, self.top_k)
+        lse = combine_lse(packed[..., -1]) if self.training else None
+        counts = expert_counts(topk_idx, self.experts) if self.training else None
+        return RouterOutput(topk_val, topk_idx, topk_gates(topk_val), None, counts), a, lse
+
+    def global_psum(self, a: torch.Tensor, lse_shard: torch.Tensor) -> torch.Tensor:
+        """psum (M,), replicated, from ``route``'s a and this rank's copy of its lse (taken
+        with copy_to_group, so that lse's partial gradients are summed)."""
+        w = self.R1 if self.lowrank else self.weight
+        psum_e = shard_psum(a, w, lse_shard, lowrank=self.lowrank, impl=self.impl)
+        return gather_from_group(psum_e, self.group).reshape(-1)
+
+    def forward(self, x_NH: torch.Tensor) -> RouterOutput:
+        """A standalone router: RouterOutput as LinearRouter / LowRankRouter return it."""
+        routed, a, lse = self.route(x_NH)
+        if lse is not None:
+            lse_shard, = copy_to_group([lse], self.group)
+            routed.psum = self.global_psum(a, lse_shard)
+        return routed
+
+    def extra_repr(self) -> str:
+        rows = f"experts [{self.lo}, {self.hi}) of {self.experts}"
+        return f"hidden={self.hidden}, {rows}, top_k={self.top_k}, shards={self.shards}"

@@ -1,0 +1,317 @@
+"""The checks each gloo rank runs for tests/parallel/test_expert_parallel.py: one spawn per
+world size, every check inside it. Each check builds the single-process MoELayer from one
+seed on every rank, runs it on the global batch, shards it, runs the shards on the same
+inputs and compares outputs, routing (indices exactly) and every gradient. A check's
+collectives all happen before its comparisons, so a failed comparison on one rank leaves
+the ranks in step for the next check."""
+import json
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from moremoe.nn import MoEConfig, MoELayer
+from moremoe.parallel.expert import ExpertParallelMoE, shard_moe_layer
+from moremoe.parallel.sharded_router import ShardedRouter
+from numerics import reduction_tol
+
+H, S, R, M, K = 16, 8, 4, 8, 3      # k = 3 > M/E = 2 experts per rank at E = 4
+
+
+def configs():
+    kw = dict(init_std=0.3, balance_coef=0.5)
+    return {"moe": MoEConfig.moe(M, K, H, S, **kw), "more": MoEConfig.more(M, K, H, S, R, **kw)}
+
+
+def tol(n_tokens):
+    return reduction_tol(torch.float32, n_tokens + H + S + M)
+
+
+def close(got, want, n_tokens, what):
+    torch.testing.assert_close(got, want, **tol(n_tokens), msg=lambda m: f"{what}: {m}")
+
+
+def build(cfg, seed=0, cold_last_rank=False, world=1):
+    """The single-process layer; cold_last_rank: no token ever picks the experts of the
+    last rank, nor expert 1 (a constant input feature scores them −10 each)."""
+    torch.manual_seed(seed)
+    layer = MoELayer(cfg).train()
+    if cold_last_rank:
+        cold = list(range(M - M // world, M)) + [1]
+        with torch.no_grad():
+            r = layer.router
+            w = r.R1 if cfg.is_lowrank else r.weight
+            w[:, 0] = 0.0
+            w[cold, 0] = -10.0
+            if cfg.is_lowrank:
+                r.R2[0] = 0.0
+                r.R2[0, 0] = 1.0
+    return layer
+
+
+def inputs(n, seed=1, cold=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, H, generator=g)
+    if cold:
+        x[:, 0] = 3.0
+    return x, torch.randn(n, H, generator=g)
+
+
+def grad_of(p):
+    """A gradient, zeros for a tensor nothing reached (one process on an empty batch)."""
+    return torch.zeros_like(p) if p.grad is None else p.grad.clone()
+
+
+def run_single(layer, x, wy, aux_weight=1.0):
+    x = x.clone().requires_grad_()
+    out = layer(x)
+    out.router.gates.retain_grad()
+    ((out.y * wy).sum() + aux_weight * out.aux_loss).backward()
+    out.router.gates.grad = grad_of(out.router.gates)
+    return out, grad_of(x), {n: grad_of(p) for n, p in layer.named_parameters()}
+
+
+def run_shard(ep, x, wy):
+    x = x.clone().requires_grad_()
+    out = ep(x)
+    out.router.gates.retain_grad()
+    ((out.y * wy).sum() + out.aux_loss).backward()
+    out.router.gates.grad = grad_of(out.router.gates)
+    return out, grad_of(x)
+
+
+def compare_param_grads(ep, ref_grads, n_tokens, scale=1.0):
+    sharded = ep.sharded_names()
+    for name, p in ep.named_parameters():
+        want = ref_grads[name][ep.lo:ep.hi] if name in sharded else ref_grads[name]
+        close(grad_of(p), want * scale, n_tokens, f"grad {name}")
+
+
+def case(cfg, world, n=13, seed=0, cold=False):
+    """(layer, x, wy): the single-process layer and a global batch of n tokens."""
+    layer = build(cfg, seed, cold_last_rank=cold, world=world)
+    return (layer, *inputs(n, seed + 1, cold))
+
+
+def compare_replicated(layer, x, wy, shard_router=False):
+    """(a): the whole batch on every rank against one process."""
+    n = x.shape[0]
+    ref, ref_dx, ref_grads = run_single(layer, x, wy)
+    ep = shard_moe_layer(layer, tokens="replicated", shard_router=shard_router).train()
+    out, dx = run_shard(ep, x, wy)
+    assert torch.equal(out.router.topk_idx, ref.router.topk_idx), "topk_idx"
+    assert torch.equal(out.counts, ref.counts), "counts"
+    for what, got, want in [("y", out.y, ref.y), ("switch", out.switch_loss, ref.switch_loss),
+                            ("aux", out.aux_loss, ref.aux_loss),
+                            ("topk_val", out.router.topk_val, ref.router.topk_val),
+                            ("gates", out.router.gates, ref.router.gates),
+                            ("psum", out.router.psum, ref.router.psum), ("dx", dx, ref_dx),
+                            ("dgates", out.router.gates.grad, ref.router.gates.grad)]:
+        close(got, want, n, what)
+    compare_param_grads(ep, ref_grads, n)
+    return ep
+
+
+def compare_local(layer, x, wy, rank, world, sizes):
+    """(b): rank e holds rows [off_e, off_e + sizes[e]) of the global batch. Each rank's
+    backward gives its share of the gradient of S = Σ_e loss_e = (y · wy).sum() + E · aux;
+    after sync_gradients every parameter holds one process's gradient of S / E."""
+    n = x.shape[0]
+    ref, ref_dx, ref_grads = run_single(layer, x, wy, aux_weight=world)
+    ep = shard_moe_layer(layer, tokens="local").train()
+    lo = sum(sizes[:rank])
+    rows = slice(lo, lo + sizes[rank])
+    out, dx = run_shard(ep, x[rows], wy[rows])
+    ep.sync_gradients()
+    assert torch.equal(out.router.topk_idx, ref.router.topk_idx[rows]), "topk_idx"
+    assert torch.equal(out.counts, ref.counts), "counts"
+    for what, got, want in [("y", out.y, ref.y[rows]),
+                            ("switch", out.switch_loss, ref.switch_loss),
+                            ("aux", out.aux_loss, ref.aux_loss), ("dx", dx, ref_dx[rows]),
+                            ("dgates", out.router.gates.grad, ref.router.gates.grad[rows])]:
+        close(got, want, n, what)
+    compare_param_grads(ep, ref_grads, n, scale=1.0 / world)
+
+
+def check_replicated_router(rank, world):
+    for cfg in configs().values():
+        compare_replicated(*case(cfg, world))
+
+
+def check_sharded_router(rank, world):
+    for cfg in configs().values():
+        compare_replicated(*case(cfg, world, n=17, seed=3), shard_router=True)
+
+
+def check_local_uneven(rank, world):
+    sizes = {2: [7, 12], 4: [2, 7, 4, 6]}[world]
+    for cfg in configs().values():
+        compare_local(*case(cfg, world, n=sum(sizes)), rank, world, sizes)
+
+
+def check_local_rank_without_tokens_and_cold_experts(rank, world):
+    """A rank that routes no tokens, and the last rank receiving no pairs."""
+    sizes = {2: [0, 13], 4: [5, 0, 9, 3]}[world]
+    for cfg in configs().values():
+        compare_local(*case(cfg, world, n=sum(sizes), seed=5, cold=True), rank, world, sizes)
+
+
+def check_replicated_cold_experts(rank, world):
+    """Expert 1 and the whole last rank get no pairs (that rank runs no expert)."""
+    cfgs = configs()
+    ep = compare_replicated(*case(cfgs["moe"], world, seed=7, cold=True))
+    compare_replicated(*case(cfgs["more"], world, seed=7, cold=True), shard_router=True)
+    if rank == world - 1:
+        assert all(float(p.grad.abs().max()) == 0 for p in ep.experts.parameters())
+
+
+def check_empty_batch(rank, world):
+    for cfg in configs().values():
+        compare_replicated(*case(cfg, world, n=0))
+        compare_replicated(*case(cfg, world, n=0), shard_router=True)
+        compare_local(*case(cfg, world, n=0), rank, world, [0] * world)
+
+
+def integer_case(cfg, world, n=24, seed=9):
+    """Router weights and inputs of small integers, so every logit is exact, and the last
+    M/2 experts repeat the first M/2's rows: exact ties everywhere, across shards too."""
+    layer, _, wy = case(cfg, world, n=n, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        r = layer.router
+        if cfg.is_lowrank:
+            sparse = torch.rand(R, H, generator=g) < 0.2
+            r.R2.copy_(torch.randint(-1, 2, (R, H), generator=g) * sparse)
+        w = r.R1 if cfg.is_lowrank else r.weight
+        rows = torch.randint(-1, 2, (M // 2, w.shape[1]), generator=g).float()
+        w.copy_(torch.cat([rows, rows]))
+    x = torch.randint(-1, 2, (n, H), generator=g).float()
+    return layer, x, wy
+
+
+def ties_across_shards(layer, x, world):
+    """Rows where a selected and an unselected expert of equal logit sit on two shards."""
+    with torch.no_grad():
+        r = layer.router
+        logits = x @ r.weight.T if hasattr(r, "weight") else (x @ r.R2.T) @ r.R1.T
+        idx = r(x).topk_idx.long()
+    shard = torch.arange(M) // (M // world)
+    chosen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, idx, True)
+    kth = logits.gather(1, idx[:, -1:])
+    count = 0
+    for row in range(x.shape[0]):
+        tied = logits[row] == kth[row]
+        a, b = shard[tied & chosen[row]], shard[tied & ~chosen[row]]
+        count += int(len(a) > 0 and len(b) > 0 and bool((a[:, None] != b[None, :]).any()))
+    return count
+
+
+def check_exact_ties_in_the_merge(rank, world):
+    for cfg in configs().values():
+        layer, x, wy = integer_case(cfg, world)
+        assert ties_across_shards(layer, x, world) > 0, "the case has no tie across shards"
+        compare_replicated(layer, x, wy, shard_router=True)
+
+
+def check_standalone_sharded_router(rank, world):
+    """ShardedRouter.forward (its own lse sum) against the full router: values, gates and
+    psum through one loss, every gradient."""
+    for cfg in configs().values():
+        layer, x, _ = case(cfg, world, n=11, seed=11)
+        g = torch.Generator().manual_seed(12)
+        v_val, v_gate, v_psum = torch.randn(11, K, generator=g), torch.randn(11, K, generator=g), \
+            torch.randn(M, generator=g)
+        runs = []
+        for router in (layer.router, ShardedRouter.from_router(layer.router, cfg).train()):
+            xg = x.clone().requires_grad_()
+            out = router(xg)
+            ((out.topk_val * v_val).sum() + (out.gates * v_gate).sum()
+             + (out.psum * v_psum).sum()).backward()
+            runs.append((out, xg.grad, {n: p.grad for n, p in router.named_parameters()}))
+        (ref, ref_dx, ref_grads), (out, dx, grads) = runs
+        assert torch.equal(out.topk_idx, ref.topk_idx) and torch.equal(out.counts, ref.counts)
+        for what, a, b in [("val", out.topk_val, ref.topk_val), ("gates", out.gates, ref.gates),
+                           ("psum", out.psum, ref.psum), ("dx", dx, ref_dx)]:
+            close(a, b, 11, what)
+        lo, hi = rank * M // world, (rank + 1) * M // world
+        for name, grad in grads.items():
+            want = ref_grads[name][lo:hi] if name in ("weight", "R1") else ref_grads[name]
+            close(grad, want, 11, f"grad {name}")
+
+
+def check_eval_mode(rank, world):
+    """No balancing statistics in eval; return_counts gives the global counts."""
+    sizes = {2: [3, 6], 4: [3, 0, 4, 2]}[world]
+    lo = sum(sizes[:rank])
+    rows = slice(lo, lo + sizes[rank])
+    for cfg in configs().values():
+        layer, x, _ = case(cfg, world, n=sum(sizes), seed=13)
+        layer.eval()
+        with torch.no_grad():
+            ref = layer(x, return_counts=True)
+            a = shard_moe_layer(layer, shard_router=True).eval()(x)
+            b = shard_moe_layer(layer, tokens="local").eval()(x[rows], return_counts=True)
+        assert a.aux_loss is None and a.counts is None and b.aux_loss is None
+        assert torch.equal(b.counts, ref.counts)
+        close(a.y, ref.y, x.shape[0], "y (a)")
+        close(b.y, ref.y[rows], x.shape[0], "y (b)")
+
+
+def check_state_round_trip(rank, world):
+    """full_state_dict is the single-process layer's, exactly; a wrong state is refused."""
+    for name, sharded in [("moe", False), ("more", True), ("more", False)]:
+        cfg = configs()[name]
+        layer = build(cfg, seed=15)
+        ep = shard_moe_layer(layer, shard_router=sharded)
+        full, want = ep.full_state_dict(), layer.state_dict()
+        assert list(full) == list(want)
+        assert all(torch.equal(full[k], want[k]) for k in want)
+        MoELayer(cfg).load_state_dict(full)
+        other = MoELayer(MoEConfig.moe(2 * M, K, H, S)).state_dict()
+        with pytest.raises(ValueError, match=r"state\['router.weight'\] has shape \(16, 16\)"):
+            ExpertParallelMoE(configs()["moe"]).load_full_state_dict(other)
+
+
+def check_construction_errors(rank, world):
+    bad = MoEConfig.moe(2 * world + 1, 2, H, S)
+    with pytest.raises(ValueError, match=f"M={2 * world + 1} .*E={world}"):
+        ExpertParallelMoE(bad)
+    with pytest.raises(ValueError, match="shard_router=True needs tokens='replicated'"):
+        ExpertParallelMoE(configs()["moe"], tokens="local", shard_router=True)
+
+
+def check_broadcast_replicated(rank, world):
+    """A layer built per rank from different draws holds rank 0's router after the broadcast,
+    its own experts."""
+    torch.manual_seed(100 + rank)
+    ep = ExpertParallelMoE(configs()["more"], shard_router=True)
+    ep.broadcast_replicated()
+    parts = [torch.empty_like(ep.router.R2) for _ in range(world)]
+    dist.all_gather(parts, ep.router.R2.detach())
+    assert all(torch.equal(p, parts[0]) for p in parts)
+
+
+CHECKS = [check_replicated_router, check_sharded_router, check_local_uneven,
+          check_local_rank_without_tokens_and_cold_experts, check_replicated_cold_experts,
+          check_empty_batch, check_exact_ties_in_the_merge, check_standalone_sharded_router,
+          check_eval_mode, check_state_round_trip, check_construction_errors,
+          check_broadcast_replicated]
+
+
+def main(rank, world, port, out_dir):
+    """One rank: every check, its outcome ("ok" or the traceback) in out_dir/rank{r}.json."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    results = {}
+    for check in CHECKS:
+        try:
+            check(rank, world)
+            results[check.__name__] = "ok"
+        except Exception:
+            results[check.__name__] = traceback.format_exc(limit=-4)
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
