@@ -1,7 +1,8 @@
 """The paper's PEER table (Appendix B) with the layers as they are: one layer's forward and
 forward + backward at matched active FLOPs, MoRE-1792 (s' = 56, k = 4, r = 64, h = 512)
 against PEER-388² (H = 8, d_q = 32, kappa = 56 in the paper's reading, 4 in the inference
-one) and MoE-256 (s = 64), at 4,096 ... 262,144 tokens, bf16 weights, on the GPU.
+one) and MoE-256 (s = 64), at 4,096 ... 262,144 tokens, on the GPU: the forward with bf16
+weights, the forward + backward with fp32 weights under bf16 autocast (as in training).
 
 PEER's expert stage gathers k = H kappa rows of u and of v per token (2 k h bf16 values): its
 memory floor, N k h 4 bytes at the measured copy rate (3x that with the backward, which reads
@@ -23,10 +24,13 @@ from moremoe.nn.peer import PEERConfig, PEERLayer
 from moremoe.runtime import environment
 
 
-def layers(device, reading: str):
+def layers(device, reading: str, train: bool):
+    """bf16 weights for the forward (inference); fp32 weights under bf16 autocast for the
+    forward + backward, as the trainer runs them (PEER's embedding-bag backward has no bf16
+    CUDA kernel)."""
     match = peer_match(1792, 4, 512, 56, 64)
     kappa = match[reading]["topk_per_head"]
-    with bf16_on(device):
+    with (torch.device(device) if train else bf16_on(device)):
         return {
             "more1792": MoELayer(MoEConfig.more(1792, 4, 512, 56, 64)),
             "moe256": MoELayer(MoEConfig.moe(256, 4, 512, 64)),
@@ -35,10 +39,10 @@ def layers(device, reading: str):
         }
 
 
-def point(name, layer, N, device, ceil) -> list[dict]:
+def point(name, pair, N, device, ceil) -> list[dict]:
     rows = []
     x = torch.randn(N, 512, device=device, dtype=torch.bfloat16)
-    for phase in ("forward", "forward+backward"):
+    for phase, layer in zip(("forward", "forward+backward"), pair):
         row = {"layer": name, "tokens": N, "pass": phase}
         try:
             layer.train(phase != "forward")
@@ -49,7 +53,9 @@ def point(name, layer, N, device, ceil) -> list[dict]:
                         return layer(xg).y
             else:
                 def fn():
-                    layer(xg).y.float().sum().backward()
+                    with torch.autocast("cuda", dtype=torch.bfloat16):
+                        y = layer(xg).y
+                    y.float().sum().backward()
             row["ms"] = time_ms(fn, device=device, warmup_ms=10, rep_ms=60)
         except torch.OutOfMemoryError:
             row["error"] = "out of memory"
@@ -72,9 +78,10 @@ def main():
     device = torch.device("cuda")
     ceil = ceilings(device)
     env = environment(device)
-    for name, layer in layers(device, args.reading).items():
+    infer, train = layers(device, args.reading, False), layers(device, args.reading, True)
+    for name in infer:
         for N in (int(t) for t in args.tokens.split(",")):
-            for row in point(name, layer, N, device, ceil):
+            for row in point(name, (infer[name], train[name]), N, device, ceil):
                 row.update(env, copy_bytes_per_s=ceil["copy_bytes_per_s"])
                 print(json.dumps({k: row[k] for k in row if k in (
                     "layer", "tokens", "pass", "ms", "error", "gather_floor_ms")}), flush=True)
