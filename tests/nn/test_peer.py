@@ -94,3 +94,18 @@ def test_phonebook_peer_is_matched_to_the_more(capsys, tmp_path):
     assert run["model"]["moe"]["kind"] == "peer"
     assert run["model"]["moe"]["experts"] == math.isqrt(run["model"]["moe"]["experts"]) ** 2
     assert abs(run["flops_inference"] - more["flops"]) / more["flops"] < 0.05
+
+
+def test_inference_in_chunks_of_tokens_equals_one_pass(monkeypatch):
+    """Without autograd the gathered rows are made a few tokens at a time (bounded memory);
+    the output is the one pass's, and N = 0 gives an empty output."""
+    import moremoe.nn.peer as peer
+    torch.manual_seed(0)
+    layer = PEERLayer(PEERConfig(experts=64, hidden=16, heads=2, d_q=8, kappa=3)).eval()
+    x = torch.randn(37, 16)
+    whole = layer(x).y.detach()
+    monkeypatch.setattr(peer, "CHUNK_BYTES", 5 * 6 * 16 * 4)         # 5 tokens a chunk
+    with torch.no_grad():
+        chunked = layer(x).y
+        assert layer(x[:0]).y.shape == (0, 16)
+    torch.testing.assert_close(chunked, whole)

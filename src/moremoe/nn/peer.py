@@ -28,6 +28,7 @@ from ..ops.balance import expert_counts
 from .moe import MoEOutput
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
+CHUNK_BYTES = 1 << 30       # gathered u rows at a time without autograd
 
 
 @dataclass(frozen=True)
@@ -121,14 +122,25 @@ class PEERLayer(nn.Module):
         q = self.query(x_NH).view(-1, c.heads, c.d_q)
         scores, ids = peer_retrieve(q, self.keys.to(q.dtype), c.kappa)
         gates = torch.softmax(scores.float(), dim=-1).to(x.dtype)         # per head
-        ids_NK = ids.reshape(x_NH.shape[0], -1)                          # (N, H κ)
-        act = ACTIVATIONS[c.activation]
-        hidden = act(torch.einsum("nkh,nh->nk", F.embedding(ids_NK, self.u), x_NH))
-        weights = (gates.reshape(ids_NK.shape) * hidden).to(self.v.dtype)
-        y_NH = F.embedding_bag(ids_NK, self.v, per_sample_weights=weights, mode="sum")
+        ids_NK = ids.reshape(x_NH.shape[0], c.top_k)                     # (N, H κ)
+        gates_NK = gates.reshape(ids_NK.shape)
+        # without autograd the gathered rows are made a chunk of tokens at a time
+        rows = (max(1, CHUNK_BYTES // (ids_NK.shape[1] * c.hidden * x.element_size()))
+                if not torch.is_grad_enabled() else max(1, x_NH.shape[0]))
+        y_NH = torch.cat([self._experts(x_NH[i:i + rows], ids_NK[i:i + rows],
+                                        gates_NK[i:i + rows])
+                          for i in range(0, x_NH.shape[0], rows)] or [x_NH[:0]])
         counts = expert_counts(ids_NK, c.experts) if (return_counts or self.training) else None
         aux = x.new_zeros((), dtype=torch.float32) if self.training else None
         return MoEOutput(y_NH.to(x.dtype).reshape(x.shape), aux, None, counts, None)
+
+    def _experts(self, x_NH, ids_NK, gates_NK):
+        """Σ_j gates_j σ(u_{id_j}ᵀ x) v_{id_j}: the u rows gathered (n, k, h), the v side an
+        embedding bag."""
+        act = ACTIVATIONS[self.config.activation]
+        hidden = act(torch.einsum("nkh,nh->nk", F.embedding(ids_NK, self.u), x_NH))
+        weights = (gates_NK * hidden).to(self.v.dtype)
+        return F.embedding_bag(ids_NK, self.v, per_sample_weights=weights, mode="sum")
 
     def extra_repr(self) -> str:
         c = self.config
