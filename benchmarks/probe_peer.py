@@ -10,6 +10,10 @@ both rows again and writes their gradients), is reported beside each PEER row: t
 expert kernel of PEER's could beat, so the MoRE/PEER ratio at it is PEER's best case. A point that does not fit in memory is an
 "error" row. One JSON line per (layer, tokens, pass).
 
+PEER runs its torch path here (impl="reference": the gathered u rows and an embedding bag),
+as the committed probe rows measured it; `moremoe bench peer` (bench/peer.py) times the fused
+expert kernels beside it and supersedes this probe.
+
     PYTHONPATH=src python benchmarks/probe_peer.py [--tokens 4096,16384] [--out rows.jsonl]
 """
 import argparse
@@ -35,7 +39,8 @@ def layers(device, reading: str, train: bool):
             "more1792": MoELayer(MoEConfig.more(1792, 4, 512, 56, 64)),
             "moe256": MoELayer(MoEConfig.moe(256, 4, 512, 64)),
             f"peer{match['experts']}-k{kappa}": PEERLayer(PEERConfig(
-                experts=match["experts"], hidden=512, heads=8, d_q=32, kappa=kappa)),
+                experts=match["experts"], hidden=512, heads=8, d_q=32, kappa=kappa,
+                impl="reference")),
         }
 
 

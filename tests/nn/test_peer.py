@@ -27,6 +27,43 @@ def test_product_keys_find_the_top_kappa_of_all_m_scores():
     torch.testing.assert_close(scores, want.values)
 
 
+@pytest.mark.parametrize("kappa", [1, 2, 9])
+def test_pruned_grid_keeps_the_top_kappa_at_every_kappa(kappa):
+    """Only grid candidates with (i+1)(j+1) <= kappa are scored: the top kappa is still
+    that of all M scores, from kappa = 1 to kappa = sqrt(M)."""
+    torch.manual_seed(kappa)
+    q, keys = torch.randn(40, 2, 8, dtype=torch.float64), torch.randn(2, 9, 4,
+                                                                      dtype=torch.float64)
+    scores, ids = peer_retrieve(q, keys, kappa)
+    full = ((q[..., :4] @ keys[0].T)[..., :, None] + (q[..., 4:] @ keys[1].T)[..., None, :])
+    want = full.reshape(40, 2, 81).topk(kappa, dim=-1)
+    assert torch.equal(ids, want.indices)
+    torch.testing.assert_close(scores, want.values)
+
+
+def test_fused_experts_equal_the_torch_path():
+    """impl="triton" (the interpreter on CPU) against impl="reference" on one layer: y and
+    every gradient, with an expert retrieved by two heads of a token allowed."""
+    pytest.importorskip("triton")
+    from dataclasses import replace
+    from moremoe import kernels
+    if not kernels.usable_on(torch.device("cpu")):
+        pytest.skip("needs TRITON_INTERPRET=1 on the CPU")
+    torch.manual_seed(0)
+    layer = PEERLayer(PEERConfig(experts=49, hidden=24, heads=3, d_q=8, kappa=3)).train()
+    x = torch.randn(2, 9, 24)
+    runs = []
+    for impl in ("triton", "reference"):
+        layer.config = replace(layer.config, impl=impl)
+        layer.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        y = layer(xg).y
+        y.square().sum().backward()
+        runs.append([y.detach(), xg.grad, *(p.grad for p in layer.parameters())])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 def test_layer_equals_the_naive_reference(activation):
     layer = _layer()
@@ -63,6 +100,8 @@ def test_config_checks_and_accounting():
         PEERConfig(experts=64, hidden=8, d_q=7)
     with pytest.raises(ValueError, match=r"kappa must be in \[1, sqrt\(M\) = 8\], got 9"):
         PEERConfig(experts=64, hidden=8, kappa=9)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        PEERConfig(experts=64, hidden=8, kappa=4, impl="cuda")
     assert math.isqrt(c.experts) == 388
 
 

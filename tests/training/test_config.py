@@ -131,6 +131,9 @@ def test_peer_presets_and_their_checks(text_data, tmp_path):
     paper = build_run_config(preset="h512-peer150544").model
     assert paper.name == "PEER-150544" and paper.moe_config().top_k == 448
     assert paper.moe_config().flops == 4_134_912                    # the paper's match
+    assert paper.moe_config().impl == "auto"
+    forced = build_run_config(preset="tiny-peer", overrides=["model.experts_impl=reference"])
+    assert forced.model.moe_config().impl == "reference"           # experts_impl reaches PEER
     with pytest.raises(ValueError, match=r"model\.PEER needs a perfect-square number"):
         build_run_config(preset="tiny-peer", overrides=["model.experts=250"])
     cfg = build_run_config(preset="tiny-peer", data=str(text_data), out=str(tmp_path / "run"),

@@ -180,9 +180,32 @@ def _pair_configs(names: list[str], quick: bool):
     return out
 
 
+def _peer_table(rows: list[dict]) -> str:
+    out = []
+    for r in rows:
+        val = "OOM" if r.get("oom") else f"{r['ms']:.3f}"
+        floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-"
+        ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
+        mem = f"{r['peak_bytes'] / 2 ** 20:,.0f}" if r.get("peak_bytes") is not None else "-"
+        out.append([r["variant"], r["layer"], r["phase"], f"{r['N']:,}", val, floor, ratio,
+                    mem])
+    return table(out, ["variant", "layer", "phase", "N", "ms", "floor ms", "/floor",
+                       "peak MiB"])
+
+
+def _peer_summary(rows) -> str:
+    from ..bench.peer import summary_text
+    return summary_text(rows)
+
+
 def cmd_bench(args) -> int:
     from ..bench import layer, layer_plots, router, router_plots
     quick = {"quick": args.quick}
+    if args.bench_command == "peer":
+        from ..bench import peer, peer_plots
+        args.table, args.summarize = _peer_table, _peer_summary
+        args.runner_kwargs = {**quick, "tokens": args.tokens}
+        return _run_bench(args, "peer", peer.run_peer, peer_plots.render_peer)
     if args.bench_command == "model":
         from ..bench import model, model_plots
         args.table, args.summarize = _model_table, _model_summary
@@ -225,7 +248,12 @@ def add_bench_parser(sub) -> None:
                  "pairs of 12-layer presets at B x T = 64 x 1024 and 256 x 1024 and decode "
                  "tokens/s with the key/value cache at batch 1, 8, 64 (128 new tokens), each "
                  "with a breakdown into attention, router, experts and the rest (stacked bars "
-                 "in model.png) and the MoRE/MoE ratio"}
+                 "in model.png) and the MoRE/MoE ratio",
+        "peer": "PEER against MoRE and MoE at matched active FLOPs, the paper's Appendix B "
+                "table: one layer's forward and forward+backward at 4,096 ... 262,144 tokens, "
+                "MoRE-1792, MoE-256 and PEER-388^2 (kappa = 56 as the paper matches it, 4 at "
+                "inference coefficients) with its fused expert kernels and its torch path, "
+                "its retrieval alone, the PEER/MoRE ratios beside the paper's (peer.png)"}
     for name, text in descriptions.items():
         pb = bsub.add_parser(name, help=text.split(":")[0].split(",")[0],
                              description=text + ". Each row is appended to benchmarks/results/"
@@ -248,6 +276,9 @@ def add_bench_parser(sub) -> None:
                             help="the expert counts" + (" of the grid and memory sweeps"
                                                         if name == "layer" else "")
                             + " (default 64,128,...,8192)")
+        if name == "peer":
+            pb.add_argument("--tokens", type=_int_list, default=None, metavar="N,N,...",
+                            help="tokens a step (default 4096,16384,65536,262144)")
         if name == "decode":
             pb.add_argument("--hidden", type=_int_list, default=None, metavar="H,H,...",
                             help="the hidden sizes h (default 64,128,...,4096)")

@@ -11,6 +11,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # what the kernels take
 MAX_K = 64                                                 # top-k the router sweep keeps
 MAX_RANK = 512                                             # r the low-rank kernels hold
+PEER_MAX_HIDDEN = 8192                                     # h the PEER kernels hold in registers
 
 
 def usable_on(device) -> bool:

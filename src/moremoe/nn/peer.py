@@ -8,27 +8,33 @@ index a √M + b. A head mixes its κ experts with the softmax of their scores; 
 the H heads, k = H κ experts per token. The (N, M) scores never exist: retrieval costs
 O(H d_q (h + √M) + H κ²) per token, as the accounting's 6 H d_q (h + √M) counts.
 
-Memory: the experts' u rows are gathered per token, (N, H κ, h) in x's dtype, in chunks of
-tokens for inference; the v side is an embedding bag (no gathered copy). Legend: N tokens,
-h hidden, M experts (√M = R keys per table), H heads, κ top per head (kappa in code), d_q
-query size.
+Retrieval scores only the κ²-grid candidates (i, j) with (i+1)(j+1) <= κ (about κ ln κ of
+them): each per-axis list is sorted, so at least (i+1)(j+1) candidates score at least as much
+as (i, j), and one with (i+1)(j+1) > κ is never needed in the top κ (ties aside).
+
+The experts (ops/peer_experts.py, config impl): on CUDA the fused kernels gather the rows of
+u and v on chip (no (N, H κ, h) tensor, any N); the torch path (CPU, impl="reference")
+gathers the u rows, (N, H κ, h) in x's dtype, in chunks of tokens for inference, and makes
+the v side an embedding bag. Legend: N tokens, h hidden, M experts (√M = R keys per table),
+H heads, κ top per head (kappa in code), d_q query size.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..accounting import peer_active_flops, peer_params
 from ..checks import check_tensor
 from ..ops.balance import expert_counts
+from ..ops.dispatch import IMPLS
+from ..ops.peer_experts import ACTIVATIONS, peer_experts, peer_experts_ref, peer_impl
 from .moe import MoEOutput
 
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
-CHUNK_BYTES = 1 << 30       # gathered u rows at a time without autograd
+CHUNK_BYTES = 1 << 30       # gathered u rows at a time on the torch path without autograd
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class PEERConfig:
     kappa: int = 16       # top per head
     activation: str = "gelu"
     init_std: float = 0.02
+    impl: str = "auto"    # the experts: "auto" (fused kernels on CUDA) | "triton" | "reference"
 
     def __post_init__(self):
         peer_params(self.experts, self.hidden, self.heads, self.d_q)   # M must be a square
@@ -51,6 +58,8 @@ class PEERConfig:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got "
                              f"{self.activation!r}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
 
     @property
     def top_k(self) -> int:
@@ -80,19 +89,32 @@ class PEERConfig:
         return cls(**{k: v for k, v in d.items() if k != "kind"})
 
 
+@functools.lru_cache(maxsize=None)
+def _grid_candidates(kappa: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(i, j) (C,) int64 of the κ × κ grid with (i+1)(j+1) <= κ, C = Σ_i ⌊κ/(i+1)⌋: built
+    on the host and moved once per device (a copy, a host sync, on the first call only)."""
+    ij = [(i, j) for i in range(kappa) for j in range(kappa // (i + 1))]
+    return tuple(torch.tensor(t, dtype=torch.int64).to(device) for t in zip(*ij))
+
+
 def peer_retrieve(q_NHD: torch.Tensor, keys_2RD: torch.Tensor, kappa: int):
-    """(scores (N, H, κ), expert ids (N, H, κ) int64) of product-key retrieval; q's last dim
-    is d_q, the two halves scored against keys[0] and keys[1] (R × d_q/2 each)."""
+    """(scores (N, H, κ) descending, expert ids (N, H, κ) int64) of product-key retrieval;
+    q's last dim is d_q, the two halves scored against keys[0] and keys[1] (R × d_q/2 each).
+    Of the κ² sums of the two axes' top κ only the C ≈ κ ln κ that can rank in the top κ
+    are formed (_grid_candidates; module docstring). The selection runs without autograd;
+    the winners' scores are then gathered again from the two score tables, the same sums,
+    so the backward is two small scatters instead of one through every candidate."""
     half = q_NHD.shape[-1] // 2
     R = keys_2RD.shape[1]
     s_a = q_NHD[..., :half] @ keys_2RD[0].T                 # (N, H, R)
     s_b = q_NHD[..., half:] @ keys_2RD[1].T
-    v_a, i_a = s_a.topk(kappa, dim=-1)
-    v_b, i_b = s_b.topk(kappa, dim=-1)
-    grid = (v_a[..., :, None] + v_b[..., None, :]).flatten(-2)       # (N, H, κ²)
-    scores, pos = grid.topk(kappa, dim=-1)
-    ids = i_a.gather(-1, pos // kappa) * R + i_b.gather(-1, pos % kappa)
-    return scores, ids
+    with torch.no_grad():
+        v_a, i_a = s_a.topk(kappa, dim=-1)                  # sorted, descending
+        v_b, i_b = s_b.topk(kappa, dim=-1)
+        ci, cj = _grid_candidates(kappa, q_NHD.device)
+        pos = (v_a[..., ci] + v_b[..., cj]).topk(kappa, dim=-1).indices   # of (N, H, C)
+        a, b = i_a.gather(-1, ci[pos]), i_b.gather(-1, cj[pos])
+    return s_a.gather(-1, a) + s_b.gather(-1, b), a * R + b
 
 
 class PEERLayer(nn.Module):
@@ -121,31 +143,30 @@ class PEERLayer(nn.Module):
         x_NH = x.reshape(-1, c.hidden)
         q = self.query(x_NH).view(-1, c.heads, c.d_q)
         scores, ids = peer_retrieve(q, self.keys.to(q.dtype), c.kappa)
-        gates = torch.softmax(scores.float(), dim=-1).to(x.dtype)         # per head
+        gates = torch.softmax(scores.float(), dim=-1)                     # per head, fp32
         ids_NK = ids.reshape(x_NH.shape[0], c.top_k)                     # (N, H κ)
-        gates_NK = gates.reshape(ids_NK.shape)
-        # without autograd the gathered rows are made a chunk of tokens at a time
-        rows = (max(1, CHUNK_BYTES // (ids_NK.shape[1] * c.hidden * x.element_size()))
-                if not torch.is_grad_enabled() else max(1, x_NH.shape[0]))
-        y_NH = torch.cat([self._experts(x_NH[i:i + rows], ids_NK[i:i + rows],
-                                        gates_NK[i:i + rows])
-                          for i in range(0, x_NH.shape[0], rows)] or [x_NH[:0]])
+        y_NH = self._experts(x_NH, gates.reshape(ids_NK.shape), ids_NK)
         counts = expert_counts(ids_NK, c.experts) if (return_counts or self.training) else None
         aux = x.new_zeros((), dtype=torch.float32) if self.training else None
         return MoEOutput(y_NH.to(x.dtype).reshape(x.shape), aux, None, counts, None)
 
-    def _experts(self, x_NH, ids_NK, gates_NK):
-        """Σ_j gates_j σ(u_{id_j}ᵀ x) v_{id_j}: the u rows gathered (n, k, h), the v side an
-        embedding bag."""
-        act = ACTIVATIONS[self.config.activation]
-        hidden = act(torch.einsum("nkh,nh->nk", F.embedding(ids_NK, self.u), x_NH))
-        weights = (gates_NK * hidden).to(self.v.dtype)
-        return F.embedding_bag(ids_NK, self.v, per_sample_weights=weights, mode="sum")
+    def _experts(self, x_NH, gates_NK, ids_NK):
+        """Σ_j gates_j σ(u_{id_j}ᵀ x) v_{id_j}: the fused op on one pass, or the torch path,
+        which without autograd gathers its (n, k, h) u rows a chunk of tokens at a time."""
+        c = self.config
+        if peer_impl(c.impl, x_NH) == "triton":
+            return peer_experts(x_NH, gates_NK, ids_NK, self.u, self.v,
+                                activation=c.activation, impl="triton", check_ids=False)
+        rows = (max(1, CHUNK_BYTES // (ids_NK.shape[1] * c.hidden * x_NH.element_size()))
+                if not torch.is_grad_enabled() else max(1, x_NH.shape[0]))
+        return torch.cat([peer_experts_ref(x_NH[i:i + rows], gates_NK[i:i + rows],
+                                           ids_NK[i:i + rows], self.u, self.v, c.activation)
+                          for i in range(0, x_NH.shape[0], rows)] or [x_NH[:0]])
 
     def extra_repr(self) -> str:
         c = self.config
         return (f"experts={c.experts}, hidden={c.hidden}, heads={c.heads}, d_q={c.d_q}, "
-                f"kappa={c.kappa}, activation={c.activation}")
+                f"kappa={c.kappa}, activation={c.activation}, impl={c.impl}")
 
 
 def peer_reference(x_NH, query_W, keys_2RD, u_MH, v_MH, heads: int, kappa: int,

@@ -80,7 +80,8 @@ class ModelSpec:
     def moe_config(self) -> MoEConfig | PEERConfig:
         if self.kind == "peer":
             return PEERConfig(experts=self.experts, hidden=self.hidden, heads=self.peer_heads,
-                              d_q=self.peer_dq, kappa=self.peer_kappa)
+                              d_q=self.peer_dq, kappa=self.peer_kappa,
+                              impl=self.experts_impl)
         return MoEConfig(experts=self.experts, top_k=self.top_k, hidden=self.hidden,
                          width=self.width, rank=self.rank, balance_coef=self.balance_coef,
                          router_impl=self.router_impl, experts_impl=self.experts_impl,
