@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from moremoe.accounting import peer_params
-from moremoe.nn.peer import PEERConfig, PEERLayer, peer_reference, peer_retrieve
+from moremoe.nn.peer import PEERConfig, PEERLayer, peer_reference
+from moremoe.ops.peer_retrieval import peer_retrieval_ref
 
 
 def _layer(M=64, h=24, heads=3, d_q=10, kappa=4, seed=0):
@@ -20,7 +21,7 @@ def test_product_keys_find_the_top_kappa_of_all_m_scores():
     torch.manual_seed(1)
     q, keys = torch.randn(50, 3, 12, dtype=torch.float64), torch.randn(2, 9, 6,
                                                                        dtype=torch.float64)
-    scores, ids = peer_retrieve(q, keys, 5)
+    scores, ids = peer_retrieval_ref(q, keys, 5)
     full = ((q[..., :6] @ keys[0].T)[..., :, None] + (q[..., 6:] @ keys[1].T)[..., None, :])
     want = full.reshape(50, 3, 81).topk(5, dim=-1)
     assert torch.equal(ids, want.indices)
@@ -34,7 +35,7 @@ def test_pruned_grid_keeps_the_top_kappa_at_every_kappa(kappa):
     torch.manual_seed(kappa)
     q, keys = torch.randn(40, 2, 8, dtype=torch.float64), torch.randn(2, 9, 4,
                                                                       dtype=torch.float64)
-    scores, ids = peer_retrieve(q, keys, kappa)
+    scores, ids = peer_retrieval_ref(q, keys, kappa)
     full = ((q[..., :4] @ keys[0].T)[..., :, None] + (q[..., 4:] @ keys[1].T)[..., None, :])
     want = full.reshape(40, 2, 81).topk(kappa, dim=-1)
     assert torch.equal(ids, want.indices)

@@ -28,7 +28,8 @@ import torch
 
 from ..accounting import peer_match
 from ..nn.moe import MoEConfig, MoELayer
-from ..nn.peer import PEERConfig, PEERLayer, peer_retrieve
+from ..nn.peer import PEERConfig, PEERLayer
+from ..ops.peer_retrieval import peer_retrieval
 from ..runtime import environment
 from .harness import bf16_on, ceilings, free, peak_bytes, time_ms
 
@@ -83,7 +84,7 @@ def _build(cfg, phase: str, device):
 def _retrieval(layer: PEERLayer, x):
     c = layer.config
     q = layer.query(x).view(-1, c.heads, c.d_q)
-    scores, ids = peer_retrieve(q, layer.keys.to(q.dtype), c.kappa)
+    scores, ids = peer_retrieval(q, layer.keys.to(q.dtype), c.kappa, impl=c.impl)
     return torch.softmax(scores.float(), dim=-1), ids
 
 

@@ -8,9 +8,11 @@ index a √M + b. A head mixes its κ experts with the softmax of their scores; 
 the H heads, k = H κ experts per token. The (N, M) scores never exist: retrieval costs
 O(H d_q (h + √M) + H κ²) per token, as the accounting's 6 H d_q (h + √M) counts.
 
-Retrieval scores only the κ²-grid candidates (i, j) with (i+1)(j+1) <= κ (about κ ln κ of
-them): each per-axis list is sorted, so at least (i+1)(j+1) candidates score at least as much
-as (i, j), and one with (i+1)(j+1) > κ is never needed in the top κ (ties aside).
+Retrieval (ops/peer_retrieval.py, config impl) scores only the κ²-grid candidates (i, j)
+with (i+1)(j+1) <= κ (about κ ln κ of them): each per-axis list is sorted, so at least
+(i+1)(j+1) candidates score at least as much as (i, j), and one with (i+1)(j+1) > κ is never
+needed in the top κ (ties aside). On CUDA one fused kernel does all of it per (token, head),
+nothing but the winners leaving the chip; the torch path forms the two (N, H, √M) tables.
 
 The experts (ops/peer_experts.py, config impl): on CUDA the fused kernels gather the rows of
 u and v on chip (no (N, H κ, h) tensor, any N); the torch path (CPU, impl="reference")
@@ -20,7 +22,6 @@ H heads, κ top per head (kappa in code), d_q query size.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -32,6 +33,7 @@ from ..checks import check_tensor
 from ..ops.balance import expert_counts
 from ..ops.dispatch import IMPLS
 from ..ops.peer_experts import ACTIVATIONS, peer_experts, peer_experts_ref, peer_impl
+from ..ops.peer_retrieval import peer_retrieval
 from .moe import MoEOutput
 
 CHUNK_BYTES = 1 << 30       # gathered u rows at a time on the torch path without autograd
@@ -89,34 +91,6 @@ class PEERConfig:
         return cls(**{k: v for k, v in d.items() if k != "kind"})
 
 
-@functools.lru_cache(maxsize=None)
-def _grid_candidates(kappa: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(i, j) (C,) int64 of the κ × κ grid with (i+1)(j+1) <= κ, C = Σ_i ⌊κ/(i+1)⌋: built
-    on the host and moved once per device (a copy, a host sync, on the first call only)."""
-    ij = [(i, j) for i in range(kappa) for j in range(kappa // (i + 1))]
-    return tuple(torch.tensor(t, dtype=torch.int64).to(device) for t in zip(*ij))
-
-
-def peer_retrieve(q_NHD: torch.Tensor, keys_2RD: torch.Tensor, kappa: int):
-    """(scores (N, H, κ) descending, expert ids (N, H, κ) int64) of product-key retrieval;
-    q's last dim is d_q, the two halves scored against keys[0] and keys[1] (R × d_q/2 each).
-    Of the κ² sums of the two axes' top κ only the C ≈ κ ln κ that can rank in the top κ
-    are formed (_grid_candidates; module docstring). The selection runs without autograd;
-    the winners' scores are then gathered again from the two score tables, the same sums,
-    so the backward is two small scatters instead of one through every candidate."""
-    half = q_NHD.shape[-1] // 2
-    R = keys_2RD.shape[1]
-    s_a = q_NHD[..., :half] @ keys_2RD[0].T                 # (N, H, R)
-    s_b = q_NHD[..., half:] @ keys_2RD[1].T
-    with torch.no_grad():
-        v_a, i_a = s_a.topk(kappa, dim=-1)                  # sorted, descending
-        v_b, i_b = s_b.topk(kappa, dim=-1)
-        ci, cj = _grid_candidates(kappa, q_NHD.device)
-        pos = (v_a[..., ci] + v_b[..., cj]).topk(kappa, dim=-1).indices   # of (N, H, C)
-        a, b = i_a.gather(-1, ci[pos]), i_b.gather(-1, cj[pos])
-    return s_a.gather(-1, a) + s_b.gather(-1, b), a * R + b
-
-
 class PEERLayer(nn.Module):
     """x (..., h) -> MoEOutput(y, aux 0 in training, no switch loss, counts (M,) in training
     or when asked, router None): the MoE layer's interface, with no balancing loss (PEER has
@@ -142,7 +116,7 @@ class PEERLayer(nn.Module):
         check_tensor("x", x, floating=True, last=c.hidden, last_name="hidden")
         x_NH = x.reshape(-1, c.hidden)
         q = self.query(x_NH).view(-1, c.heads, c.d_q)
-        scores, ids = peer_retrieve(q, self.keys.to(q.dtype), c.kappa)
+        scores, ids = peer_retrieval(q, self.keys.to(q.dtype), c.kappa, impl=c.impl)
         gates = torch.softmax(scores.float(), dim=-1)                     # per head, fp32
         ids_NK = ids.reshape(x_NH.shape[0], c.top_k)                     # (N, H κ)
         y_NH = self._experts(x_NH, gates.reshape(ids_NK.shape), ids_NK)
