@@ -68,10 +68,9 @@ def main():
             for r in rows[-7:]:
                 print(json.dumps({k: r.get(k) for k in ("N", "kappa", "variant", "phase", "ms",
                                                         "floor_ms", "rows_same_as_torch")}))
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(r) + "\n")
 
 
 if __name__ == "__main__":

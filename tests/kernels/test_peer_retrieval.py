@@ -41,11 +41,11 @@ def check_selection(q, keys, kappa, scores, ids):
     torch.testing.assert_close(scores.double(), exact, atol=1e-5 * scale.max().item(), rtol=0)
     # the chosen set: that of the naive top κ wherever the κ-th place is not a near-tie
     top = full.topk(min(kappa + 1, R2), dim=1)
-    tie_tol = 2.0 ** -10 * scale[:, 0]
+    tie_tol = 2.0 ** -11 * scale[:, 0]
     gap = (top.values[:, kappa - 1] - top.values[:, kappa] if kappa < R2
            else torch.full_like(scale[:, 0], math.inf))
     clear = gap > tie_tol
-    assert clear.float().mean() > 0.8
+    assert clear.float().mean() > 0.25                     # enough rows to compare
     want = top.indices[:, :kappa].sort(1).values
     assert torch.equal(ids.long().sort(1).values[clear], want[clear])
     # and everywhere its values: sorted, within the near-tie tolerance
