@@ -118,3 +118,28 @@ def test_paper_size_on_the_gpu(kappa, blocks):
     check_selection(q, keys, kappa, scores, ids)
     again = kr.retrieve(q, keys, kappa, blocks=blocks)
     assert torch.equal(ids, again[1]) and torch.equal(scores, again[0])
+
+
+def test_custom_op_passes_opcheck_and_torch_compile_traces_the_layer():
+    """Schema, fake tensors, autograd registration; then a PEER layer (both fused ops)
+    through torch.compile (aot_eager, one graph) equals eager, output and gradients."""
+    from dataclasses import replace
+    from moremoe.nn.peer import PEERConfig, PEERLayer
+    from moremoe.ops import peer_retrieval as opr
+    q, keys = make(12, 9, 4, seed=5)
+    torch.library.opcheck(opr.fwd_op, (q.requires_grad_(), keys.requires_grad_(), 3))
+    torch.manual_seed(0)
+    layer = PEERLayer(PEERConfig(experts=81, hidden=16, heads=2, d_q=8, kappa=3)).to(DEV)
+    layer.config = replace(layer.config, impl="triton")
+    x = torch.randn(7, 16, device=DEV)
+
+    def step(x_):
+        return layer(x_).y.square().sum()
+
+    eager = step(x)
+    eager_grads = torch.autograd.grad(eager, list(layer.parameters()))
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(x)
+    got_grads = torch.autograd.grad(got, list(layer.parameters()))
+    torch.testing.assert_close(got, eager)
+    for a, b in zip(got_grads, eager_grads):
+        torch.testing.assert_close(a, b)
