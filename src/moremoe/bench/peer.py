@@ -6,10 +6,11 @@ Layers (h = 512): MoRE-1792 (s' = 56, k = 4, r = 64), its matched MoE-256 (s = 6
 and PEER-388² (H = 8, d_q = 32, M = 150,544 >= 3/2 M' s') with κ from accounting.peer_match
 in both readings: "paper" (κ = 56, k = 448: PEER's inference-coefficient FLOPs matched to
 MoRE's training FLOPs, as the paper does) and "inference" (κ = 4, k = 32: both sides at
-inference coefficients). PEER runs on the same weights as peer_fused (the expert kernels,
-kernels/peer_experts.py) and peer_torch (the u rows gathered, (N, k, h), and an embedding
-bag: a plain implementation); peer_retrieval times its product-key retrieval alone (query,
-the two key tables, top κ per head, gates). MoRE and MoE run their fused routers and the
+inference coefficients). PEER runs on the same weights as peer_fused (the retrieval and
+expert kernels, kernels/peer_retrieval.py and peer_experts.py) and peer_torch (the two
+score tables and torch.topk, the u rows gathered, (N, k, h), and an embedding bag: a plain
+implementation); peer_retrieval times its fused product-key retrieval alone (query, the two
+key tables, top κ per head, gates). MoRE and MoE run their fused routers and the
 grouped expert kernels.
 
 Passes (as the trainer runs them, and benchmarks/probe_peer.py): forward with bf16 weights

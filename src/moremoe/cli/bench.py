@@ -252,8 +252,8 @@ def add_bench_parser(sub) -> None:
         "peer": "PEER against MoRE and MoE at matched active FLOPs, the paper's Appendix B "
                 "table: one layer's forward and forward+backward at 4,096 ... 262,144 tokens, "
                 "MoRE-1792, MoE-256 and PEER-388^2 (kappa = 56 as the paper matches it, 4 at "
-                "inference coefficients) with its fused expert kernels and its torch path, "
-                "its retrieval alone, the PEER/MoRE ratios beside the paper's (peer.png)"}
+                "inference coefficients) with its fused kernels (retrieval and experts) and its "
+                "torch path, its fused retrieval alone, the PEER/MoRE ratios beside the paper's (peer.png)"}
     for name, text in descriptions.items():
         pb = bsub.add_parser(name, help=text.split(":")[0].split(",")[0],
                              description=text + ". Each row is appended to benchmarks/results/"
