@@ -40,6 +40,30 @@ def test_reference_psum_counts_the_finite_logits_only():
     torch.testing.assert_close(ref.softmax_colsum(logits), want)
 
 
+@pytest.mark.parametrize("spoilt", [False, True])
+def test_reference_psum_and_its_gradient(spoilt):
+    """psum (one softmax when every row is healthy, else the sanitised formula) against the
+    sanitised formula: values and the gradient the balancing loss sends to the logits."""
+    logits = torch.randn(9, 6, dtype=torch.float64)
+    logits[7, [1, 4]] = -INF
+    if spoilt:
+        logits[1, 2], logits[3, 0], logits[5] = NAN, INF, -INF
+    weights = torch.rand(6, dtype=torch.float64)
+    got = []
+    for fn in (ref.softmax_colsum, _psum_sanitised):
+        x = logits.clone().requires_grad_()
+        psum = fn(x)
+        (psum * weights).sum().backward()
+        got.append((psum.detach(), x.grad))
+    torch.testing.assert_close(got[0][0], got[1][0])
+    torch.testing.assert_close(got[0][1], got[1][1], equal_nan=True)
+
+
+def _psum_sanitised(logits):
+    probs = torch.softmax(torch.where(torch.isfinite(logits), logits, float("-inf")), dim=-1)
+    return torch.where(probs.isnan(), 0.0, probs).sum(dim=0)
+
+
 def test_reference_ties_go_to_the_lower_index_at_any_size():
     logits = torch.zeros(3, 300)
     logits[:, [7, 150, 299]] = 1.0
@@ -110,3 +134,71 @@ def test_every_implementation_routes_alike(kind, how, training):
             assert torch.isfinite(out.psum).all()
             assert torch.isfinite(switch_loss(out.psum, out.counts, 37, 4))
         torch.testing.assert_close(a.psum, b.psum, rtol=1e-5, atol=1e-5)
+
+
+def _hostile_logits(N, M, seed):
+    """Few distinct values (ties everywhere, at the k-th place too), NaN, ±inf, ±0, rows of
+    only non-finite values and rows with fewer finite values than k."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 4, (N, M), generator=g).float()
+    logits[torch.rand(N, M, generator=g) < 0.1] = NAN
+    logits[torch.rand(N, M, generator=g) < 0.05] = INF
+    logits[torch.rand(N, M, generator=g) < 0.05] = -INF
+    logits[torch.rand(N, M, generator=g) < 0.05] = -0.0
+    logits[0] = NAN
+    logits[1, :] = -INF
+    logits[2, 1:] = NAN
+    return logits
+
+
+@pytest.mark.parametrize("M", [1, 2, 7, 96, 300])
+def test_fast_selection_equals_the_traceable_one(M):
+    """select_topk (topk of k + 1, fix-ups on the rows that need them) against the one-pass
+    traceable selection torch.compile runs: the same indices and values for every k."""
+    logits = _hostile_logits(41, M, seed=M)
+    for k in sorted({1, min(2, M), min(4, M), max(M - 1, 1), M}):
+        val, idx = ref.select_topk(logits, k)
+        want_val, want_idx = ref._select_topk_traceable(logits, k)
+        assert torch.equal(idx, want_idx), k
+        torch.testing.assert_close(val, want_val, rtol=0, atol=0, equal_nan=True)
+    for dtype in (torch.bfloat16, torch.float64):        # ties as bf16 logits make them
+        x = torch.randn(64, M).to(dtype)
+        k = min(4, M)
+        assert torch.equal(ref.select_topk(x, k)[1], ref._select_topk_traceable(x, k)[1])
+
+
+def test_selection_compiles_to_the_same_routing():
+    logits = _hostile_logits(23, 50, seed=1)
+    compiled = torch.compile(ref.select_topk, backend="eager", fullgraph=True)
+    val, idx = compiled(logits, 4)
+    assert torch.equal(idx, ref.select_topk(logits, 4)[1])
+
+
+def _median_ms(fn, repeat=7):
+    import time
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * sorted(times)[repeat // 2]
+
+
+@pytest.mark.parametrize("bf16_values", [False, True])
+def test_selection_costs_about_one_topk(bf16_values):
+    """The reference router is every CPU user's path: its selection must cost about one
+    torch.topk of the same logits (1.5x on an idle machine; 3x here for noisy CI hosts),
+    also when bf16 logits tie on many rows."""
+    torch.manual_seed(0)
+    logits = torch.randn(4096, 2048)
+    if bf16_values:
+        logits = logits.bfloat16().float()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                     # two threads on a busy host time the host
+    try:
+        ratio = (_median_ms(lambda: ref.select_topk(logits, 4))
+                 / _median_ms(lambda: torch.topk(logits, 4, dim=-1)))
+    finally:
+        torch.set_num_threads(threads)
+    assert ratio < 3.0, ratio

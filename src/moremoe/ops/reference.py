@@ -4,7 +4,8 @@ semantics) and the experts; the balancing loss is ops/balance.py.
 These are the ground truth the fused kernels are tested against, and the path the modules
 take on CPU or without Triton. Each takes ``upcast``: compute in float32 (float64 stays
 float64) instead of the input dtype, and return the result in that dtype. They favour
-being obviously right over being fast.
+being obviously right, yet the selection costs about one torch.topk of the same logits
+(a test holds the ratio): it is every CPU user's router.
 
 Legend: N tokens, h hidden, M experts, k active, r rank, s expert width.
 """
@@ -41,11 +42,65 @@ def select_topk(logits_NM: torch.Tensor, k: int):
     "Selection semantics"): values (N, k) and int32 indices (N, k). NaN and ±inf logits are
     never selected; a row with fewer than k finite logits fills its remaining slots with the
     lowest expert indices not chosen. Values are the logits of the returned indices, the
-    finite ones descending, then the others, ties by the lower index. Exact, deterministic
-    and traceable (no data-dependent shapes)."""
+    finite ones descending, then the others, ties by the lower index. Exact and deterministic.
+
+    One torch.topk of k + 1 per row does the work, and it settles every row whose k + 1
+    largest keys are distinct. Only the others are redone: rows holding NaN or +inf (which
+    torch.topk ranks first) on sanitised keys, then rows with a tie among their k + 1 largest
+    keys (torch.topk orders ties in no promised way) from their candidates. Under
+    torch.compile the selection is one traceable pass instead (no data-dependent shapes)."""
+    if torch.compiler.is_compiling():
+        return _select_topk_traceable(logits_NM, k)
+    keys_NM = logits_NM.detach()
+    k1 = min(k + 1, keys_NM.shape[1])
+    key_NK, idx_NK = torch.topk(keys_NM, k1, dim=-1)
+    unsafe_N = ~(key_NK[:, 0] < float("inf"))                   # the row holds NaN or +inf
+    if unsafe_N.any():
+        rows = unsafe_N.nonzero()[:, 0]
+        key_NK[rows], idx_NK[rows] = torch.topk(_finite_or_neg_inf(keys_NM[rows]), k1, dim=-1)
+    if k1 > k:                         # the k-th key ties one outside: take the lowest ids
+        tied_N = key_NK[:, k - 1] == key_NK[:, k]
+        if tied_N.any():
+            rows = tied_N.nonzero()[:, 0]
+            idx_NK[rows, :k] = _lowest_tied(keys_NM.index_select(0, rows), key_NK[rows], k,
+                                            idx_NK[rows, :k])
+    key_NK, idx_NK = key_NK[:, :k], idx_NK[:, :k]
+    tied_N = (key_NK[:, 1:] == key_NK[:, :-1]).any(-1)   # ties inside: lower id first
+    if tied_N.any():
+        rows = tied_N.nonzero()[:, 0]
+        idx_RK, by_id = torch.sort(idx_NK[rows], dim=-1)
+        by_key = torch.sort(key_NK[rows].gather(1, by_id), dim=-1, descending=True,
+                            stable=True).indices
+        idx_NK[rows] = idx_RK.gather(1, by_key)
+    return logits_NM.gather(1, idx_NK), idx_NK.to(torch.int32)
+
+
+def _lowest_tied(keys_RM, key_RK, k: int, idx_RK):
+    """The top-k ids of rows whose k-th largest key key_RK[:, k-1] ties the (k+1)-th:
+    torch.topk's ids of the keys above it, then the tied columns lowest first. A k-th key of
+    -inf ties every non-finite logit of the row (the fillers)."""
+    kth_R1 = key_RK[:, k - 1:k]
+    tied_RM = keys_RM == kth_R1
+    short_R = kth_R1[:, 0] == float("-inf")                      # fewer than k finite logits
+    if short_R.any():
+        tied_RM[short_R] = ~torch.isfinite(keys_RM[short_R])
+    above_R = (key_RK[:, :k] > kth_R1).sum(-1)
+    row_C, col_C = tied_RM.nonzero(as_tuple=True)                 # ids ascending in each row
+    counts_R = torch.bincount(row_C, minlength=keys_RM.shape[0])
+    first_R = counts_R.cumsum(0) - counts_R
+    slot_C = torch.arange(row_C.numel(), device=row_C.device) - first_R[row_C] + above_R[row_C]
+    keep = slot_C < k
+    idx_RK = idx_RK.clone()
+    idx_RK[row_C[keep], slot_C[keep]] = col_C[keep]
+    return idx_RK
+
+
+def _select_topk_traceable(logits_NM: torch.Tensor, k: int):
+    """select_topk without data-dependent shapes or branches, for torch.compile: the k-th
+    largest key per row, every key above it, then the tied ones by a cumulative count."""
     N, M = logits_NM.shape
     keys_NM = _finite_or_neg_inf(logits_NM.detach())
-    kth_N1 = torch.topk(keys_NM, k, dim=-1).values[:, -1:]       # the k-th largest value
+    kth_N1 = torch.topk(keys_NM, k, dim=-1).values[:, -1:]
     above_NM = keys_NM > kth_N1
     tied_NM = keys_NM == kth_N1                                   # filled lowest index first
     need_N1 = k - above_NM.sum(-1, keepdim=True)
@@ -66,7 +121,13 @@ def topk_gates(topk_val_NK: torch.Tensor) -> torch.Tensor:
 
 def softmax_colsum(logits_NM: torch.Tensor) -> torch.Tensor:
     """psum (M,): column sums over tokens of the softmax over the finite logits of each row
-    (a non-finite logit has probability 0; a row with no finite logit adds nothing)."""
+    (a non-finite logit has probability 0; a row with no finite logit adds nothing).
+    One softmax of the logits as they are when that leaves no row NaN (no NaN or +inf logit,
+    some finite one in every row: a healthy router), else the sanitised formula."""
+    if not torch.compiler.is_compiling():
+        probs_NM = torch.softmax(logits_NM, dim=-1)
+        if not probs_NM[:, 0].isnan().any():            # a spoilt row is NaN throughout
+            return probs_NM.sum(dim=0)
     probs_NM = torch.softmax(_finite_or_neg_inf(logits_NM), dim=-1)
     return torch.where(probs_NM.isnan(), 0.0, probs_NM).sum(dim=0)
 
