@@ -5,6 +5,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from moremoe.hf import MoremoeConfig, MoremoeForCausalLM, export, register  # noqa: E402
+from moremoe.hf.modeling_moremoe import CACHE_FIELD  # noqa: E402
 from moremoe.model import Transformer, TransformerConfig, generate  # noqa: E402
 from moremoe.nn import MoEConfig, PEERConfig  # noqa: E402
 from numerics import model_reduction_length, reduction_tol  # noqa: E402
@@ -45,31 +46,63 @@ def test_save_and_auto_load_round_trip_exactly(tmp_path, moe, kv):
     assert torch.equal(loaded.to_transformer().rope_cos, model.rope_cos)
 
 
+def _loaded(model, tmp_path, how):
+    """The model exported, then loaded back as users load it: through register() and the
+    Auto classes, or by trust_remote_code without register()."""
+    export(model, tmp_path / how)
+    if how == "register":
+        register()
+        return transformers.AutoModelForCausalLM.from_pretrained(tmp_path / how).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(tmp_path / how,
+                                                             trust_remote_code=True).eval()
+
+
+@pytest.mark.parametrize("how", ["register", "remote_code"])
 @pytest.mark.parametrize("moe,kv", MODELS)
-def test_generate_with_cache_equals_uncached_greedy(moe, kv):
+def test_generate_with_cache_equals_uncached_greedy(tmp_path, monkeypatch, moe, kv, how):
+    """An exported model's generate() on the installed transformers, whichever name it
+    gives the cache (past_key_values, cache): the cache is used, and the same greedy tokens
+    come with it, without it and from moremoe's own generate."""
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
     model = tiny(moe, kv)
-    hf = MoremoeForCausalLM.from_transformer(model)
+    hf = _loaded(model, tmp_path, how)
     prompt = torch.randint(0, V, (2, 7))
-    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
-                      do_sample=False, use_cache=True, return_dict_in_generate=True)
-    # the cache was used: it holds every position but the last token's (transformers 4.x
-    # hands back the legacy tuple of per-layer (k, v), 5.x the DynamicCache itself)
-    cache = out.past_key_values
-    length = cache.get_seq_length() if hasattr(cache, "get_seq_length") else cache[0][0].shape[-2]
-    assert length == 7 + 12 - 1
-    out = out.sequences
-    assert torch.equal(out[:, :7], prompt)
-    assert out[:, 7:].tolist() == generate(model, prompt, 12, use_cache=False)
+    runs = {}
+    for use_cache in (True, False):
+        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                          do_sample=False, use_cache=use_cache, return_dict_in_generate=True)
+        assert torch.equal(out.sequences[:, :7], prompt)
+        runs[use_cache] = out.sequences[:, 7:].tolist()
+        if use_cache:      # it holds every position but the last token's
+            cache = getattr(out, CACHE_FIELD)
+            length = (cache.get_seq_length() if hasattr(cache, "get_seq_length")
+                      else cache[0][0].shape[-2])        # transformers 4.x: legacy tuples
+            assert length == 7 + 12 - 1
+    assert runs[True] == runs[False] == generate(model, prompt, 12, use_cache=False)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_past_max_seq_len_fails_alike_with_and_without_the_cache(use_cache):
+    """max_seq_len = 32: a prompt of 33 tokens, or 30 tokens and 5 new ones, are refused the
+    same way with the cache as without it (a dropped cache used to let them run on)."""
+    hf = MoremoeForCausalLM.from_transformer(tiny(MoEConfig.more(12, 2, 32, 8, 4), 2))
+    for T, new in ((33, 1), (30, 5)):
+        prompt = torch.randint(0, V, (1, T))
+        with pytest.raises(ValueError, match="expected <= max_seq_len=32"):
+            hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                        do_sample=False, use_cache=use_cache)
 
 
 def test_forward_with_transformers_cache_equals_full_forward():
     hf = MoremoeForCausalLM.from_transformer(tiny(MoEConfig.more(12, 2, 32, 8, 4), 2))
     tokens = torch.randint(0, V, (2, 9))
     full = hf(tokens, use_cache=False)
-    assert full.past_key_values is None
+    assert getattr(full, CACHE_FIELD) is None
     first = hf(tokens[:, :6], use_cache=True)
-    rest = hf(tokens[:, 6:], past_key_values=first.past_key_values, use_cache=True)
-    assert rest.past_key_values.get_seq_length() == 9
+    rest = hf(tokens[:, 6:], past_key_values=getattr(first, CACHE_FIELD), use_cache=True)
+    assert getattr(rest, CACHE_FIELD).get_seq_length() == 9
+    again = hf(tokens[:, 6:], cache=getattr(first, CACHE_FIELD).__class__(), use_cache=True)
+    assert getattr(again, CACHE_FIELD).get_seq_length() == 3      # given as `cache`
     torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), full.logits,
                                rtol=1e-5, atol=1e-5)
 

@@ -4,7 +4,9 @@ The wrapper holds the Transformer itself under ``model`` (weights are shared, ne
 ``from_transformer`` wraps an existing module and ``to_transformer`` hands it back), so the
 checkpoint's keys are the Transformer's with a ``model.`` prefix. ``generate()`` runs on
 transformers' own DynamicCache, which the Transformer updates through the same
-``update``/``get_seq_length`` calls as moremoe's KVCache. Padded batches are refused: the
+``update``/``get_seq_length`` calls as moremoe's KVCache. transformers passes that cache as
+``past_key_values`` up to 5.x and as ``cache`` since; ``forward`` takes either and returns
+it under the output field the installed transformers has. Padded batches are refused: the
 model has no per-row positions (generate one row at a time or with equal-length prompts).
 """
 from __future__ import annotations
@@ -16,6 +18,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..model.transformer import IGNORE_INDEX, Transformer, rotary_tables
 from .configuration_moremoe import MoremoeConfig
+
+# the output field that carries the cache: "cache" in newer transformers, "past_key_values"
+# before (the old name still works there, with a deprecation warning on every call)
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ \
+    else "past_key_values"
 
 
 class MoremoeForCausalLM(PreTrainedModel, GenerationMixin):
@@ -65,17 +72,21 @@ class MoremoeForCausalLM(PreTrainedModel, GenerationMixin):
                 attention_mask: torch.Tensor | None = None, past_key_values=None,
                 labels: torch.LongTensor | None = None, use_cache: bool | None = None,
                 logits_to_keep: int = 0, return_dict=None,
-                inputs_embeds: torch.FloatTensor | None = None,
+                inputs_embeds: torch.FloatTensor | None = None, cache=None,
                 **kwargs) -> CausalLMOutputWithPast:
         """labels as in transformers: the input ids themselves (shifted here), -100 ignored;
-        inputs_embeds (B, T, h) in place of input_ids."""
+        inputs_embeds (B, T, h) in place of input_ids; the cache as ``cache`` or
+        ``past_key_values`` (whichever the caller's transformers uses)."""
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise ValueError("padded inputs (zeros in attention_mask) are not supported: "
                              "generate one row at a time or with equal-length prompts")
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("got both cache and past_key_values: pass the cache once")
+        cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
-        out = self.model(input_ids, cache=past_key_values if use_cache else None,
+        if use_cache and cache is None:
+            cache = DynamicCache()
+        out = self.model(input_ids, cache=cache if use_cache else None,
                          embeds_BTh=inputs_embeds)
         logits = out.logits if not logits_to_keep else out.logits[:, -logits_to_keep:]
         loss = None
@@ -83,4 +94,4 @@ class MoremoeForCausalLM(PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(out.logits[:, :-1].float().reshape(-1, out.logits.shape[-1]),
                                    labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
         return CausalLMOutputWithPast(loss=loss, logits=logits,
-                                      past_key_values=past_key_values if use_cache else None)
+                                      **{CACHE_FIELD: cache if use_cache else None})
