@@ -1,22 +1,27 @@
-# Two commands start everything on a fresh machine with Python >= 3.10 and pip:
+# Two commands start everything on a fresh machine with Python >= 3.11, pip and make:
 #   make demo   set up .venv and run `moremoe demo`
 #   make test   set up .venv and run the whole test suite
-# and one more that CI runs after them:
-#   make test-cpus  the numerics-sensitive tests again as another CPU would run them: ATen's
-#                   default and AVX2 kernels, one and two threads
+# Both install the exact versions of requirements/lock-cpu.txt (scripts/install.sh locked).
+# And what CI runs after them:
+#   make test-cpus    the numerics-sensitive tests again as another CPU would run them: ATen's
+#                     default and AVX2 kernels, one and two threads
+#   make test-latest  the suite in a fresh .venv-latest with the newest versions pyproject.toml
+#                     allows: what a user installing today gets
+#   make test-lowest  the suite in a fresh .venv-lowest with every dependency at its lower bound
+#   make lock         regenerate requirements/lock-cpu.txt from the newest allowed versions
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+LOCK := requirements/lock-cpu.txt
 
-.PHONY: demo test test-cpus setup clean
+.PHONY: demo test test-cpus test-latest test-lowest lock setup clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml scripts/install_torch.sh
+$(VENV)/.installed: pyproject.toml $(LOCK) scripts/install.sh
 	$(PYTHON) -m venv $(VENV)
-	sh scripts/install_torch.sh $(BIN)/python
-	$(BIN)/python -m pip install -e ".[test]"
+	sh scripts/install.sh $(BIN)/python locked
 	touch $@
 
 demo: setup
@@ -31,5 +36,21 @@ test-cpus: setup
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(NUMERICS)
 	ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q $(NUMERICS)
 
+# a fresh environment each time: newest means newest on the day it runs
+test-latest test-lowest: test-%:
+	rm -rf $(VENV)-$*
+	$(PYTHON) -m venv $(VENV)-$*
+	sh scripts/install.sh $(VENV)-$*/bin/python $*
+	$(VENV)-$*/bin/python -m pytest $(PYTEST_ARGS)
+
+lock:
+	rm -rf $(VENV)-lock
+	$(PYTHON) -m venv $(VENV)-lock
+	sh scripts/install.sh $(VENV)-lock/bin/python latest test,text,eval
+	sh scripts/write_lock.sh $(VENV)-lock/bin/python > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(VENV)-lock
+	@echo "wrote $(LOCK): run make test with it before committing"
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VENV)-latest $(VENV)-lowest $(VENV)-lock runs .pytest_cache
