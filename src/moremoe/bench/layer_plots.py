@@ -39,7 +39,7 @@ def _heat(ax, g, title, fmt, cmap):
 def render_layer(rows: list[dict], out_dir) -> list[Path]:
     plt = _pyplot()
     out_dir = Path(out_dir)
-    device = rows[0]["device"] if rows else ""
+    device = rows[0].get("device", "") if rows else ""
     paths = []
     moe = _grid(rows, "moe_unfused", sweep="grid")
     moe_f = _grid(rows, "moe_fused", sweep="grid")

@@ -65,7 +65,7 @@ def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = rows[0]["device"] if rows else ""
+    device = rows[0].get("device", "") if rows else ""
     paths = []
     figs = [("router_k.png", "k", "k", "inference vs k (h=512, M=8192, r=64, N=262,144)"),
             ("router_r.png", "r", "r", "inference vs rank r (h=512, M=8192, k=4, N=262,144)"),
