@@ -88,3 +88,28 @@ def test_bench_help_lists_each_benchmark_with_its_whole_summary(capsys, monkeypa
         assert summary.count("{") == summary.count("}"), summary
         assert summary.count("(") == summary.count(")"), summary
     assert entries["decode"] == "one layer's decode step at B in {4, 16, 64, 256} over h x M"
+
+
+def _decode_row(M, ms, commit):
+    return {"bench": "decode", "variant": "more_fused", "h": 512, "M": M, "B": 4, "ms": ms,
+            "commit": commit}
+
+
+def _router_row(k, ms, commit):
+    return {"bench": "router", "sweep": "k", "phase": "inference", "router": "lowrank",
+            "impl": "triton", "k": k, "ms": ms, "commit": commit}
+
+
+@pytest.mark.parametrize("module,render,row", [("layer_plots", "render_decode", _decode_row),
+                                               ("router_plots", "render", _router_row)])
+def test_plots_draw_the_newest_row_of_each_point(monkeypatch, tmp_path, module, render, row):
+    """A results file collects every run's rows: a line shows each point once, the newest."""
+    import importlib
+    mod = importlib.import_module(f"moremoe.bench.{module}")
+    figs = []
+    monkeypatch.setattr(mod, "save_figure", lambda fig, path: figs.append(fig))
+    rows = [row(x, 1.0, "old") for x in (1, 2, 4)] + [row(x, 2.0, "new") for x in (1, 2, 4)]
+    getattr(mod, render)(rows, tmp_path)
+    (line,) = [ln for fig in figs for ax in fig.axes for ln in ax.get_lines()]
+    assert list(line.get_xdata()) == [1, 2, 4]
+    assert list(line.get_ydata()) == [2.0, 2.0, 2.0]
