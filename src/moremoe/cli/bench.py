@@ -16,8 +16,8 @@ def _bench_table(rows: list[dict]) -> str:
     for r in rows:
         pt = f"h={r['h']} M={r['M']} r={r['r']} k={r['k']} B={r['B']}"
         name = ("MoRE" if r["router"] == "lowrank" else "MoE") + (
-            {"triton": " fused", "alg1": " Alg. 1"}.get(r["impl"], " unfused"))
-        ms = "OOM" if r.get("oom") else f"{r['ms']:.3f}"
+            {"triton": " fused", "alg1": " Alg. 1"}.get(r["impl"], " unfused")) + _config(r)
+        ms = _value(r)
         floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-"
         ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
         mem = f"{r['peak_bytes'] / 2 ** 20:,.0f}" if r.get("peak_bytes") is not None else "-"
@@ -91,11 +91,10 @@ def _run_bench(args, name: str, runner, render) -> int:
 def _layer_table(rows: list[dict]) -> str:
     out = []
     for r in rows:
-        val = ("OOM" if r.get("oom") else "error" if r.get("error") else
-               f"{r['ms']:.3f} ms" if r.get("ms") is not None
-               else f"{(r.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
+        val = (_value(r, "{:.3f} ms") if r.get("ms") is not None or r.get("oom")
+               or r.get("error") else f"{(r.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
         ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
-        out.append([r.get("sweep", r["bench"]), r["variant"], r.get("phase", ""),
+        out.append([r.get("sweep", r["bench"]), r["variant"] + _config(r), r.get("phase", ""),
                     f"h={r['h']} M={r['M']} s={r['s']} N={r['N']}", val, ratio])
     return table(out, ["sweep", "variant", "phase", "point", "value", "/floor"])
 
@@ -122,13 +121,28 @@ LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")
 
 
 def _router_sweeps(text: str) -> list[str]:
-    from ..bench.router import SWEEPS
+    from ..bench.router import SWEEP_NAMES
     names = [s for s in text.split(",") if s]
-    bad = [s for s in names if s not in SWEEPS]
+    bad = [s for s in names if s not in SWEEP_NAMES]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown sweep(s) {', '.join(bad) or repr(text)}; "
-                                         f"expected a comma list of {', '.join(SWEEPS)}")
+                                         f"expected a comma list of {', '.join(SWEEP_NAMES)}")
     return names
+
+
+def _config(r: dict) -> str:
+    """' [BM=64 C=0: 0.95x default]' for a row of a tuning sweep, else ''."""
+    if "config" not in r:
+        return ""
+    text = " ".join(f"{k}={v}" for k, v in r["config"].items()) or "default"
+    if r["config"] and r.get("speedup_vs_default"):
+        text += f": {r['speedup_vs_default']:.2f}x default"
+    return f" [{text}" + ("; not the exact selection]" if r.get("same_as_exact") is False
+                          else "]")
+
+
+def _value(r: dict, fmt: str = "{:.3f}") -> str:
+    return "OOM" if r.get("oom") else "error" if r.get("error") else fmt.format(r["ms"])
 
 
 def _subset_arg(flag: str, allowed):
@@ -213,8 +227,23 @@ def _peer_summary(rows) -> str:
     return summary_text(rows)
 
 
+def _router_runner(args):
+    """The router sweeps, then (--sweeps tune) the block configurations of bench/tune.py."""
+    from ..bench import router
+
+    def run(device, progress, quick):
+        sweeps = [s for s in args.sweeps if s != "tune"]
+        if sweeps:
+            yield from router.run(sweeps, device=device, training=not args.no_training,
+                                  progress=progress, quick=quick)
+        if "tune" in args.sweeps:
+            from ..bench.tune import router_tune
+            yield from router_tune(device, quick=quick, progress=progress)
+    return run
+
+
 def cmd_bench(args) -> int:
-    from ..bench import layer, layer_plots, router, router_plots
+    from ..bench import layer, layer_plots, router_plots
     quick = {"quick": args.quick}
     if args.bench_command == "peer":
         from ..bench import peer, peer_plots
@@ -226,14 +255,15 @@ def cmd_bench(args) -> int:
         args.table, args.summarize = _model_table, _model_summary
         args.runner_kwargs = {**quick, "pairs": _pair_configs(args.pairs, args.quick)}
         return _run_bench(args, "model", model.run_model, model_plots.render_model)
-    spec = {"router": (lambda device, progress, **kw: router.run(
-                args.sweeps, device=device, training=not args.no_training, progress=progress,
-                **kw), router_plots.render, _bench_table, None),
+    spec = {"router": (_router_runner(args), router_plots.render, _bench_table, None),
             "layer": (layer.run_layer, layer_plots.render_layer, _layer_table, _matched),
             "decode": (layer.run_decode, layer_plots.render_decode, _layer_table, _decode_summary),
             "experts": (layer.run_experts, None, _layer_table, None)}
     runner, render, args.table, args.summarize = spec[args.bench_command]
     args.runner_kwargs = quick
+    if args.bench_command == "experts" and args.tune:
+        from ..bench.tune import run_experts_tune
+        runner = run_experts_tune
     if args.bench_command == "layer":
         args.runner_kwargs = {**quick, "sweeps": args.sweeps, "expert_counts": args.experts}
     if args.bench_command == "decode":
@@ -284,7 +314,9 @@ def add_bench_parser(sub) -> None:
             pb.add_argument("--sweeps", type=_router_sweeps,
                             default=["M", "r", "k", "B", "paper"],
                             help="which sweeps: M (at h=512 and 2048), r, k, B, paper "
-                                 "(h=2048, M=4096, r=16 over B) (default all)")
+                                 "(h=2048, M=4096, r=16 over B) (default all of these); "
+                                 "tune: the fused routers' block configurations beside "
+                                 "their defaults, inference (to rerun on a new GPU)")
             pb.add_argument("--no-training", action="store_true", help="inference rows only")
         if name == "layer":
             pb.add_argument("--sweeps", type=_layer_sweeps, default=list(LAYER_SWEEPS),
@@ -297,6 +329,12 @@ def add_bench_parser(sub) -> None:
                             help="the expert counts" + (" of the grid and memory sweeps"
                                                         if name == "layer" else "")
                             + " (default 64,128,...,8192)")
+        if name == "experts":
+            pb.add_argument("--tune", action="store_true",
+                            help="instead, time the kernels' block configurations beside "
+                                 "their defaults, forward and backward, at h=512, M=8192 "
+                                 "(s=64, 128) and the h512 pair's training micro-batch "
+                                 "(to rerun on a new GPU)")
         if name == "peer":
             pb.add_argument("--tokens", type=_int_list, default=None, metavar="N,N,...",
                             help="tokens a step (default 4096,16384,65536,262144)")
