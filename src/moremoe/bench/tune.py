@@ -48,6 +48,10 @@ def _launch_errors() -> tuple:
     return RuntimeError, CompilationError, OutOfResources
 
 
+def _error(err: Exception) -> dict:
+    return {"ms": None, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+
+
 def _timed(fn, cfg: dict, device) -> dict:
     """{"ms": ...}, or {"error": ...} for a configuration other than the default that the
     GPU cannot run (the default must run: its failure is raised)."""
@@ -56,7 +60,7 @@ def _timed(fn, cfg: dict, device) -> dict:
     except _launch_errors() as err:
         if not cfg:
             raise
-        return {"ms": None, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+        return _error(err)
 
 
 def _router_plan(quick: bool):
@@ -129,7 +133,7 @@ def _expert_phases(p: LayerPoint, cfg: dict, args, device) -> dict:
     except _launch_errors() as err:      # the forward that saves what the backward reads
         if not cfg:
             raise
-        return {"backward": {"ms": None, "error": f"{type(err).__name__}: {err}"[:160]}}
+        return {"backward": _error(err)}
     dy = torch.randn_like(y)
     out = {} if _dw_only(cfg) else {
         "forward": _timed(lambda: swiglu_experts.forward(*args, cfg=cfg), cfg, device)}
