@@ -58,7 +58,7 @@ def rows(root: Path) -> list[dict]:
 
 
 def markdown(table: list[dict]) -> str:
-    head = ("| run | model | GPUs | ms/step | tokens/s | MFU | MoRE/MoE step | kernels ms/step "
+    head = ("| run (commit) | model | GPUs | ms/step | tokens/s | MFU | MoRE/MoE step | kernels ms/step "
             "| host ms/step | MoRE/MoE kernels | steps timed | val loss | peak GiB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
@@ -66,7 +66,7 @@ def markdown(table: list[dict]) -> str:
         return "" if v is None else format(v, fmt)
     for r in table:
         lines.append(
-            f"| {r['run']} | {r['name']} | {r['world']}x {r['device']} | {f(r['step_ms'], '.1f')} "
+            f"| {r['run']} ({r['commit']}) | {r['name']} | {r['world']}x {r['device']} | {f(r['step_ms'], '.1f')} "
             f"| {f(r['tokens_per_s'], ',.0f')} | {f(100 * (r['mfu'] or 0), '.1f')} % "
             f"| {f(r.get('step_ratio_vs_moe'), '.2f')} | {f(r.get('kernels_ms_per_step'), '.0f')} "
             f"| {f(r.get('host_ms_per_step'), '.0f')} | {f(r.get('kernel_ratio_vs_moe'), '.2f')} "

@@ -139,6 +139,26 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+def read_rows_of(path: str | Path, bench: str, flag: str) -> list[dict]:
+    """The rows of a results file of `moremoe bench <bench>` (each row's "bench" field);
+    ValueError naming the file when it is empty or holds another benchmark's rows, so that
+    no command draws, or appends to, another benchmark's file."""
+    rows = read_jsonl(path)
+    want = f"`moremoe bench {bench}`"
+    if not rows:
+        raise ValueError(f"{flag} {path}: the file holds no rows; expected rows of {want}")
+    others = {str(r["bench"]) for r in rows if "bench" in r} - {bench}
+    if others:
+        owners = " and ".join(f"`moremoe bench {o}`" for o in sorted(others))
+        raise ValueError(f"{flag} {path}: not rows of {want}; they are rows of {owners}")
+    untagged = sum("bench" not in r for r in rows)
+    if untagged:
+        raise ValueError(f"{flag} {path}: not rows of {want}; {untagged} of its {len(rows)} "
+                         f"rows have no \"bench\" field, so no `moremoe bench` command wrote "
+                         f"them")
+    return rows
+
+
 @torch.no_grad()
 def router_seconds_per_token(router: torch.nn.Module, *, tokens: int = 16384,
                              seed: int = 0) -> float:

@@ -15,7 +15,8 @@ decode  one layer's step at B tokens (one per sequence), MoE vs MoRE over h x M,
         plus the router's, x and y, at the measured copy rate.
 experts the grouped expert kernels alone, forward and backward, achieved FLOP/s against the
         measured matmul rate and each row's floor; at M <= 1,024 the torch._grouped_mm
-        experts beside them (forward, and forward + backward for both).
+        experts beside them (forward, and forward + backward for both); with --tune the
+        kernels' block configurations instead (bench/tune.py).
 """
 from __future__ import annotations
 
@@ -73,6 +74,15 @@ def layer_cost(p: LayerPoint, rank) -> tuple[float, float]:
     nbytes = 2 * (2 * p.N * p.h) + 2 * (3 * p.M * p.h * p.s) + 2 * (p.M * p.h if not rank
                                                                    else (p.M + p.h) * rank)
     return router + experts, nbytes
+
+
+def expert_cost(p: LayerPoint) -> tuple[int, int, int]:
+    """(forward FLOPs, forward bytes, backward bytes) of the expert kernels, each input read
+    once and each output written once (bf16): forward x, W -> y; backward dy, x, W, the
+    saved (act, xg, xu) -> dx, dW. The backward's FLOPs are twice the forward's."""
+    nbytes = 2 * (2 * p.N * p.h) + 2 * (3 * p.M * p.h * p.s)
+    bwd_bytes = 2 * (3 * p.N * p.h) + 2 * (2 * 3 * p.M * p.h * p.s) + 2 * (3 * p.N * p.k * p.s)
+    return 6 * p.N * p.k * p.h * p.s, nbytes, bwd_bytes
 
 
 def _row(bench, p: LayerPoint, variant, env, ceil, **extra) -> dict:
@@ -297,11 +307,7 @@ def _expert_rows(p: LayerPoint, device, env, ceil, quick: bool):
     ex = layer.experts
     ws = (ex.w_gate, ex.w_up, ex.w_down)
     args = (x, routed.gates, routed.topk_idx, *ws)
-    fwd = 6 * p.N * p.k * p.h * p.s
-    # each input read once, each output written once (bf16): forward x, W -> y;
-    # backward dy, x, W, the saved (act, xg, xu) -> dx, dW
-    nbytes = 2 * (2 * p.N * p.h) + 2 * (3 * p.M * p.h * p.s)
-    bwd_bytes = 2 * (3 * p.N * p.h) + 2 * (2 * 3 * p.M * p.h * p.s) + 2 * (3 * p.N * p.k * p.s)
+    fwd, nbytes, bwd_bytes = expert_cost(p)
     meta = grouped.routing_meta(routed.topk_idx, p.M, grouped.config(p.h, p.s)["BM"])
     y, act, xg, xu = grouped.forward(*args, save=True, meta=meta)
     dy = torch.randn_like(y)

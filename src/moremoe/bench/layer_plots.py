@@ -39,7 +39,7 @@ def _heat(ax, g, title, fmt, cmap):
 def render_layer(rows: list[dict], out_dir) -> list[Path]:
     plt = _pyplot()
     out_dir = Path(out_dir)
-    device = rows[0]["device"] if rows else ""
+    device = rows[0].get("device", "") if rows else ""
     paths = []
     moe = _grid(rows, "moe_unfused", sweep="grid")
     moe_f = _grid(rows, "moe_fused", sweep="grid")
@@ -76,8 +76,8 @@ def render_decode(rows: list[dict], out_dir) -> list[Path]:
     for ax, B in zip(axes[0], bs):
         for variant, style in (("moe_fused", "C3-"), ("more_fused", "C0-"),
                                ("more_fused_walk", "C0:")):
-            pts = sorted((r["M"], r["ms"]) for r in rows if r.get("variant") == variant
-                         and r["B"] == B and r["h"] == h and r.get("ms"))
+            pts = sorted({r["M"]: r["ms"] for r in rows if r.get("variant") == variant
+                          and r["B"] == B and r["h"] == h and r.get("ms")}.items())  # newest
             if pts:
                 ax.plot(*zip(*pts), style, marker="o", label=variant)
         _log_axes(ax, "M", "ms per step", f"decode, h={h}, B={B}")

@@ -13,7 +13,7 @@ implementation); peer_retrieval times its fused product-key retrieval alone (que
 key tables, top κ per head, gates). MoRE and MoE run their fused routers and the
 grouped expert kernels.
 
-Passes (as the trainer runs them, and benchmarks/probe_peer.py): forward with bf16 weights
+Passes (as the trainer runs them): forward with bf16 weights
 and no autograd; forward + backward with fp32 weights under bf16 autocast, y and the
 auxiliary loss backpropagated, the peak memory above the inputs beside the time. A point
 that does not fit is an "oom" row. PEER's rows carry a floor: the rows the fused kernels

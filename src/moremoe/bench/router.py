@@ -8,7 +8,8 @@ Switch balancing loss of each, with its peak memory. Every row carries its floor
 larger of FLOPs / measured matmul rate and minimal bytes / measured copy bandwidth (each
 input read once, each output written once), for the operation (not the implementation), so
 rows of one point compare directly; a fused row also carries its speedup over the unfused
-router and (low-rank inference) over Algorithm 1, timed in the same run.
+router and (low-rank inference) over Algorithm 1, timed in the same run. The "tune" sweep
+(not run by default) times the fused kernels' block configurations instead (bench/tune.py).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ SWEEPS = {
     # the paper's fusion-benefit figure: h = 2,048, M = 4,096, r = 16, k = 4 over B
     "paper": [Point(h=2048, M=4096, r=16, B=B) for B in (2, 8, 32, 128, 256)],
 }
+SWEEP_NAMES = (*SWEEPS, "tune")    # tune: block configurations, bench/tune.py (not default)
 QUICK = Point(h=32, M=300, r=16, k=4, B=2, T=40)   # code-path check (CPU interpreter)
 # baselines first, so that each fused row can carry its speedup over them
 IMPLS = [("lowrank", "unfused"), ("lowrank", "alg1"), ("lowrank", "triton"),

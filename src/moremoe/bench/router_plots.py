@@ -24,6 +24,8 @@ def _pyplot():
 
 
 def _series(rows, sweep, phase, x_key, **fixed):
+    """{(router, impl): [(x, ms, row)]} with the newest row of each x (a results file
+    collects every run's rows)."""
     out = {}
     for r in rows:
         if r.get("sweep") != sweep or r["phase"] != phase or r.get("ms") is None:
@@ -31,8 +33,8 @@ def _series(rows, sweep, phase, x_key, **fixed):
         if any(r[k] != v for k, v in fixed.items()):
             continue
         impl = "unfused" if r["impl"] == "reference" else r["impl"]   # rows before 2026-11
-        out.setdefault((r["router"], impl), []).append((r[x_key], r["ms"], r))
-    return {key: sorted(v, key=lambda t: t[0]) for key, v in out.items()}
+        out.setdefault((r["router"], impl), {})[r[x_key]] = (r[x_key], r["ms"], r)
+    return {key: sorted(v.values(), key=lambda t: t[0]) for key, v in out.items()}
 
 
 def _log_axes(ax, x_label, y_label, title, *, logx=True) -> None:
@@ -65,7 +67,7 @@ def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = rows[0]["device"] if rows else ""
+    device = rows[0].get("device", "") if rows else ""
     paths = []
     figs = [("router_k.png", "k", "k", "inference vs k (h=512, M=8192, r=64, N=262,144)"),
             ("router_r.png", "r", "r", "inference vs rank r (h=512, M=8192, k=4, N=262,144)"),

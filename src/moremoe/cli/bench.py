@@ -16,8 +16,8 @@ def _bench_table(rows: list[dict]) -> str:
     for r in rows:
         pt = f"h={r['h']} M={r['M']} r={r['r']} k={r['k']} B={r['B']}"
         name = ("MoRE" if r["router"] == "lowrank" else "MoE") + (
-            {"triton": " fused", "alg1": " Alg. 1"}.get(r["impl"], " unfused"))
-        ms = "OOM" if r.get("oom") else f"{r['ms']:.3f}"
+            {"triton": " fused", "alg1": " Alg. 1"}.get(r["impl"], " unfused")) + _config(r)
+        ms = _value(r)
         floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-"
         ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
         mem = f"{r['peak_bytes'] / 2 ** 20:,.0f}" if r.get("peak_bytes") is not None else "-"
@@ -28,28 +28,43 @@ def _bench_table(rows: list[dict]) -> str:
                        "vs unfused", "vs Alg. 1", "peak MiB"])
 
 
+def _plot_only(path: str, name: str, render) -> int:
+    """Render the plots of an existing results file, refusing one that holds no rows or
+    rows of another benchmark (harness.read_rows_of)."""
+    from ..bench import harness
+    rows = harness.read_rows_of(path, name, "--plot-only")
+    if render is None:
+        raise ValueError(f"--plot-only {path}: `moremoe bench {name}` draws no plots; its "
+                         f"rows are the results")
+    try:
+        paths = render(rows, Path(path).parent)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"--plot-only {path}: cannot plot these rows of `moremoe bench "
+                         f"{name}` ({type(err).__name__}: {err})") from err
+    if not paths:
+        raise ValueError(f"--plot-only {path}: nothing to plot in its {len(rows)} rows of "
+                         f"`moremoe bench {name}`")
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
 def _run_bench(args, name: str, runner, render) -> int:
     """Measure with runner, append each row to benchmarks/results/<device>/<name>.jsonl as
     it lands, render the plots beside it, print a table (or JSON)."""
-    from ..bench import harness
     if args.plot_only:
-        rows = harness.read_jsonl(args.plot_only)
-        try:
-            paths = render(rows, Path(args.plot_only).parent)
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"--plot-only {args.plot_only}: not rows of `moremoe bench "
-                             f"{name}` ({type(err).__name__}: {err})") from err
-        print("\n".join(str(p) for p in paths))
-        return 0
+        return _plot_only(args.plot_only, name, render)
     import torch
+    from ..bench import harness
     from ..kernels import HAS_TRITON, INTERPRET
     cuda = torch.cuda.is_available()
-    if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
-        raise UserError(f"bench {name} needs Triton and a CUDA GPU (or --quick with "
-                         f"TRITON_INTERPRET=1 for a code-path check on the CPU)")
     device = torch.device("cuda" if cuda else "cpu")
     out = check_output_file(Path(args.out) if args.out else (
         Path("benchmarks/results") / harness.device_slug(device) / f"{name}.jsonl"), "--out")
+    if out.is_file() and out.stat().st_size:    # rows are appended: never to another's file
+        harness.read_rows_of(out, name, "--out")
+    if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
+        raise UserError(f"bench {name} needs Triton and a CUDA GPU (or --quick with "
+                         f"TRITON_INTERPRET=1 for a code-path check on the CPU)")
     rows = []
 
     def progress(i, n, row):
@@ -66,7 +81,7 @@ def _run_bench(args, name: str, runner, render) -> int:
         rows.append(row)
         harness.append_jsonl(out, [row])
     all_rows = harness.read_jsonl(out)               # this run's and earlier runs' rows
-    paths = render(all_rows, out.parent)
+    paths = render(all_rows, out.parent) if render else []
     extra = args.summarize(all_rows) if args.summarize else ""
     _emit(args, {"rows": rows, "file": str(out), "plots": [str(p) for p in paths]},
           args.table(rows) + extra + f"\nrows: {out}\nplots: " + ", ".join(map(str, paths)))
@@ -76,11 +91,10 @@ def _run_bench(args, name: str, runner, render) -> int:
 def _layer_table(rows: list[dict]) -> str:
     out = []
     for r in rows:
-        val = ("OOM" if r.get("oom") else "error" if r.get("error") else
-               f"{r['ms']:.3f} ms" if r.get("ms") is not None
-               else f"{(r.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
+        val = (_value(r, "{:.3f} ms") if r.get("ms") is not None or r.get("oom")
+               or r.get("error") else f"{(r.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
         ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
-        out.append([r.get("sweep", r["bench"]), r["variant"], r.get("phase", ""),
+        out.append([r.get("sweep", r["bench"]), r["variant"] + _config(r), r.get("phase", ""),
                     f"h={r['h']} M={r['M']} s={r['s']} N={r['N']}", val, ratio])
     return table(out, ["sweep", "variant", "phase", "point", "value", "/floor"])
 
@@ -107,13 +121,28 @@ LAYER_SWEEPS = ("grid", "wide_s", "match", "memory")
 
 
 def _router_sweeps(text: str) -> list[str]:
-    from ..bench.router import SWEEPS
+    from ..bench.router import SWEEP_NAMES
     names = [s for s in text.split(",") if s]
-    bad = [s for s in names if s not in SWEEPS]
+    bad = [s for s in names if s not in SWEEP_NAMES]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown sweep(s) {', '.join(bad) or repr(text)}; "
-                                         f"expected a comma list of {', '.join(SWEEPS)}")
+                                         f"expected a comma list of {', '.join(SWEEP_NAMES)}")
     return names
+
+
+def _config(r: dict) -> str:
+    """' [BM=64 C=0: 0.95x default]' for a row of a tuning sweep, else ''."""
+    if "config" not in r:
+        return ""
+    text = " ".join(f"{k}={v}" for k, v in r["config"].items()) or "default"
+    if r["config"] and r.get("speedup_vs_default"):
+        text += f": {r['speedup_vs_default']:.2f}x default"
+    return f" [{text}" + ("; not the exact selection]" if r.get("same_as_exact") is False
+                          else "]")
+
+
+def _value(r: dict, fmt: str = "{:.3f}") -> str:
+    return "OOM" if r.get("oom") else "error" if r.get("error") else fmt.format(r["ms"])
 
 
 def _subset_arg(flag: str, allowed):
@@ -198,8 +227,23 @@ def _peer_summary(rows) -> str:
     return summary_text(rows)
 
 
+def _router_runner(args):
+    """The router sweeps, then (--sweeps tune) the block configurations of bench/tune.py."""
+    from ..bench import router
+
+    def run(device, progress, quick):
+        sweeps = [s for s in args.sweeps if s != "tune"]
+        if sweeps:
+            yield from router.run(sweeps, device=device, training=not args.no_training,
+                                  progress=progress, quick=quick)
+        if "tune" in args.sweeps:
+            from ..bench.tune import router_tune
+            yield from router_tune(device, quick=quick, progress=progress)
+    return run
+
+
 def cmd_bench(args) -> int:
-    from ..bench import layer, layer_plots, router, router_plots
+    from ..bench import layer, layer_plots, router_plots
     quick = {"quick": args.quick}
     if args.bench_command == "peer":
         from ..bench import peer, peer_plots
@@ -211,14 +255,15 @@ def cmd_bench(args) -> int:
         args.table, args.summarize = _model_table, _model_summary
         args.runner_kwargs = {**quick, "pairs": _pair_configs(args.pairs, args.quick)}
         return _run_bench(args, "model", model.run_model, model_plots.render_model)
-    spec = {"router": (lambda device, progress, **kw: router.run(
-                args.sweeps, device=device, training=not args.no_training, progress=progress,
-                **kw), router_plots.render, _bench_table, None),
+    spec = {"router": (_router_runner(args), router_plots.render, _bench_table, None),
             "layer": (layer.run_layer, layer_plots.render_layer, _layer_table, _matched),
             "decode": (layer.run_decode, layer_plots.render_decode, _layer_table, _decode_summary),
-            "experts": (layer.run_experts, lambda rows, d: [], _layer_table, None)}
+            "experts": (layer.run_experts, None, _layer_table, None)}
     runner, render, args.table, args.summarize = spec[args.bench_command]
     args.runner_kwargs = quick
+    if args.bench_command == "experts" and args.tune:
+        from ..bench.tune import run_experts_tune
+        runner = run_experts_tune
     if args.bench_command == "layer":
         args.runner_kwargs = {**quick, "sweeps": args.sweeps, "expert_counts": args.experts}
     if args.bench_command == "decode":
@@ -229,41 +274,49 @@ def cmd_bench(args) -> int:
 def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks on the GPU (results as JSON lines + plots)")
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
-    descriptions = {
-        "router": "fused vs unfused routers: the fused low-rank router, its unfused reference, "
-                  "the paper's Algorithm 1 (inference), the fused and unfused standard router, "
-                  "inference and training (forward + backward with the balancing loss, with "
-                  "peak memory), each fused row with its speedup over the unfused router and "
-                  "Algorithm 1; sweeps of M (h=512 and 2048), r, k, the batch size, and the "
-                  "paper's router points (h=2048, M=4096, r=16 over B)",
-        "layer": "whole-layer prefill over h x M for MoE (unfused and fused standard router) "
-                 "and MoRE, wider experts at h=512, forward+backward peak memory, and the "
-                 "matched wall-clock point",
-        "decode": "one layer's decode step at B in {4, 16, 64, 256} over h x M, MoE vs MoRE, and "
-                  "a schedule that walks the range of expert ids",
-        "experts": "the grouped expert kernels alone, forward and backward, at s in {64, 128, "
-                   "512}: achieved TFLOP/s and ratio to the floor; at M in {512, 1024} the "
-                   "torch._grouped_mm experts (the torchtitan way) beside them",
-        "model": "whole models, the paper's whole-model tables: prefill of matched MoE / MoRE "
-                 "pairs of 12-layer presets at B x T = 64 x 1024 and 256 x 1024 and decode "
-                 "tokens/s with the key/value cache at batch 1, 8, 64 (128 new tokens), each "
-                 "with a breakdown into attention, router, experts and the rest (stacked bars "
-                 "in model.png) and the MoRE/MoE ratio",
-        "peer": "PEER against MoRE and MoE at matched active FLOPs, the paper's Appendix B "
-                "table: one layer's forward and forward+backward at 4,096 ... 262,144 tokens, "
-                "MoRE-1792, MoE-256 and PEER-388^2 (kappa = 56 as the paper matches it, 4 at "
-                "inference coefficients) with its fused kernels (retrieval and experts) and its "
-                "torch path, its fused retrieval alone, the PEER/MoRE ratios beside the paper's (peer.png)"}
-    for name, text in descriptions.items():
-        pb = bsub.add_parser(name, help=text.split(":")[0].split(",")[0],
-                             description=text + ". Each row is appended to benchmarks/results/"
-                             "<device>/" + name + ".jsonl as it is measured (device, versions, "
-                             "commit, date, the measured ceilings); plots are rendered beside it.")
+    # name: (the one-line summary `moremoe bench --help` lists, the rest of its description)
+    benchmarks = {
+        "router": ("fused vs unfused routers, inference and training",
+                   "the fused low-rank router, its unfused reference, the paper's Algorithm 1 "
+                   "(inference), the fused and unfused standard router, inference and training "
+                   "(forward + backward with the balancing loss, with peak memory), each fused "
+                   "row with its speedup over the unfused router and Algorithm 1; sweeps of M "
+                   "(h=512 and 2048), r, k, the batch size, and the paper's router points "
+                   "(h=2048, M=4096, r=16 over B)"),
+        "layer": ("whole-layer prefill over h x M, MoE vs MoRE",
+                  "MoE (unfused and fused standard router) and MoRE, wider experts at h=512, "
+                  "forward+backward peak memory, and the matched wall-clock point"),
+        "decode": ("one layer's decode step at B in {4, 16, 64, 256} over h x M",
+                   "MoE vs MoRE, and a schedule that walks the range of expert ids"),
+        "experts": ("the grouped expert kernels alone, forward and backward",
+                    "at s in {64, 128, 512}: achieved TFLOP/s and ratio to the floor; at M in "
+                    "{512, 1024} the torch._grouped_mm experts (the torchtitan way) beside "
+                    "them"),
+        "model": ("whole models: prefill and KV-cache decode by component",
+                  "the paper's whole-model tables: prefill of matched MoE / MoRE pairs of "
+                  "12-layer presets at B x T = 64 x 1024 and 256 x 1024 and decode tokens/s "
+                  "with the key/value cache at batch 1, 8, 64 (128 new tokens), each with a "
+                  "breakdown into attention, router, experts and the rest (stacked bars in "
+                  "model.png) and the MoRE/MoE ratio"),
+        "peer": ("PEER vs MoRE and MoE at matched active FLOPs",
+                 "the paper's Appendix B table: one layer's forward and forward+backward at "
+                 "4,096 ... 262,144 tokens, MoRE-1792, MoE-256 and PEER-388^2 (kappa = 56 as "
+                 "the paper matches it, 4 at inference coefficients) with its fused kernels "
+                 "(retrieval and experts) and its torch path, its fused retrieval alone, the "
+                 "PEER/MoRE ratios beside the paper's (peer.png)")}
+    for name, (summary, details) in benchmarks.items():
+        pb = bsub.add_parser(name, help=summary,
+                             description=f"{summary}: {details}. Each row is appended to "
+                             f"benchmarks/results/<device>/{name}.jsonl as it is measured "
+                             "(device, versions, commit, date, the measured ceilings); plots "
+                             "are rendered beside it.")
         if name == "router":
             pb.add_argument("--sweeps", type=_router_sweeps,
                             default=["M", "r", "k", "B", "paper"],
                             help="which sweeps: M (at h=512 and 2048), r, k, B, paper "
-                                 "(h=2048, M=4096, r=16 over B) (default all)")
+                                 "(h=2048, M=4096, r=16 over B) (default all of these); "
+                                 "tune: the fused routers' block configurations beside "
+                                 "their defaults, inference (to rerun on a new GPU)")
             pb.add_argument("--no-training", action="store_true", help="inference rows only")
         if name == "layer":
             pb.add_argument("--sweeps", type=_layer_sweeps, default=list(LAYER_SWEEPS),
@@ -276,6 +329,12 @@ def add_bench_parser(sub) -> None:
                             help="the expert counts" + (" of the grid and memory sweeps"
                                                         if name == "layer" else "")
                             + " (default 64,128,...,8192)")
+        if name == "experts":
+            pb.add_argument("--tune", action="store_true",
+                            help="instead, time the kernels' block configurations beside "
+                                 "their defaults, forward and backward, at h=512, M=8192 "
+                                 "(s=64, 128) and the h512 pair's training micro-batch "
+                                 "(to rerun on a new GPU)")
         if name == "peer":
             pb.add_argument("--tokens", type=_int_list, default=None, metavar="N,N,...",
                             help="tokens a step (default 4096,16384,65536,262144)")
