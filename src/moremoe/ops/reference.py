@@ -23,18 +23,28 @@ def upcast_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
 
 def router_logits_linear(x_NH: torch.Tensor, W_MH: torch.Tensor, *, upcast: bool = False):
     """Standard-router logits x Wᵀ as an (N, M) float32 (float64 when upcast from float64)."""
-    dt = upcast_dtype(x_NH.dtype, upcast)
-    logits_NM = F.linear(x_NH.to(dt), W_MH.to(dt))
-    return logits_NM if logits_NM.dtype == torch.float64 else logits_NM.float()
+    return _wide(_logits_linear(x_NH, W_MH, upcast))
 
 
 def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor, R2_RH: torch.Tensor, *,
                           upcast: bool = False):
     """Low-rank logits (x R2ᵀ) R1ᵀ; z = x R2ᵀ is rounded to the compute dtype, as in a kernel."""
+    return _wide(_logits_lowrank(x_NH, R1_MR, R2_RH, upcast))
+
+
+def _logits_linear(x_NH, W_MH, upcast: bool) -> torch.Tensor:
     dt = upcast_dtype(x_NH.dtype, upcast)
-    z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt))
-    logits_NM = F.linear(z_NR, R1_MR.to(dt))
-    return logits_NM if logits_NM.dtype == torch.float64 else logits_NM.float()
+    return F.linear(x_NH.to(dt), W_MH.to(dt))
+
+
+def _logits_lowrank(x_NH, R1_MR, R2_RH, upcast: bool) -> torch.Tensor:
+    dt = upcast_dtype(x_NH.dtype, upcast)
+    return F.linear(F.linear(x_NH.to(dt), R2_RH.to(dt)), R1_MR.to(dt))
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """float32, or float64 kept (the routers' values and statistics)."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 def select_topk(logits_NM: torch.Tensor, k: int):
@@ -121,14 +131,16 @@ def topk_gates(topk_val_NK: torch.Tensor) -> torch.Tensor:
 
 def softmax_colsum(logits_NM: torch.Tensor) -> torch.Tensor:
     """psum (M,): column sums over tokens of the softmax over the finite logits of each row
-    (a non-finite logit has probability 0; a row with no finite logit adds nothing).
-    One softmax of the logits as they are when that leaves no row NaN (no NaN or +inf logit,
-    some finite one in every row: a healthy router), else the sanitised formula."""
+    (a non-finite logit has probability 0; a row with no finite logit adds nothing), in fp32
+    (fp64 for fp64 logits). One softmax of the logits as they are when that leaves no row NaN
+    (no NaN or +inf logit, some finite one in every row: a healthy router), else the
+    sanitised formula."""
+    dt = torch.float64 if logits_NM.dtype == torch.float64 else torch.float32
     if not torch.compiler.is_compiling():
-        probs_NM = torch.softmax(logits_NM, dim=-1)
+        probs_NM = torch.softmax(logits_NM, dim=-1, dtype=dt)
         if not probs_NM[:, 0].isnan().any():            # a spoilt row is NaN throughout
             return probs_NM.sum(dim=0)
-    probs_NM = torch.softmax(_finite_or_neg_inf(logits_NM), dim=-1)
+    probs_NM = torch.softmax(_finite_or_neg_inf(logits_NM), dim=-1, dtype=dt)
     return torch.where(probs_NM.isnan(), 0.0, probs_NM).sum(dim=0)
 
 
@@ -138,19 +150,22 @@ def _finite_or_neg_inf(t: torch.Tensor) -> torch.Tensor:
 
 def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False, upcast: bool = False):
     """Standard router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
-    logits_NM = router_logits_linear(x_NH, W_MH, upcast=upcast)
-    topk_val_NK, topk_idx_NK = select_topk(logits_NM, k)
-    psum_M = softmax_colsum(logits_NM) if with_psum else None
-    return topk_val_NK, topk_idx_NK, psum_M
+    return _route(_logits_linear(x_NH, W_MH, upcast), k, with_psum)
 
 
 def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False,
                        upcast: bool = False):
     """Low-rank router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
-    logits_NM = router_logits_lowrank(x_NH, R1_MR, R2_RH, upcast=upcast)
+    return _route(_logits_lowrank(x_NH, R1_MR, R2_RH, upcast), k, with_psum)
+
+
+def _route(logits_NM: torch.Tensor, k: int, with_psum: bool):
+    """Selection on the logits in their compute dtype (widening a bf16 logit to fp32 is exact
+    and keeps every order and tie, so only the k values are widened, not the (N, M) tensor);
+    psum's softmax in fp32."""
     topk_val_NK, topk_idx_NK = select_topk(logits_NM, k)
     psum_M = softmax_colsum(logits_NM) if with_psum else None
-    return topk_val_NK, topk_idx_NK, psum_M
+    return _wide(topk_val_NK), topk_idx_NK, psum_M
 
 
 def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down_MHS, *,

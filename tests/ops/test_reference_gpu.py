@@ -1,0 +1,56 @@
+"""The plain-torch reference router on the GPU (`pytest -m gpu -s` prints the figures): it is
+the fallback beyond the fused kernels' limits, so its selection must cost about one
+torch.topk of the same logits and the whole router about the router as plain torch writes
+it. The paper's point: N = 262,144 tokens, h = 512, M = 8,192, r = 64, k = 4, bf16."""
+import pytest
+import torch
+
+from moremoe.ops import reference as ref
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _ms(fn):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=5, rep=40, return_mode="median")
+
+
+def _inputs(N=262144, h=512, M=8192, r=64):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(N, h, device="cuda", generator=g).bfloat16()
+    R1 = (torch.randn(M, r, device="cuda", generator=g) * 0.1).bfloat16()
+    R2 = (torch.randn(r, h, device="cuda", generator=g) * 0.1).bfloat16()
+    return x, R1, R2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_reference_selection_costs_about_one_topk(dtype, k):
+    x, R1, R2 = _inputs()
+    logits = ((x @ R2.T) @ R1.T).to(dtype)
+    del x
+    select = _ms(lambda: ref.select_topk(logits, k))
+    topk = _ms(lambda: torch.topk(logits, k, dim=-1))
+    print(f"\nselect_topk {select:.2f} ms, torch.topk {topk:.2f} ms, ratio {select / topk:.2f} "
+          f"({dtype}, k={k}, {torch.cuda.get_device_name()})")
+    assert select <= 1.5 * topk
+
+
+def test_reference_router_costs_about_the_plain_torch_router():
+    x, R1, R2 = _inputs()
+
+    def plain():
+        val, idx = torch.topk((x @ R2.T) @ R1.T, 4, dim=1)
+        return torch.softmax(val.float(), dim=1), val.float()
+
+    def reference():
+        val, idx, _ = ref.router_lowrank_ref(x, R1, R2, 4)
+        return ref.topk_gates(val), val
+
+    a, b = _ms(reference), _ms(plain)
+    print(f"\nreference router {a:.2f} ms, plain torch {b:.2f} ms, ratio {a / b:.2f} "
+          f"({torch.cuda.get_device_name()})")
+    assert a <= 1.5 * b
+    # the same k values in every row (which of two tied experts is taken may differ)
+    assert torch.equal(reference()[1], plain()[1].sort(1, descending=True).values)
