@@ -40,8 +40,12 @@ def export(transformer, out_dir, **config_kwargs):
     from pathlib import Path
     model = MoremoeForCausalLM.from_transformer(transformer, **config_kwargs)
     model.config.auto_map = dict(AUTO_MAP)
+    from ..report import with_umask
     model.save_pretrained(out_dir)
     for name, code in REMOTE_CODE.items():
         (Path(out_dir) / name).write_text('"""moremoe\'s transformers classes (pip install '
                                           '\'moremoe[text]\')."""\n' + code)
+    for f in Path(out_dir).iterdir():      # the weights too, not 0600 beside 0644 files
+        if f.is_file():
+            with_umask(f)
     return out_dir
