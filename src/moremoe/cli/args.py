@@ -24,8 +24,8 @@ SEED_MAX = 2 ** 63 - 2      # torch's generators take 64-bit seeds; + 1 for a se
 
 
 def _seed(text: str) -> int:
-    v = _integer(text)
-    if v is None or not 0 <= v <= SEED_MAX:
+    v = _int_at_least(0)(text)
+    if v > SEED_MAX:
         raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {text!r}")
     return v
 
