@@ -4,7 +4,11 @@ Every error names the argument, the value it got and what was expected.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+
+from .runtime import memory_bytes
 
 
 class UserError(Exception):
@@ -19,6 +23,34 @@ def check_int(name: str, value, *, low: int = 1, high: int | None = None) -> int
         expected = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {expected}, got {value}")
     return value
+
+
+def check_number(name: str, value, *, low: float = 0.0, low_open: bool = True) -> float:
+    """A real, finite number above low (or at least low with low_open=False): TypeError or
+    ValueError naming the argument, its value and what was expected."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and (value > low if low_open else value >= low)):
+        raise ValueError(f"{name} must be a finite number {'>' if low_open else '>='} {low:g}, "
+                         f"got {value}")
+    return float(value)
+
+
+def check_fits(need: int, what: str, change: str, device: torch.device | None = None) -> None:
+    """UserError, before any allocation, when need bytes exceed what the device (the CPU's
+    RAM by default) has at all: what needs it and what to change, in one line."""
+    device = torch.device("cpu") if device is None else device
+    have = memory_bytes(device)
+    if need > have:
+        where = "this machine" if device.type == "cpu" else f"the GPU ({device})"
+        raise UserError(f"{what} needs at least {gib(need)} of memory and {where} has "
+                        f"{gib(have)}; {change}")
+
+
+def gib(n: float) -> str:
+    """Bytes in GiB, readable at any size (0.25 GiB, 256 GiB, 3.6e+09 GiB)."""
+    v = n / 2 ** 30
+    return f"{v:,.2f} GiB" if v < 10 else f"{v:,.0f} GiB" if v < 1e7 else f"{v:.2g} GiB"
 
 
 def check_top_k(k, experts: int) -> int:

@@ -85,6 +85,15 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     return path
 
 
+def with_umask(path: str | Path) -> Path:
+    """Give a file the mode a new file gets, 0o666 less the umask (as write_atomic does), for
+    writers that choose their own: safetensors >= 0.8 writes 0600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+    return Path(path)
+
+
 def save_figure(fig, path: str | Path, *, dpi: int = 110) -> Path:
     """Lay out a matplotlib figure, write it as PNG atomically (write_atomic) and close it."""
     import io
@@ -130,6 +139,26 @@ def check_output_file(path: str | Path, flag: str) -> Path:
         raise ValueError(f"{flag} {path} is a folder; give a file name")
     check_output_dir(path.parent, flag)
     return path
+
+
+def check_not_replacing(flag: str, target: str | Path, names=None, *, force: bool) -> None:
+    """What a command is about to write must not exist yet unless force: the file target, or
+    the files `names` in the folder target. A report, plot or export from an earlier run is
+    replaced only with --force; call it before any work starts. ValueError naming the flag
+    and what is there."""
+    target = Path(target)
+    if force:
+        return
+    if names is None:
+        if target.exists():
+            raise ValueError(f"{flag} {target} exists; give another name or --force to "
+                             f"replace it")
+        return
+    found = [n for n in names if (target / n).exists()]
+    if found:
+        raise ValueError(f"{flag} {target} already holds {', '.join(found)} from an earlier "
+                         f"run; give another folder or --force to replace "
+                         f"{'it' if len(found) == 1 else 'them'}")
 
 
 def _why(err: OSError) -> str:

@@ -97,3 +97,27 @@ def test_generate_checks_its_arguments_and_keeps_the_mode():
     sampled = generate(model, torch.zeros(2, 2, dtype=torch.long), 3, temperature=1.0,
                        generator=torch.Generator().manual_seed(0))
     assert model.training and all(len(r) == 3 and all(0 <= t < V for t in r) for r in sampled)
+
+
+@pytest.mark.parametrize("args, kwargs, error, match", [
+    ((torch.tensor([[3, 50]]), 2), {}, ValueError,
+     r"prompt holds token ids from 3 to 50; they must be in \[0, 50\)"),
+    ((torch.tensor([[-1, 3]]), 2), {}, ValueError, r"token ids from -1 to 3"),
+    ((torch.zeros(0, 3, dtype=torch.long), 2), {}, ValueError, r"got shape \(0, 3\)"),
+    ((torch.zeros(1, 2, dtype=torch.long), 2), {"temperature": float("nan")}, ValueError,
+     r"temperature must be a finite number >= 0, got nan"),
+    ((torch.zeros(1, 2, dtype=torch.long), 2), {"temperature": "0.7"}, TypeError,
+     r"temperature must be a number, got str"),
+    ((torch.zeros(1, 2, dtype=torch.long), 2), {"eos_id": "7"}, TypeError,
+     r"eos_id must be an int, got str"),
+    ((torch.zeros(1, 2, dtype=torch.long), 2), {"stop_sequences": [5]}, TypeError,
+     r"stop_sequences must be a list of token-id lists, got \[5\]"),
+    ((torch.zeros(1, 2, dtype=torch.long), 2), {"temperature": 1.0, "generator": 3}, TypeError,
+     r"generator must be a torch.Generator or None, got int"),
+])
+def test_generate_names_a_bad_argument(args, kwargs, error, match):
+    model = tiny(MoEConfig.moe(8, 2, 32, 8), max_seq_len=8)
+    with pytest.raises(error, match=match):
+        generate(model, *args, **kwargs)
+    with pytest.raises(TypeError, match="model must be a moremoe Transformer, got str"):
+        generate("gpt2", torch.zeros(1, 2, dtype=torch.long), 2)

@@ -102,3 +102,30 @@ def test_config_errors_name_the_argument():
         layer(torch.randn(3, 15))
     with pytest.raises(TypeError, match="floating-point"):
         layer(torch.ones(3, 16, dtype=torch.int32))
+
+
+def test_constructor_arguments_of_the_modules_name_themselves():
+    from moremoe.nn import LinearRouter, LowRankRouter, PEERConfig, SwiGLUExperts
+    cfg = MoEConfig.moe(4, 2, 16, 8)
+    with pytest.raises(TypeError, match="experts must be a SwiGLUExperts .*got str"):
+        MoELayer(cfg, experts="not experts")
+    with pytest.raises(TypeError, match="config must be a MoEConfig, got dict"):
+        MoELayer({"experts": 4})
+    with pytest.raises(TypeError, match="a PEERConfig builds a PEERLayer"):
+        MoELayer(PEERConfig(experts=16, hidden=16, kappa=2))
+    with pytest.raises(TypeError, match="balance_coef must be a number, got str"):
+        MoEConfig.moe(4, 2, 16, 8, balance_coef="0.01")
+    with pytest.raises(TypeError, match="init_std must be a number, got bool"):
+        MoEConfig.moe(4, 2, 16, 8, init_std=True)
+    with pytest.raises(ValueError, match="init_std must be a finite number > 0, got -1"):
+        LinearRouter(16, 4, 2, init_std=-1)
+    with pytest.raises(TypeError, match="init_std must be a number, got str"):
+        LowRankRouter(16, 4, 2, 4, init_std="big")
+    with pytest.raises(ValueError, match="init must be one of"):
+        LowRankRouter(16, 4, 2, 4, init=None)
+    with pytest.raises(ValueError, match="out_init_std must be a finite number > 0, got nan"):
+        SwiGLUExperts(16, 8, 4, out_init_std=float("nan"))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        SwiGLUExperts(16, 8, 4, impl=["reference"])
+    with pytest.raises(TypeError, match="W must be a torch.Tensor, got list"):
+        LowRankRouter.from_weight([[1.0, 2.0]], 1, 1)

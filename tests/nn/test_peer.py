@@ -149,3 +149,71 @@ def test_inference_in_chunks_of_tokens_equals_one_pass(monkeypatch):
         chunked = layer(x).y
         assert layer(x[:0]).y.shape == (0, 16)
     torch.testing.assert_close(chunked, whole)
+
+
+@pytest.mark.parametrize("field, value, error, match", [
+    ("heads", 0, ValueError, r"heads must be >= 1, got 0"),
+    ("hidden", 0, ValueError, r"hidden must be >= 1, got 0"),
+    ("d_q", 0, ValueError, r"d_q must be >= 2, got 0"),
+    ("experts", 16.0, TypeError, r"experts must be an int, got float 16.0"),
+    ("kappa", 2.0, TypeError, r"kappa must be an int, got float 2.0"),
+    ("init_std", -1, ValueError, r"init_std must be a finite number > 0, got -1"),
+    ("init_std", float("nan"), ValueError, r"init_std must be a finite number > 0, got nan"),
+    ("init_std", "0.02", TypeError, r"init_std must be a number, got str '0.02'"),
+])
+def test_config_fields_are_checked_at_construction(field, value, error, match):
+    args = dict(experts=16, hidden=8, heads=2, d_q=4, kappa=2)
+    with pytest.raises(error, match=match):
+        PEERConfig(**{**args, field: value})
+
+
+def test_layer_refuses_a_config_of_another_kind():
+    from moremoe.nn import MoEConfig
+    with pytest.raises(TypeError, match="config must be a PEERConfig, got MoEConfig"):
+        PEERLayer(MoEConfig.moe(4, 2, 8, 4))
+
+
+def _forward_backward(layer, x):
+    layer.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    y = layer(x).y
+    (y.float() * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+    return y, x.grad, [p.grad for p in layer.parameters()]
+
+
+def _same_experts(retrieval):
+    """peer_retrieval that keeps the experts its first call picked and scores them in q's
+    dtype: a lower precision may swap near-tied experts, which is rounding, not a fault of
+    the dtype path."""
+    picked = []
+
+    def pinned(q, keys, kappa, *, impl):
+        if not picked:
+            picked.append(retrieval(q, keys, kappa, impl=impl)[1])
+        ids, R, half = picked[0], keys.shape[1], q.shape[-1] // 2
+        s0, s1 = q[..., :half] @ keys[0].T, q[..., half:] @ keys[1].T
+        return s0.gather(-1, ids // R) + s1.gather(-1, ids % R), ids
+    return pinned
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, dict(rtol=1e-5, atol=1e-6)),
+                                        (torch.bfloat16, dict(rtol=4e-2, atol=4e-2))])
+def test_inputs_in_fp64_and_bf16_as_the_moe_layer_takes_them(dtype, tol, monkeypatch):
+    """fp32 parameters, inputs in another dtype (MoELayer takes both): y and x's gradient in
+    x's dtype, fp32 parameter gradients; with the same experts retrieved, all within the
+    dtype's tolerance of the fp32 path."""
+    import moremoe.nn.peer as peer
+    torch.manual_seed(0)
+    layer = PEERLayer(PEERConfig(experts=49, hidden=16, heads=2, d_q=8, kappa=3,
+                                 init_std=0.3, impl="reference")).train()
+    x = torch.randn(2, 5, 16)
+    y, dx, grads = _forward_backward(layer, x.to(dtype))
+    assert y.dtype == dtype and dx.dtype == dtype
+    assert all(g.dtype == torch.float32 and g.isfinite().all() for g in grads)
+    monkeypatch.setattr(peer, "peer_retrieval", _same_experts(peer.peer_retrieval))
+    y32, dx32, grads32 = _forward_backward(layer, x)
+    y, dx, grads = _forward_backward(layer, x.to(dtype))
+    torch.testing.assert_close(y.float(), y32, **tol)
+    torch.testing.assert_close(dx.float(), dx32, **tol)
+    for g, g32 in zip(grads, grads32):
+        torch.testing.assert_close(g, g32, **tol)

@@ -140,3 +140,15 @@ def test_bad_arguments_name_the_argument_and_value():
         router(torch.randn(2, 3, 8))
     with pytest.raises(ValueError, match="R1 is on cpu but x is on meta"):
         router(torch.randn(3, 8, device="meta"))
+
+
+def test_topk_agreement_at_a_large_k_needs_no_k_squared_memory():
+    """k = 200,000 on 2 tokens: the all-pairs comparison would take 80 GB."""
+    from moremoe.nn.router import topk_agreement
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randperm(400_000, generator=g)[:200_000].reshape(1, -1).repeat(2, 1)
+    got = ref.clone()
+    got[1, :50_000] = torch.arange(400_000, 450_000)          # a quarter replaced
+    got[0] = got[0].flip(0)                                    # same set, another order
+    same, overlap = topk_agreement(got.int(), ref)
+    assert same == 0.5 and overlap == pytest.approx((1 + 0.75) / 2)

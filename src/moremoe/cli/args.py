@@ -20,6 +20,16 @@ def _int_at_least(low: int):
     return parse
 
 
+SEED_MAX = 2 ** 63 - 2      # torch's generators take 64-bit seeds; + 1 for a second stream
+
+
+def _seed(text: str) -> int:
+    v = _int_at_least(0)(text)
+    if v > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {text!r}")
+    return v
+
+
 def _positive_int(text: str) -> int:
     v = _integer(text)
     if v is None or v < 1:

@@ -18,7 +18,7 @@ import torch
 from .. import accounting
 from ..bench.harness import router_seconds_per_token
 from ..nn.moe import MoEConfig
-from ..report import check_output_dir, emit, human, table, write_json
+from ..report import check_not_replacing, check_output_dir, emit, human, table, write_json
 from ..runtime import __version__, resolve_device
 from ..training.phonebook import PhonebookTrainConfig, phonebook_model_config, train_phonebook
 from .args import _add_json, _positive_int
@@ -80,6 +80,12 @@ def _device_name(dev: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def _evaluated(run: dict) -> int:
+    """Entries the exact match is measured on: eval_entries of the phonebook, or all of a
+    smaller phonebook (Phonebook.eval_indices)."""
+    return min(run["train"]["size"], run["train"]["eval_entries"])
+
+
 def format_demo(result: dict) -> str:
     cfg, (moe, more) = result["config"], result["runs"]
 
@@ -92,7 +98,7 @@ def format_demo(result: dict) -> str:
                 f"{run['router_seconds_per_token'] * 1e9:.1f} ns", f"{run['seconds']:.0f} s"]
     labels = ["experts M", "expert width s", "router rank r", "total parameters",
               "active FLOPs/token/layer (inference)", "active FLOPs/token/layer (training)",
-              "exact match (1,000 entries)", "digit accuracy", "H_norm per layer",
+              f"exact match ({_evaluated(moe):,} entries)", "digit accuracy", "H_norm per layer",
               "router time per token", "training time"]
     rows = [[label, a, b] for label, a, b in zip(labels, col(moe), col(more))]
     head = (f"moremoe demo: the paper's first phonebook pair, planned at matched active FLOPs "
@@ -109,7 +115,13 @@ def format_demo(result: dict) -> str:
 
 
 def cmd_demo(args) -> int:
-    out_dir = check_output_dir(Path(args.out) if args.out else Path("runs") / "demo", "--out")
+    from ..tasks.phonebook import NAME_SPACE
+    if args.size is not None and args.size > NAME_SPACE:
+        raise ValueError(f"--size {args.size:,} exceeds the {NAME_SPACE:,} unique five-letter "
+                         f"names a phonebook can hold")
+    out_dir = Path(args.out) if args.out else Path("runs") / "demo"
+    check_not_replacing("--out", out_dir, ("demo.json", "demo.png"), force=args.force)
+    check_output_dir(out_dir, "--out")
     result = run_demo(DemoConfig(device=args.device, size=args.size, steps=args.steps),
                       out_dir=out_dir, progress=not args.no_progress)
     emit(args, result, format_demo(result))
@@ -126,6 +138,8 @@ def add_demo_parser(sub) -> None:
     p.add_argument("--size", type=_positive_int, default=None, help="phonebook entries")
     p.add_argument("--steps", type=_positive_int, default=None, help="training steps per model")
     p.add_argument("--out", default=None, help="output folder (default runs/demo)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the demo.json and demo.png of an earlier demo in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_json(p)
     p.set_defaults(func=cmd_demo)

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 from .. import accounting
-from ..report import check_output_dir, emit, human, table, write_json
-from .args import (EPILOG, _add_json, _float_list, _fraction, _int_at_least, _int_list,
-                   _positive_float, _positive_int)
+from ..checks import UserError
+from ..report import check_not_replacing, check_output_dir, emit, human, table, write_json
+from .args import (EPILOG, _add_json, _float_list, _fraction, _int_list, _positive_float,
+                   _positive_int, _seed)
 
 
 def _check_phonebook_args(args) -> None:
@@ -22,7 +23,10 @@ def _check_phonebook_args(args) -> None:
     if args.rank > h:
         raise ValueError(f"--rank {args.rank} must be at most --hidden {h} (a rank above h "
                          f"adds router parameters, not expressivity)")
-    sizes = [args.size] if hasattr(args, "size") else args.sizes
+    if args.arch == "peer" and args.peer_dq % 2:
+        raise ValueError(f"--peer-dq {args.peer_dq} must be even (the query splits in two "
+                         f"halves, one per key table)")
+    sizes = _sizes(args)
     if max(sizes) > NAME_SPACE:
         raise ValueError(f"{'--size' if hasattr(args, 'size') else '--sizes'} {max(sizes):,} "
                          f"exceeds the {NAME_SPACE:,} unique five-letter names a phonebook "
@@ -32,7 +36,7 @@ def _check_phonebook_args(args) -> None:
 def _phonebook_models(args):
     """The model configs to train, from --arch and the planner (paper convention)."""
     from ..nn.moe import MoEConfig
-    from ..training.phonebook import phonebook_model_config
+    from ..training.phonebook import check_fits_phonebook, phonebook_model_config
     _check_phonebook_args(args)
     plan = accounting.plan_matched(hidden=args.hidden, top_k=args.top_k, rank=args.rank,
                                    width=args.width, round_width=args.round_width,
@@ -48,8 +52,14 @@ def _phonebook_models(args):
         s = args.more_width or plan.more.width
         configs.append(MoEConfig.more(M, args.top_k, args.hidden, s, args.rank,
                                       router_init=args.router_init))
-    return plan, [phonebook_model_config(c, layers=args.layers, heads=args.heads)
-                  for c in configs]
+    models = [phonebook_model_config(c, layers=args.layers, heads=args.heads) for c in configs]
+    for model in models:         # before any output or training: every run must fit
+        check_fits_phonebook(model, _train_config(args, max(_sizes(args))))
+    return plan, models
+
+
+def _sizes(args) -> list[int]:
+    return [args.size] if hasattr(args, "size") else args.sizes
 
 
 def _peer_config(args, plan):
@@ -75,10 +85,15 @@ def _train_config(args, size: int):
         loss_on=args.loss_on, device=args.device)
 
 
-def _out_dir(args, command: str) -> Path:
-    if args.out:
-        return Path(args.out)
-    return Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+def _outputs(args, command: str, stem: str) -> tuple[Path, Path]:
+    """The report and plot paths in --out (default runs/<command>-<time>), checked before
+    any work: the folder writable, an earlier report and plot kept unless --force."""
+    out = Path(args.out) if args.out else \
+        Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    names = (f"{stem}.json", f"{stem}.png")
+    check_not_replacing("--out", out, names, force=args.force)
+    check_output_dir(out, "--out")
+    return out / names[0], out / names[1]
 
 
 def _run_row(run: dict) -> list:
@@ -102,10 +117,9 @@ def cmd_phonebook_train(args) -> int:
     from .plots import plot_phonebook_runs
     from ..training.phonebook import train_phonebook
     plan, models = _phonebook_models(args)
-    out_dir = check_output_dir(_out_dir(args, "phonebook-train"), "--out")
+    json_path, png_path = _outputs(args, "phonebook-train", "phonebook_train")
     report = {"command": "phonebook train", "size": args.size, "plan": plan.to_dict(),
               "runs": []}
-    json_path, png_path = out_dir / "phonebook_train.json", out_dir / "phonebook_train.png"
     for model_cfg in models:
         def save(run, _i=len(report["runs"])):
             report["runs"][_i:] = [run.to_dict()]
@@ -127,8 +141,7 @@ def cmd_phonebook_capacity(args) -> int:
     from .plots import plot_capacity
     from ..training.phonebook import capacity_search
     plan, models = _phonebook_models(args)
-    out_dir = check_output_dir(_out_dir(args, "phonebook-capacity"), "--out")
-    json_path, png_path = out_dir / "capacity.json", out_dir / "capacity.png"
+    json_path, png_path = _outputs(args, "phonebook-capacity", "capacity")
     report = {"command": "phonebook capacity", "sizes": sorted(set(args.sizes)),
               "plan": plan.to_dict(), "results": []}
     for model_cfg in models:
@@ -165,8 +178,8 @@ def _sweep_models(args):
             vargs.arch = arch
             try:
                 _, models = _phonebook_models(vargs)
-            except ValueError as err:
-                raise ValueError(f"--over {args.over} --values {v}: {err}") from err
+            except (ValueError, UserError) as err:
+                raise type(err)(f"--over {args.over} --values {v}: {err}") from err
             runs.append((v, arch, models[0]))
     return runs
 
@@ -175,8 +188,7 @@ def cmd_phonebook_sweep(args) -> int:
     from .plots import plot_sweep
     from ..training.phonebook import train_phonebook
     runs = _sweep_models(args)             # every config checked before any training
-    out_dir = check_output_dir(_out_dir(args, "phonebook-sweep"), "--out")
-    json_path, png_path = out_dir / "sweep.json", out_dir / "sweep.png"
+    json_path, png_path = _outputs(args, "phonebook-sweep", "sweep")
     report = {"command": "phonebook sweep", "over": args.over, "values": args.values,
               "size": args.size, "runs": []}
     for value, arch, model_cfg in runs:
@@ -238,7 +250,7 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
                    help="re-fit M' to the budget after rounding s' (default: keep the optimum's "
                         "M', the paper's convention)")
     t = p.add_argument_group("training")
-    t.add_argument("--seed", type=_int_at_least(0), default=0,
+    t.add_argument("--seed", type=_seed, default=0,
                    help="phonebook, init and data-order seed")
     t.add_argument("--batch-size", type=_positive_int, default=1024)
     t.add_argument("--lr", type=_positive_float, default=None,
@@ -259,6 +271,8 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
                    help="tokens that carry the loss: the 8 digits and '.' (default) or all")
     t.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
     t.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
+    t.add_argument("--force", action="store_true",
+                   help="replace the report and plot of an earlier run in --out")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_json(p)
 

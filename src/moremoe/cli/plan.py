@@ -34,12 +34,16 @@ def cmd_flops(args) -> int:
     M, k, h, s, r = args.experts, args.top_k, args.hidden, args.width, args.rank
     if k > M:
         raise ValueError(f"--top-k must be in [1, --experts={M}], got {k}")
+    _check_rank(r, h)
     model = {"layers": args.layers, "vocab": args.vocab, "heads": args.heads}
     given = [n for n, v in model.items() if v is not None]
-    if given and len(given) < len(model):
+    if (given or args.kv_heads is not None) and len(given) < len(model):
         missing = ", ".join(f"--{n.replace('_', '-')}" for n, v in model.items() if v is None)
-        raise ValueError(f"total parameters need --layers, --vocab and --heads; "
+        raise ValueError(f"total parameters need --layers, --vocab and --heads"
+                         f"{' (--kv-heads counts only in them)' if not given else ''}; "
                          f"missing {missing}")
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        raise ValueError(f"--kv-heads must divide --heads={args.heads}, got {args.kv_heads}")
     out = {"name": accounting.layer_name(M, r), "experts": M, "top_k": k,
            "hidden": h, "width": s, "rank": r,
            "params_router": accounting.router_params(M, h, r),
@@ -65,10 +69,23 @@ def cmd_flops(args) -> int:
     return 0
 
 
+def _check_rank(rank: int | None, hidden: int, flag: str = "--rank") -> None:
+    """A router rank above h adds router parameters, not expressivity (a layer refuses it)."""
+    if rank is not None and rank > hidden:
+        raise ValueError(f"{flag} {rank} must be at most --hidden {hidden} (a rank above h "
+                         f"adds router parameters, not expressivity)")
+
+
 def cmd_plan(args) -> int:
     if args.budget is None and args.width is None:
         raise ValueError("plan needs a reference MoE width --width s, or the active-FLOP "
                          "budget --budget tau")
+    _check_rank(args.rank, args.hidden)
+    if args.sweep == "rank":
+        _check_rank(max(args.ranks), args.hidden, "--ranks")
+    if args.peer and args.peer_dq % 2:
+        raise ValueError(f"--peer-dq {args.peer_dq} must be even (the query splits in two "
+                         f"halves, one per key table)")
     plan = accounting.plan_matched(
         hidden=args.hidden, top_k=args.top_k, rank=args.rank, budget=args.budget,
         width=None if args.budget is not None else args.width, experts=args.experts,

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..report import check_output_file, emit, table
+from ..report import check_not_replacing, check_output_file, emit, table
 from ..runtime import progress_bar
-from .args import (EPILOG, _add_json, _int_at_least, _int_list, _positive_float,
-                   _positive_int)
+from .args import EPILOG, _add_json, _int_list, _positive_float, _positive_int, _seed
 
 
 def cmd_hypercube(args) -> int:
@@ -44,9 +43,9 @@ def cmd_hypercube(args) -> int:
     return 0 if out["within_bound"] else 1
 
 
-def _load_matrix(path: str, key: str | None, flag: str):
-    """A 2-D tensor from a .safetensors or torch file (a tensor or a name -> tensor map);
-    errors name the flag, the file and the 2-D tensors it holds."""
+def _load_matrix(path: str, key: str | None, flag: str, noun: str, shape: str):
+    """A 2-D real tensor, finite and not empty, from a .safetensors or torch file (a tensor
+    or a name -> tensor map); errors name the flag, the file and what it must hold."""
     import torch
     file = Path(path)
     if not file.is_file():
@@ -60,21 +59,67 @@ def _load_matrix(path: str, key: str | None, flag: str):
     except Exception as err:   # a torn or foreign file: one line that names it
         raise ValueError(f"{flag} {path}: not a safetensors or torch tensor file "
                          f"({type(err).__name__})") from err
+    must = (f"it must hold the {noun} as a 2-D tensor {shape}, or a mapping of names to "
+            f"tensors (with {flag}-key naming it)")
     if isinstance(obj, torch.Tensor):
         tensor = obj
+    elif isinstance(obj, dict):
+        tensor = _pick_matrix(obj, key, flag, path, must)
     else:
-        mats = sorted(k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() == 2)
-        if key is None and len(mats) != 1:
-            raise ValueError(f"{flag} {path} holds {len(mats)} 2-D tensors; name one with "
-                             f"{flag}-key (e.g. {', '.join(mats[:4]) or 'none'})")
-        name = key if key is not None else mats[0]
-        if name not in obj:
-            raise ValueError(f"{flag}-key {name!r} is not in {path}; 2-D tensors: "
-                             f"{', '.join(mats[:8]) or 'none'}")
-        tensor = obj[name]
+        raise ValueError(f"{flag} {path} holds a {type(obj).__name__}; {must}")
     if tensor.dim() != 2:
-        raise ValueError(f"{flag} {path}: expected a 2-D tensor, got shape {tuple(tensor.shape)}")
-    return tensor.float()
+        raise ValueError(f"{flag} {path}: expected the {noun} as a 2-D tensor {shape}, got "
+                         f"shape {tuple(tensor.shape)}")
+    if tensor.is_complex() or tensor.dtype == torch.bool:
+        raise ValueError(f"{flag} {path}: expected real numbers, got a {tensor.dtype} tensor")
+    if tensor.numel() == 0:
+        raise ValueError(f"{flag} {path}: the tensor is empty (shape {tuple(tensor.shape)})")
+    tensor = tensor.float()
+    if not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ValueError(f"{flag} {path}: the {noun} {'has' if noun == 'router' else 'have'} "
+                         f"{bad:,} non-finite entries (NaN or inf) of {tensor.numel():,}; "
+                         f"give finite values")
+    return tensor
+
+
+def _pick_matrix(obj: dict, key: str | None, flag: str, path: str, must: str):
+    import torch
+    mats = sorted(str(k) for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() == 2)
+    if key is None and not mats:
+        raise ValueError(f"{flag} {path} holds no 2-D tensor; {must}")
+    if key is None and len(mats) > 1:
+        raise ValueError(f"{flag} {path} holds {len(mats)} 2-D tensors; name one with "
+                         f"{flag}-key (e.g. {', '.join(mats[:4])})")
+    name = key if key is not None else mats[0]
+    if name not in obj or not isinstance(obj[name], torch.Tensor):
+        why = "is not in" if name not in obj else "is not a tensor in"
+        raise ValueError(f"{flag}-key {name!r} {why} {path}; 2-D tensors: "
+                         f"{', '.join(mats[:8]) or 'none'}")
+    return obj[name]
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10 ** 15 else f"{n:.3g}"
+
+
+def _check_rank_memory(M: int, h: int, tokens: int, top_k: int, flag: str) -> None:
+    """Refuse, before anything is allocated, a router and token count that cannot fit,
+    naming flag (what gives the tokens) and how many tokens would fit."""
+    import torch
+    from ..checks import check_fits
+    from ..eval.theory import rank_memory
+    from ..runtime import memory_bytes
+    fixed, per_token = rank_memory(M, h, 0, top_k), rank_memory(M, h, 1, top_k) - \
+        rank_memory(M, h, 0, top_k)
+    most = (memory_bytes(torch.device("cpu")) - fixed) // per_token
+    if most < 1:
+        check_fits(rank_memory(M, h, 1, top_k), f"a router of {_count(M)} x {_count(h)} "
+                   f"(M x h)", "give a smaller router (--experts, --hidden or --weights)")
+    check_fits(rank_memory(M, h, tokens, top_k), f"{flag}: routing {_count(tokens)} tokens of h "
+               f"= {_count(h)} through a router of M = {_count(M)}",
+               f"give {flag} in [1, {most:,}]" if flag == "--tokens" else
+               f"give at most {most:,} tokens in {flag}")
 
 
 def cmd_rank(args) -> int:
@@ -83,14 +128,22 @@ def cmd_rank(args) -> int:
     plot = _check_plot(args)
     g = torch.Generator().manual_seed(args.seed)
     if args.weights:
-        W = _load_matrix(args.weights, args.weights_key, "--weights")
+        W = _load_matrix(args.weights, args.weights_key, "--weights", "router", "(M, h)")
+        if W.abs().max() == 0:
+            raise ValueError(f"--weights {args.weights}: the router is all zeros; it routes "
+                             f"nothing, so there is nothing to factor")
     else:
         if args.experts is None or args.hidden is None:
             raise ValueError("a random router needs --experts and --hidden (or --weights FILE)")
+        _check_rank_memory(args.experts, args.hidden, 1, args.top_k, "--tokens")
         W = torch.randn(args.experts, args.hidden, generator=g)
     M, h = W.shape
-    x = (_load_matrix(args.inputs, args.inputs_key, "--inputs") if args.inputs else
-         torch.randn(args.tokens, h, generator=g))
+    if args.inputs:
+        x = _load_matrix(args.inputs, args.inputs_key, "--inputs", "tokens", "(N, h)")
+        _check_rank_memory(M, h, x.shape[0], args.top_k, f"--inputs {args.inputs}")
+    else:
+        _check_rank_memory(M, h, args.tokens, args.top_k, "--tokens")
+        x = torch.randn(args.tokens, h, generator=g)
     ranks = args.ranks or [r for r in (2 ** i for i in range(12)) if r <= min(M, h)]
     methods = ("svd", "jl") if args.method == "both" else (args.method,)
     rows = rank_agreement(W, x, args.top_k, ranks, methods=methods, seed=args.seed)
@@ -117,8 +170,7 @@ def _check_plot(args):
     if args.plot is None:
         return None
     plot = check_output_file(Path(args.plot), "--plot")
-    if plot.exists() and not args.force:
-        raise ValueError(f"--plot {plot} exists; give another name or --force to replace it")
+    check_not_replacing("--plot", plot, force=args.force)
     return plot
 
 
@@ -148,7 +200,7 @@ def add_theory_parser(sub) -> None:
                    help="h >= r of the Gaussian tokens (default r; R2 keeps the first r)")
     h.add_argument("--delta", type=_positive_float, default=0.01,
                    help="δ: the bound holds with probability 1 - δ (default 0.01)")
-    h.add_argument("--seed", type=_int_at_least(0), default=0, help="sampling seed (default 0)")
+    h.add_argument("--seed", type=_seed, default=0, help="sampling seed (default 0)")
     _add_plot(h)
     _add_json(h)
     h.set_defaults(func=cmd_hypercube)
@@ -178,7 +230,7 @@ def add_theory_parser(sub) -> None:
                    help="factorisation (default both)")
     r.add_argument("--bits", type=_positive_int, default=8,
                    help="p of the necessary rank's margin 2^-p (default 8, bf16)")
-    r.add_argument("--seed", type=_int_at_least(0), default=0, help="seed (default 0)")
+    r.add_argument("--seed", type=_seed, default=0, help="seed (default 0)")
     _add_plot(r)
     _add_json(r)
     r.set_defaults(func=cmd_rank)

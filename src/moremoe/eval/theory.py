@@ -24,12 +24,24 @@ from pathlib import Path
 
 import torch
 
+from ..checks import check_fits
 from ..nn.router import factor_router, topk_agreement
 from ..ops.balance import expert_counts
 from ..ops.router_linear import router_linear
 from ..ops.router_lowrank import router_lowrank
 from ..report import save_figure
 from .routing import normalized_entropy
+
+# Logits are scored a chunk of tokens at a time, the chunk sized so that its (tokens, M)
+# logits and the reference router's working copies of them stay near this many bytes: a
+# router of 2^20 experts routes 64 tokens at a time instead of asking for 275 GB.
+CHUNK_BYTES = 256 << 20
+ROUTER_COPIES = 4           # logits, sanitised keys, top-k work and the softmax, at most
+
+
+def _chunk(per_token: int, most: int = 65_536) -> int:
+    """Tokens per chunk: as many as fit in CHUNK_BYTES at per_token bytes each."""
+    return max(1, min(most, CHUNK_BYTES // max(1, per_token)))
 
 
 def hypercube_router(rank: int, hidden: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,6 +53,9 @@ def hypercube_router(rank: int, hidden: int | None = None) -> tuple[torch.Tensor
     if h < rank:
         raise ValueError(f"--hidden must be >= --rank={rank}, got {h}")
     M = 1 << rank
+    check_fits(M * rank * 12 + rank * h * 4 + CHUNK_BYTES,
+               f"the hypercube router (--rank {rank}: M = {M:,} experts, --hidden {h:,})",
+               "lower --hidden (R2 = [I_r | 0] reads only the first r coordinates)")
     bits = (torch.arange(M)[:, None] >> torch.arange(rank)[None, :]) & 1
     R1_MR = (2.0 * bits - 1.0) / math.sqrt(rank)
     R2_RH = torch.eye(rank, h)
@@ -63,17 +78,26 @@ def hypercube_check(rank: int, top_k: int, tokens: int, *, hidden: int | None = 
         raise ValueError(f"--top-k must be in [1, M={M}], got {top_k}")
     if not 0 < delta < 1:
         raise ValueError(f"--delta must be in (0, 1), got {delta}")
+    bound = load_bound(tokens, top_k, M, delta)
+    if not math.isfinite(bound):
+        raise ValueError(f"--delta {delta:g} is too small for the bound to be a number "
+                         f"(log(2M/δ) overflows); give a larger --delta")
     g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(M, dtype=torch.int64)
-    for n0 in range(0, tokens, chunk):
-        x = torch.randn(min(chunk, tokens - n0), R2.shape[1], generator=g)
-        idx = router_lowrank(x, R1, R2, top_k, impl="reference")[1]
-        counts += expert_counts(idx, M)
+    h = R2.shape[1]
+    # tokens are drawn in blocks of `chunk` (the stream a seed gives) and routed in pieces
+    # whose (n, M) logits stay within CHUNK_BYTES
+    block, piece = _chunk(4 * h, chunk), _chunk(4 * (h + ROUTER_COPIES * M), chunk)
+    for n0 in range(0, tokens, block):
+        x = torch.randn(min(block, tokens - n0), h, generator=g)
+        idx = torch.cat([router_lowrank(x[p0:p0 + piece], R1, R2, top_k,
+                                        impl="reference")[1]
+                         for p0 in range(0, x.shape[0], piece)])
+        counts += expert_counts(idx, M)          # once a block: M may be 2^20
         if progress:
-            progress(min(n0 + chunk, tokens), tokens)
+            progress(min(n0 + block, tokens), tokens)
     mean = tokens * top_k / M
     deviation = (counts.double() - mean).abs()
-    bound = load_bound(tokens, top_k, M, delta)
     return {"rank": rank, "experts": M, "top_k": top_k, "tokens": tokens,
             "hidden": R2.shape[1], "delta": delta, "seed": seed,
             "expected_load": mean, "max_deviation": float(deviation.max()),
@@ -97,23 +121,33 @@ def rank_agreement(W_MH: torch.Tensor, x_NH: torch.Tensor, top_k: int, ranks: li
     bad = [r for r in ranks if not 1 <= r <= min(M, h)]
     if bad:
         raise ValueError(f"--ranks must be in [1, min(M, h) = {min(M, h)}], got {bad}")
+    if not (bool(torch.isfinite(W_MH).all()) and bool(torch.isfinite(x_NH).all())):
+        raise ValueError("the router and the tokens must be finite; they hold NaN or inf")
     # float64 throughout: the measure is of the factorisation, not of float32 rounding
     # (which would reorder near-tied logits even at full rank)
     W, x = W_MH.double(), x_NH.double()
-    full = torch.cat([router_linear(x[n0:n0 + chunk], W, top_k, impl="reference")[1]
-                      for n0 in range(0, x.shape[0], chunk)])
+    piece = _chunk(8 * (h + ROUTER_COPIES * M), chunk)
+    full = torch.cat([router_linear(x[n0:n0 + piece], W, top_k, impl="reference")[1]
+                      for n0 in range(0, x.shape[0], piece)])
     rows = []
     for method in methods:
         for r in ranks:
             R1, R2 = factor_router(W, r, method, seed, dtype=torch.float64)
-            got = torch.cat([router_lowrank(x[n0:n0 + chunk], R1, R2, top_k,
+            got = torch.cat([router_lowrank(x[n0:n0 + piece], R1, R2, top_k,
                                             impl="reference")[1]
-                             for n0 in range(0, x.shape[0], chunk)])
+                             for n0 in range(0, x.shape[0], piece)])
             same, overlap = topk_agreement(got, full)
             rows.append({"method": method, "rank": r, "set_preserved": same,
                          "mean_overlap": overlap,
                          "rel_error": float((R1 @ R2 - W).norm() / W.norm())})
     return rows
+
+
+def rank_memory(experts: int, hidden: int, tokens: int, top_k: int) -> int:
+    """Bytes rank_agreement needs at least (the tokens in float32 and float64, the router
+    and its factors in float64, the top-k sets, a chunk of logits), so that a request that
+    cannot fit is refused before anything is allocated."""
+    return 12 * tokens * hidden + 32 * experts * hidden + 24 * tokens * top_k + CHUNK_BYTES
 
 
 def rank_bounds(experts: int, top_k: int, bits: int = 8) -> dict:

@@ -38,6 +38,8 @@ def export(transformer, out_dir, **config_kwargs):
     """Save a moremoe Transformer as a transformers directory (config.json with auto_map,
     model.safetensors, the two remote-code modules); returns the path."""
     from pathlib import Path
+
+    from ..report import with_umask
     model = MoremoeForCausalLM.from_transformer(transformer, **config_kwargs)
     model.config.auto_map = dict(AUTO_MAP)
     # transformers 4.x marks a class once loaded with trust_remote_code for copying its
@@ -48,4 +50,7 @@ def export(transformer, out_dir, **config_kwargs):
     for name, code in REMOTE_CODE.items():
         (Path(out_dir) / name).write_text('"""moremoe\'s transformers classes (pip install '
                                           '\'moremoe[text]\')."""\n' + code)
+    for f in Path(out_dir).iterdir():      # the weights too, not 0600 beside 0644 files
+        if f.is_file():
+            with_umask(f)
     return out_dir

@@ -10,11 +10,12 @@ Legend: B batch, T prompt length, V vocabulary.
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable, Sequence
 
 import torch
 
-from ..checks import check_int, check_tensor
+from ..checks import check_int, check_number, check_tensor
 from .cache import KVCache
 
 
@@ -25,17 +26,13 @@ def generate(model, prompt_BT: torch.Tensor, max_new_tokens: int, *, eos_id: int
              use_cache: bool = True, generator: torch.Generator | None = None) -> list[list[int]]:
     """The new tokens of each row (the stop token or sequence included), at most
     max_new_tokens each. Rows share one length of prompt (no padding)."""
-    check_tensor("prompt", prompt_BT, ndim=2, integer=True)
-    check_int("max_new_tokens", max_new_tokens)
+    _check_arguments(model, prompt_BT, max_new_tokens, eos_id, stop_sequences, temperature,
+                     generator)
     B, T = prompt_BT.shape
-    if T == 0:
-        raise ValueError("prompt must hold at least one token per row, got shape (B, 0)")
     max_len = model.config.max_seq_len
     if T + max_new_tokens > max_len:
         raise ValueError(f"prompt length {T} + max_new_tokens {max_new_tokens} exceeds "
                          f"max_seq_len={max_len}; truncate the prompt from the left")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
     was_training = model.training
     model.eval()
     cache = KVCache(T + max_new_tokens) if use_cache else None
@@ -57,6 +54,37 @@ def generate(model, prompt_BT: torch.Tensor, max_new_tokens: int, *, eos_id: int
     finally:
         model.train(was_training)
     return new
+
+
+def _check_arguments(model, prompt_BT, max_new_tokens, eos_id, stop_sequences, temperature,
+                     generator) -> None:
+    """TypeError / ValueError naming the argument, before any decoding."""
+    config = getattr(model, "config", None)
+    if not (callable(model) and hasattr(config, "vocab") and hasattr(config, "max_seq_len")):
+        raise TypeError(f"model must be a moremoe Transformer, got {type(model).__name__}")
+    check_tensor("prompt", prompt_BT, ndim=2, integer=True)
+    check_int("max_new_tokens", max_new_tokens)
+    if 0 in prompt_BT.shape:
+        raise ValueError(f"prompt must hold at least one row of at least one token, got shape "
+                         f"{tuple(prompt_BT.shape)}")
+    V = model.config.vocab
+    lo, hi = (int(v) for v in torch.aminmax(prompt_BT))
+    if lo < 0 or hi >= V:
+        raise ValueError(f"prompt holds token ids from {lo} to {hi}; they must be in [0, {V}) "
+                         f"for the model's vocabulary of {V}")
+    if eos_id is not None:
+        check_int("eos_id", eos_id, low=0)
+    try:
+        for seq in stop_sequences or ():
+            for t in seq:
+                operator.index(t)
+    except TypeError:
+        raise TypeError(f"stop_sequences must be a list of token-id lists, got "
+                        f"{stop_sequences!r}") from None
+    check_number("temperature", temperature, low_open=False)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}")
 
 
 def _pick(logits_BV: torch.Tensor, temperature: float, generator) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checks import check_int, check_same_device, check_tensor
+from ..checks import check_int, check_number, check_same_device, check_tensor
 from ..ops.dispatch import IMPLS
 from ..ops.swiglu_experts import swiglu_experts
 
@@ -19,14 +19,15 @@ class SwiGLUExperts(nn.Module):
     def __init__(self, hidden: int, width: int, experts: int, *, init_std: float = 0.02,
                  out_init_std: float | None = None, impl: str = "auto"):
         super().__init__()
-        if impl not in IMPLS:
+        if not isinstance(impl, str) or impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         self.impl = impl
         self.hidden = check_int("hidden", hidden)
         self.width = check_int("width", width)
         self.experts = check_int("experts", experts)
-        self.init_std = init_std
-        self.out_init_std = init_std if out_init_std is None else out_init_std
+        self.init_std = check_number("init_std", init_std)
+        self.out_init_std = (self.init_std if out_init_std is None else
+                             check_number("out_init_std", out_init_std))
         self.w_gate = nn.Parameter(torch.empty(experts, width, hidden))
         self.w_up = nn.Parameter(torch.empty(experts, width, hidden))
         self.w_down = nn.Parameter(torch.empty(experts, hidden, width))

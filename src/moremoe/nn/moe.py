@@ -6,14 +6,13 @@ p = psum / N; the layer returns it both raw and scaled by ``balance_coef``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
 from .. import accounting
-from ..checks import check_tensor
+from ..checks import check_number, check_tensor
 from ..ops.balance import expert_counts, switch_loss
 from ..ops.dispatch import IMPLS
 from .experts import SwiGLUExperts
@@ -39,11 +38,8 @@ class MoEConfig(accounting.LayerShape):
         for name in ("router_impl", "experts_impl"):
             if getattr(self, name) not in IMPLS:
                 raise ValueError(f"{name} must be one of {IMPLS}, got {getattr(self, name)!r}")
-        if not 0 <= self.balance_coef < math.inf:
-            raise ValueError(f"balance_coef must be a finite number >= 0, got "
-                             f"{self.balance_coef}")
-        if not 0 < self.init_std < math.inf:
-            raise ValueError(f"init_std must be a finite number > 0, got {self.init_std}")
+        check_number("balance_coef", self.balance_coef, low_open=False)
+        check_number("init_std", self.init_std)
 
     @classmethod
     def moe(cls, M: int, k: int, h: int, s: int, **kw) -> "MoEConfig":
@@ -77,6 +73,10 @@ class MoELayer(nn.Module):
         """experts: an existing SwiGLUExperts of the same (h, s, M) to share (e.g. to compare
         routers over the same experts) instead of building new ones."""
         super().__init__()
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}"
+                            + (" (a PEERConfig builds a PEERLayer)"
+                               if type(config).__name__ == "PEERConfig" else ""))
         self.config = c = config
         if c.is_lowrank:
             self.router = LowRankRouter(c.hidden, c.experts, c.top_k, c.rank,
@@ -85,6 +85,9 @@ class MoELayer(nn.Module):
         else:
             self.router = LinearRouter(c.hidden, c.experts, c.top_k, init_std=c.init_std,
                                        impl=c.router_impl)
+        if experts is not None and not isinstance(experts, SwiGLUExperts):
+            raise TypeError(f"experts must be a SwiGLUExperts (or None to build new ones), got "
+                            f"{type(experts).__name__}")
         if experts is None:
             experts = SwiGLUExperts(c.hidden, c.width, c.experts, init_std=c.init_std,
                                     impl=c.experts_impl)

@@ -26,10 +26,11 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..accounting import peer_active_flops, peer_params
-from ..checks import check_tensor
+from ..checks import check_int, check_number, check_tensor
 from ..ops.balance import expert_counts
 from ..ops.dispatch import IMPLS
 from ..ops.peer_experts import ACTIVATIONS, peer_experts, peer_experts_ref, peer_impl
@@ -51,17 +52,21 @@ class PEERConfig:
     impl: str = "auto"    # the experts: "auto" (fused kernels on CUDA) | "triton" | "reference"
 
     def __post_init__(self):
+        for name in ("experts", "hidden", "heads", "kappa"):
+            check_int(name, getattr(self, name))
+        check_int("d_q", self.d_q, low=2)
         peer_params(self.experts, self.hidden, self.heads, self.d_q)   # M must be a square
         if self.d_q % 2:
             raise ValueError(f"d_q must be even (two query halves), got {self.d_q}")
         if not 1 <= self.kappa <= math.isqrt(self.experts):
             raise ValueError(f"kappa must be in [1, sqrt(M) = {math.isqrt(self.experts)}], "
                              f"got {self.kappa}")
-        if self.activation not in ACTIVATIONS:
+        if not isinstance(self.activation, str) or self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got "
                              f"{self.activation!r}")
-        if self.impl not in IMPLS:
+        if not isinstance(self.impl, str) or self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        check_number("init_std", self.init_std)
 
     @property
     def top_k(self) -> int:
@@ -98,6 +103,8 @@ class PEERLayer(nn.Module):
 
     def __init__(self, config: PEERConfig):
         super().__init__()
+        if not isinstance(config, PEERConfig):
+            raise TypeError(f"config must be a PEERConfig, got {type(config).__name__}")
         c = self.config = config
         R = math.isqrt(c.experts)
         self.query = nn.Linear(c.hidden, c.heads * c.d_q, bias=False)
@@ -112,12 +119,16 @@ class PEERLayer(nn.Module):
             nn.init.normal_(p, mean=0.0, std=std)
 
     def forward(self, x: torch.Tensor, *, return_counts: bool = False):
+        """x (..., h) in any floating dtype: computed in x's dtype (the autocast dtype under
+        autocast), as MoELayer does, with the softmax of the scores in fp32 (fp64 for fp64
+        inputs); y in x's dtype."""
         c = self.config
         check_tensor("x", x, floating=True, last=c.hidden, last_name="hidden")
         x_NH = x.reshape(-1, c.hidden)
-        q = self.query(x_NH).view(-1, c.heads, c.d_q)
+        q = F.linear(x_NH, self.query.weight.to(x_NH.dtype)).view(-1, c.heads, c.d_q)
         scores, ids = peer_retrieval(q, self.keys.to(q.dtype), c.kappa, impl=c.impl)
-        gates = torch.softmax(scores.float(), dim=-1)                     # per head, fp32
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        gates = torch.softmax(scores.to(acc), dim=-1)                     # per head
         ids_NK = ids.reshape(x_NH.shape[0], c.top_k)                     # (N, H κ)
         y_NH = self._experts(x_NH, gates.reshape(ids_NK.shape), ids_NK)
         counts = expert_counts(ids_NK, c.experts) if (return_counts or self.training) else None
@@ -126,15 +137,17 @@ class PEERLayer(nn.Module):
 
     def _experts(self, x_NH, gates_NK, ids_NK):
         """Σ_j gates_j σ(u_{id_j}ᵀ x) v_{id_j}: the fused op on one pass, or the torch path,
-        which without autograd gathers its (n, k, h) u rows a chunk of tokens at a time."""
+        which without autograd gathers its (n, k, h) u rows a chunk of tokens at a time and
+        reads u and v in x's dtype (as the MoE experts' torch path reads its weights)."""
         c = self.config
         if peer_impl(c.impl, x_NH) == "triton":
             return peer_experts(x_NH, gates_NK, ids_NK, self.u, self.v,
                                 activation=c.activation, impl="triton", check_ids=False)
+        u, v = self.u.to(x_NH.dtype), self.v.to(x_NH.dtype)
         rows = (max(1, CHUNK_BYTES // (ids_NK.shape[1] * c.hidden * x_NH.element_size()))
                 if not torch.is_grad_enabled() else max(1, x_NH.shape[0]))
         return torch.cat([peer_experts_ref(x_NH[i:i + rows], gates_NK[i:i + rows],
-                                           ids_NK[i:i + rows], self.u, self.v, c.activation)
+                                           ids_NK[i:i + rows], u, v, c.activation)
                           for i in range(0, x_NH.shape[0], rows)] or [x_NH[:0]])
 
     def extra_repr(self) -> str:

@@ -33,19 +33,44 @@ class DistInfo:
 
 
 def init(device: str = "auto") -> DistInfo:
-    """Join the torchrun process group when launched by torchrun, else a single process."""
-    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    """Join the torchrun process group when launched by torchrun, else a single process.
+    Launch variables that are not torchrun's (set by hand, or left over in a shell) are a
+    ValueError that names them."""
+    if "RANK" not in os.environ or _env_int("WORLD_SIZE", 1) == 1:
         return DistInfo(0, 1, 0, resolve_device(device))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local = _env_int("LOCAL_RANK", 0)
+    if not 0 <= rank < world:
+        raise ValueError(f"environment variable RANK={rank} must be in [0, WORLD_SIZE={world})"
+                         f"; {LAUNCH}")
     dev = resolve_device(device)
     if dev.type == "cuda":
+        if not 0 <= local < torch.cuda.device_count():
+            raise ValueError(f"environment variable LOCAL_RANK={local}: this machine has "
+                             f"{torch.cuda.device_count()} CUDA GPU(s); {LAUNCH}")
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
-                                device_id=dev if dev.type == "cuda" else None)
+        try:
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
+                                    device_id=dev if dev.type == "cuda" else None)
+        except ValueError as err:     # e.g. MASTER_ADDR missing: not a torchrun launch
+            raise ValueError(f"RANK={rank} and WORLD_SIZE={world} are set but the process "
+                             f"group cannot start ({err}); {LAUNCH}") from None
     return DistInfo(rank, world, local, dev)
+
+
+LAUNCH = ("launch several processes with torchrun --nproc_per_node N, or unset RANK and "
+          "WORLD_SIZE for one process")
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} must be an integer; "
+                         f"{LAUNCH}") from None
 
 
 def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:

@@ -213,6 +213,10 @@ class ParallelSpec:
                              f"{self.data!r}")
 
 
+# Keys whose values are names from a list: a value of the wrong type names the list too
+CHOICES = {"parallel.data": DATA_MODES}
+
+
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
 # batch split may change too as long as the global batch stays (checked by the sampler).
 RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tokens",
@@ -297,7 +301,8 @@ def coerce(key: str, value, tp):
                 return None
         inner = [a for a in args if a is not type(None)]
         return coerce(key, value, inner[0]) if len(inner) == 1 else value
-    bad = TypeError(f"{key} must be {_type_name(tp)}, got {value!r}")
+    expected = (f"one of {', '.join(CHOICES[key])}" if key in CHOICES else _type_name(tp))
+    bad = TypeError(f"{key} must be {expected}, got {value!r}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise bad

@@ -14,11 +14,12 @@ from typing import Callable
 
 import torch
 
-from ..checks import UserError
+from ..checks import UserError, check_fits, gib
 from ..eval.phonebook import score
 from ..eval.routing import routing_hnorm
 from ..model import Transformer, TransformerConfig
 from ..nn.moe import MoEConfig
+from ..nn.peer import PEERConfig
 from ..tasks import phonebook as pb
 from ..runtime import autocast_dtype, progress_bar, resolve_device
 from .optim import make_optimizer
@@ -69,6 +70,29 @@ def phonebook_model_config(moe: MoEConfig, *, layers: int = 6,
                              max_seq_len=pb.SEQ_LEN)
 
 
+def training_memory(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig) -> int:
+    """Bytes a phonebook run needs at least: fp32 weights, gradients and AdamW's two moments
+    (16 a parameter), the phonebook's tokens, and per layer one batch's scores over every
+    expert (MoE / MoRE: the (tokens, M) softmax of the balancing loss; PEER: the two
+    (tokens, H, sqrt M) key scores), kept for the backward."""
+    m = model_cfg.moe
+    tokens = min(cfg.batch_size, cfg.size) * pb.SEQ_LEN
+    scores = 2 * m.heads * math.isqrt(m.experts) if isinstance(m, PEERConfig) else m.experts
+    return (16 * model_cfg.total_params() + 8 * cfg.size * pb.SEQ_LEN
+            + 4 * model_cfg.layers * tokens * (scores + 4 * m.hidden))
+
+
+def check_fits_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig) -> None:
+    """UserError before any allocation when the run cannot fit on its device."""
+    need = training_memory(model_cfg, cfg)
+    check_fits(need, f"{model_cfg.moe.label} x {model_cfg.layers} layers "
+               f"({model_cfg.total_params():,} parameters, {gib(16 * model_cfg.total_params())}"
+               f" with gradients and AdamW's moments) on batches of "
+               f"{min(cfg.batch_size, cfg.size):,}",
+               "give a smaller model (experts, --hidden, --width, --layers, --top-k, "
+               "--peer-heads) or --batch-size", resolve_device(cfg.device))
+
+
 @dataclass
 class PhonebookRun:
     name: str
@@ -105,6 +129,7 @@ def train_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
                     desc: str | None = None) -> tuple[PhonebookRun, Transformer]:
     """Train one model on a phonebook; returns the run record and the trained model."""
     dev = resolve_device(cfg.device)
+    check_fits_phonebook(model_cfg, cfg)
     amp = autocast_dtype(dev)
     book = pb.Phonebook(cfg.size, cfg.seed)
     tokens = book.tokens()
