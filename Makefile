@@ -1,5 +1,5 @@
 # Two commands start everything on a fresh machine with Python >= 3.11, pip and make:
-#   make demo   set up .venv and run `moremoe demo`
+#   make demo   set up .venv and run `moremoe demo` (into runs/demo, replacing the last one)
 #   make test   set up .venv and run the whole test suite
 # Both install the exact versions of requirements/lock-cpu.txt (scripts/install.sh locked).
 # And what CI runs after them:
@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml $(LOCK) scripts/install.sh
 	sh scripts/install.sh $(BIN)/python locked
 	touch $@
 
+# the demo's own folder: running it again replaces the last demo (--force)
 demo: setup
-	$(BIN)/moremoe demo
+	$(BIN)/moremoe demo --out runs/demo --force
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
