@@ -49,7 +49,7 @@ from .formats import render
 from .prepare import default_workers, locked, stream_rows
 from .recipe import RECIPES, describe, nominal_tokens, scale_for, scaled, select
 from .sources import encode
-from .streams import local_origin, open_sources
+from .streams import local_origin, open_sources, quiet_datasets, read_failure
 from .text import DTYPE, FORMAT, SPLITS, VERSION, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
@@ -117,7 +117,7 @@ def build_mixture(config: MixtureConfig, *, progress: bool = True, on_chunk=None
     local = {n: local_origin(n, path) for n, path in config.sources if n in names}
     out.mkdir(parents=True, exist_ok=True)
     partial = out / ".partial"
-    with locked(out, "moremoe data mixture"):
+    with locked(out, "moremoe data mixture"), quiet_datasets():
         _open_state(partial, _manifest(config, specs, local), config)
         records = {s.name: _finished_chunks(partial / s.name) for s in specs}
         todo = [s for s in specs if not (records[s.name] and records[s.name][-1]["done"])]
@@ -127,7 +127,7 @@ def build_mixture(config: MixtureConfig, *, progress: bool = True, on_chunk=None
         with ThreadPoolExecutor(config.workers) as pool:
             for spec in todo:
                 new_tokens += _tokenise(spec, streams[spec.name], partial / spec.name,
-                                        records[spec.name], (enc, pool, config),
+                                        records[spec.name], (enc, pool, config, local),
                                         progress=progress, on_chunk=on_chunk)
         summary = _assemble(config, specs, local, records, partial, progress=progress)
     seconds = time.perf_counter() - t0
@@ -231,7 +231,7 @@ def _documents(spec, rows, first: int, seed: int) -> list[str]:
 def _tokenise(spec, stream, folder: Path, records: list, ctx, *, progress, on_chunk) -> int:
     """Continue the source's chunks after ``records`` (appended to it) until it is done;
     returns the tokens added."""
-    enc, pool, config = ctx
+    enc, pool, config, local = ctx
     folder.mkdir(exist_ok=True)
     if records:
         stream.load_state_dict(records[-1]["state"])
@@ -248,9 +248,10 @@ def _tokenise(spec, stream, folder: Path, records: list, ctx, *, progress, on_ch
             try:
                 batch = list(islice(rows, _BATCH))
             except Exception as err:    # noqa: BLE001 - a corrupt file, a lost connection
-                raise ValueError(f"source {spec.name}: reading after row {read:,} failed "
-                                 f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); "
-                                 f"the finished chunks are kept for a rerun") from err
+                why = (read_failure(spec.name, local[spec.name], err) if spec.name in local
+                       else f"source {spec.name}: reading after row {read:,} failed "
+                            f"({type(err).__name__}: {' '.join(str(err).split())[:300]})")
+                raise ValueError(f"{why}; the finished chunks are kept for a rerun") from err
             texts = _documents(spec, batch, read, config.seed)
             read += len(batch)
             done = len(batch) < _BATCH

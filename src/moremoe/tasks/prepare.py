@@ -253,6 +253,8 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     T, v = config.seq_len, config.val_sequences
     tokens = sum(r["tokens"] for r in records)
     n_seq = tokens // T
+    if tokens == 0:
+        raise ValueError(_no_text(sources, config.text_field))
     if v >= n_seq:
         raise ValueError(f"too few sequences: the inputs give {tokens:,} tokens = {n_seq:,} "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
@@ -297,6 +299,17 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
         "documents", "tokens", "train_sequences", "val_sequences", "dropped_tokens",
         "seq_len", "input_files")},
         "files": {s: str(out / f"{s}.bin") for s in SPLITS} | {"meta": str(out / "meta.json")}}
+
+
+def _no_text(sources, text_field: str) -> str:
+    empty = [s.path for s in sources if s.size == 0]
+    if len(sources) == 1:
+        what = "is empty" if empty else f"holds no text (no document with text in " \
+                                        f"{text_field!r})"
+        return f"the input {sources[0].path} {what}; give a file with text"
+    some = f" ({len(empty):,} empty, e.g. {empty[0]})" if empty else ""
+    return (f"the {len(sources):,} input files{some} hold no text (no document with text in "
+            f"{text_field!r}); check the INPUT arguments")
 
 
 def stream_rows(shard_dir: Path, n_shards: int, T: int, n_seq: int, bar):
