@@ -3,6 +3,8 @@ on stderr naming the argument or file and what to do (exit status 2), nothing a 
 replaced without --force, and a size that does not fit says what to change."""
 import gzip
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +128,240 @@ def test_prepare_damaged_saved_dataset_names_the_folder(capsys, tmp_path):
         arrow.write_bytes(arrow.read_bytes()[:300])
     fails(capsys, _prepare(tmp_path, folder, text_field="text"),
           rf"dataset {folder}: cannot read it \(.*\); the folder is corrupt or truncated")
+
+
+# ---------------------------------------------------------------- convert-router
+
+def _moe_model(tmp_path, arch="MixtralConfig"):
+    """A tiny random transformers MoE saved to a folder (no tokenizer files)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    torch.manual_seed(0)
+    experts = {"MixtralConfig": dict(num_local_experts=4),
+               "Qwen3MoeConfig": dict(num_experts=4, moe_intermediate_size=16)}[arch]
+    cfg = getattr(transformers, arch)(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      vocab_size=64, num_experts_per_tok=2, **experts)
+    cfg.eos_token_id = cfg.bos_token_id = cfg.pad_token_id = None
+    path = tmp_path / arch
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    return path
+
+
+def _convert(model, out, *extra):
+    return ["convert-router", str(model), "--rank", "2", "--out", str(out), "--random-tokens",
+            "64", "--seq-len", "32", *extra]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble"])
+def test_convert_router_damaged_safetensors_names_the_file(capsys, tmp_path, damage):
+    model = _moe_model(tmp_path)
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:len(data) // 2] if damage == "truncate" else
+                        data[:8] + b"\xff" * 64 + data[72:])
+    fails(capsys, _convert(model, tmp_path / "o"),
+          rf"MODEL {model}: model.safetensors (has [\d,]+ bytes, its header describes [\d,]+ "
+          rf"\(truncated\)|cannot be read .*); the file is damaged: download or copy it again")
+    assert not (tmp_path / "o").exists()
+
+
+def test_convert_router_out_on_a_file_names_out(capsys, tmp_path):
+    model = _moe_model(tmp_path)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    fails(capsys, _convert(model, afile), rf"--out {afile} is a file; give a folder")
+    fails(capsys, _convert(model, afile, "--force"), rf"--out {afile} is a file")
+    assert afile.read_text() == "mine"
+
+
+def test_convert_router_text_without_a_tokenizer_says_so(capsys, tmp_path):
+    """transformers 5 builds an empty tokenizer for this folder (every text -> no ids)."""
+    model = _moe_model(tmp_path, "Qwen3MoeConfig")
+    text = tmp_path / "text.txt"
+    text.write_text("hello world " * 200)
+    fails(capsys, _convert(model, tmp_path / "o", "--text", str(text)),
+          rf"MODEL {model} has no tokenizer to read --text with \(none of tokenizer.json, .*\);"
+          rf" copy the model's tokenizer files into it, or give --random-tokens N instead")
+    from transformers import AutoTokenizer
+    AutoTokenizer.from_pretrained(model).save_pretrained(model)     # an empty tokenizer.json
+    fails(capsys, _convert(model, tmp_path / "o", "--text", str(text)),
+          rf"MODEL {model}: its tokenizer is empty \(only the special tokens .*\), so --text "
+          rf"would give no tokens")
+    text.write_bytes(b"caf\xe9")
+    fails(capsys, _convert(model, tmp_path / "o", "--text", str(text)),
+          rf"--text {text}: not UTF-8 text \(byte 3\)")
+
+
+# ---------------------------------------------------------------- train and eval
+
+TRAIN = ["--preset", "tiny-moe", "--device", "cpu", "--set", "model.seq_len=64",
+         "--set", "train.batch_size=4", "--set", "train.log_every=1",
+         "--set", "train.eval_batches=1", "--set", "train.ckpt_every=2"]
+
+
+@pytest.fixture(scope="module")
+def run4(text_data, tmp_path_factory):
+    """A tiny run (vocabulary from its byte-level data: 256) with checkpoints at steps 2, 4."""
+    out = tmp_path_factory.mktemp("run4") / "run"
+    assert main(["train", "--data", str(text_data), "--out", str(out), *TRAIN,
+                 "--set", "train.max_steps=4", "--json"]) == 0
+    return out
+
+
+def _copy(run, tmp_path):
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+def test_resume_with_data_of_another_vocabulary_names_both(capsys, run4, text_data, tmp_path):
+    run = _copy(run4, tmp_path)
+    other = tmp_path / "other"
+    shutil.copytree(text_data, other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "vocab_size": 300}))
+    fails(capsys, ["train", "--data", str(other), "--out", str(run), *TRAIN,
+                   "--set", "train.max_steps=6", "--resume"],
+          rf"cannot resume .*step_00000004: the run's model has a vocabulary of 256 \(from its "
+          rf"data, {text_data}\), the data --data {other} has vocab_size 300; resume with data "
+          rf"of the run's vocabulary, or start a new run with another --out")
+
+
+def test_eval_of_a_run_with_a_damaged_latest_checkpoint_says_which_it_uses(
+        capsys, run4, text_data, tmp_path):
+    run = _copy(run4, tmp_path)
+    weights = run / "checkpoints" / "step_00000004" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    report = tmp_path / "report.json"
+    capsys.readouterr()
+    assert main(["eval", str(run), "--tasks", "none", "--data", str(text_data), "--device",
+                 "cpu", "--out", str(report), "--json"]) == 0
+    captured = capsys.readouterr()
+    warning = [line for line in captured.err.splitlines() if "warning" in line]
+    older = run / "checkpoints" / "step_00000002"
+    assert len(warning) == 1 and warning[0].startswith("moremoe eval: warning: the newest "
+                                                       "checkpoint of ")
+    assert "step_00000004 (model.safetensors has" in warning[0]
+    assert f"evaluating {older} (step 2), the newest complete one" in warning[0]
+    assert json.loads(captured.out)["checkpoint"] == {"path": str(older), "step": 2}
+    assert json.loads(report.read_text())["checkpoint"] == {"path": str(older), "step": 2}
+
+
+def test_eval_of_an_intact_run_records_its_latest_checkpoint(capsys, run4, text_data):
+    capsys.readouterr()
+    assert main(["eval", str(run4), "--tasks", "none", "--data", str(text_data), "--device",
+                 "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err
+    assert f"checkpoint {run4 / 'checkpoints' / 'step_00000004'} (step 4)" in captured.out
+
+
+def test_eval_out_onto_a_report_needs_force_and_is_checked_first(capsys, run4, text_data,
+                                                                 tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text('{"tasks": {"sciq": {"n": 1000}}}')
+    fails(capsys, ["eval", str(tmp_path / "nowhere"), "--tasks", "none", "--data",
+                   str(text_data), "--out", str(report)],
+          rf"--out {report} exists; give another name or --force to replace it")
+    assert report.read_text() == '{"tasks": {"sciq": {"n": 1000}}}'
+    assert main(["eval", str(run4), "--tasks", "none", "--data", str(text_data), "--device",
+                 "cpu", "--out", str(report), "--force"]) == 0
+    assert json.loads(report.read_text())["perplexity"]["tokens"] > 0
+
+
+def test_train_never_writes_into_an_hf_export(capsys, text_data, tmp_path):
+    pytest.importorskip("transformers")
+    from test_cli_eval import hf_dir, tiny_gpt2_model
+    export = hf_dir(tmp_path, tiny_gpt2_model())
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    for extra in ([], ["--force"], ["--resume"]):
+        fails(capsys, ["train", "--data", str(text_data), "--out", str(export), *TRAIN,
+                       "--set", "train.max_steps=2", *extra],
+              rf"--out {export} holds a transformers model's config.json \(model_type "
+              rf"'moremoe', .*\), which a run would replace: it is never written into \(not "
+              rf"even with --force\)")
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+
+
+def test_train_into_a_folder_of_other_files_needs_force_and_keeps_them(capsys, text_data,
+                                                                      tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    argv = ["train", "--data", str(text_data), "--out", str(out), *TRAIN,
+            "--set", "train.max_steps=2"]
+    fails(capsys, argv, rf"--out {out} is not empty \(it holds notes.txt, ...\) and holds no "
+                        rf"moremoe run; give a new or empty folder, or --force")
+    fails(capsys, argv + ["--lr-grid", "1e-3", "--grid-steps", "1"], "holds no moremoe run")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert main(argv + ["--force", "--json"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "checkpoints").is_dir()
+
+
+# ---------------------------------------------------------------- out of memory
+
+GPU_OOM = ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+           "79.10 GiB of which 1.03 GiB is free. Including non-PyTorch memory, this process has "
+           "78.06 GiB memory in use.")
+
+
+def _raise_oom(*args, **kw):
+    import torch
+    raise torch.OutOfMemoryError(GPU_OOM)
+
+
+def test_train_out_of_memory_says_what_to_change(capsys, text_data, tmp_path, monkeypatch):
+    from moremoe.training.lm import LMTrainer
+    monkeypatch.setattr(LMTrainer, "_train_step", _raise_oom)
+    fails(capsys, ["train", "--data", str(text_data), "--out", str(tmp_path / "run"), *TRAIN,
+                   "--set", "train.max_steps=2"],
+          r"GPU 0 ran out of memory \(20.00 GiB more asked for, 1.03 GiB free of 79.10 GiB\): "
+          r"MoE-\d+ \(model.hidden=\d+, model.layers=\d+\) at train.batch_size=4 sequences of "
+          r"model.seq_len=64 per device and micro-step does not fit; lower the micro-batch "
+          r"\(--set train.batch_size=2 --set train.grad_accum=2 keeps the global batch\), the "
+          r"sequence length \(--set model.seq_len\) .* more GPUs \(torchrun --nproc_per_node N\)"
+          r" and shard the model over them \(--set parallel.data=fsdp\)$")
+
+
+def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_data, tmp_path,
+                                                                   monkeypatch):
+    import moremoe.training.lm as lm
+    monkeypatch.setattr(lm, "train", _raise_oom)
+    argv = ["train", "--data", str(text_data), "--out", str(tmp_path / "run"), *TRAIN,
+            "--set", "parallel.data=fsdp"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    line = fails(capsys, argv, r"GPU 0 ran out of memory .* more GPUs \(torchrun "
+                               r"--nproc_per_node N\)$")
+    assert "parallel.data=fsdp" not in line                      # already sharded
+
+
+def test_eval_and_convert_router_out_of_memory_name_their_options(capsys, run4, text_data,
+                                                                  tmp_path, monkeypatch):
+    import moremoe.eval.perplexity as perplexity
+    import moremoe.hf.convert_router as convert_router
+    monkeypatch.setattr(perplexity, "evaluate_perplexity", _raise_oom)
+    fails(capsys, ["eval", str(run4), "--tasks", "none", "--data", str(text_data), "--device",
+                   "cpu", "--batch-size", "16"],
+          rf"GPU 0 ran out of memory .*: {run4} at --batch-size 16 does not fit; lower "
+          rf"--batch-size")
+    monkeypatch.setattr(convert_router, "capture_router_inputs", _raise_oom)
+    fails(capsys, _convert(_moe_model(tmp_path), tmp_path / "o"),
+          r"GPU 0 ran out of memory .*: MODEL .* with the hidden states of its routers does not "
+          r"fit; lower --random-tokens or --max-tokens")
+
+
+def test_any_command_out_of_memory_is_one_line_not_a_bug_report(capsys, monkeypatch):
+    import moremoe.cli.plan as plan
+
+    def cpu_oom(args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 1152921504606846976 "
+                           "bytes. Error code 12 (Cannot allocate memory)")
+    monkeypatch.setattr(plan, "cmd_flops", cpu_oom)
+    fails(capsys, ["flops", "--experts", "4", "--top-k", "2", "--hidden", "8", "--width", "4"],
+          r"the machine ran out of memory \(1,073,741,824.0 GiB more asked for\): what was "
+          r"asked for does not fit; use smaller sizes")

@@ -132,6 +132,25 @@ def check_output_file(path: str | Path, flag: str) -> Path:
     return path
 
 
+def check_new_output(path: str | Path, flag: str, force: bool, *,
+                     folder: bool = False) -> Path:
+    """An output that must not replace what a user has without --force, checked before any
+    work: a file that exists (folder=False), or a folder that holds anything (folder=True),
+    is refused unless force; then check_output_file / check_output_dir. ValueError naming
+    the flag."""
+    path = Path(path)
+    if folder:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{flag} {path} is a file; give a folder to write into")
+        if path.is_dir() and any(path.iterdir()) and not force:
+            raise ValueError(f"{flag} {path} is not empty; give a new folder or --force to "
+                             f"write into it")
+        return check_output_dir(path, flag)
+    if path.exists() and not path.is_dir() and not force:
+        raise ValueError(f"{flag} {path} exists; give another name or --force to replace it")
+    return check_output_file(path, flag)
+
+
 def _why(err: OSError) -> str:
     if isinstance(err, (NotADirectoryError, FileExistsError)):
         return "a part of the path is a file, not a folder"

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from .args import _add_json, _float_list, _positive_float, _positive_int
+from .memory import advise_on_memory
 from ..report import emit, human, table
 
 DESCRIPTION = """\
@@ -86,17 +87,39 @@ def cmd_train(args) -> int:
                            stop_step=args.stop_step, device=args.device,
                            peak_tflops=args.peak_tflops)
     echo = printer(sys.stderr if args.json else sys.stdout)
-    if args.lr_grid:
-        from dataclasses import replace
-        from ..training.lr_grid import select_lr
-        if args.grid_steps is None:
-            raise ValueError("--lr-grid needs --grid-steps N (the steps of each candidate run)")
-        best = select_lr(cfg, args.lr_grid, args.grid_steps, echo=echo)["lr"]
-        cfg = replace(cfg, optim=replace(cfg.optim, lr=best))
-    summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
+    with advise_on_memory(*_sizing(cfg)):
+        if args.lr_grid:
+            from dataclasses import replace
+            from pathlib import Path
+            from ..training.checkpoint import check_run_dir
+            from ..training.lm import default_out
+            from ..training.lr_grid import select_lr
+            if args.grid_steps is None:
+                raise ValueError("--lr-grid needs --grid-steps N (the steps of each candidate "
+                                 "run)")
+            check_run_dir(Path(cfg.train.out or default_out(cfg)), force=args.force)
+            best = select_lr(cfg, args.lr_grid, args.grid_steps, echo=echo)["lr"]
+            cfg = replace(cfg, optim=replace(cfg.optim, lr=best))
+        summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
     if _is_rank0():
         emit(args, summary, _summary_table(summary))
     return summary["exit_code"]
+
+
+def _sizing(cfg) -> tuple[str, str]:
+    """What a run that runs out of memory holds, and the settings that make it smaller."""
+    m, t = cfg.model, cfg.train
+    what = (f"{m.name} (model.hidden={m.hidden}, model.layers={m.layers}) at "
+            f"train.batch_size={t.batch_size} sequences of model.seq_len={m.seq_len} per "
+            f"device and micro-step")
+    halve = (f"the micro-batch (--set train.batch_size={t.batch_size // 2} --set "
+             f"train.grad_accum={2 * t.grad_accum} keeps the global batch), "
+             if t.batch_size > 1 else "")
+    change = (f"lower {halve}the sequence length (--set model.seq_len) or the model's size, "
+              f"or use more GPUs (torchrun --nproc_per_node N)")
+    if cfg.parallel.data != "fsdp":
+        change += " and shard the model over them (--set parallel.data=fsdp)"
+    return what, change
 
 
 def _is_rank0() -> bool:

@@ -27,6 +27,21 @@ PAPER_METRIC = {"triviaqa": "f1", "nq_open": "f1", "hellaswag": "acc_norm", "arc
                 "sciq": "acc", "winogrande": "acc"}
 
 
+def resolve_eval_model(path: str | Path) -> tuple[Path, dict | None, list]:
+    """(path to load, checkpoint, passed over): a transformers directory as it is (checkpoint
+    None); a moremoe checkpoint, or a run directory's newest checkpoint with complete model
+    files, as {"path", "step"} (step None for a folder not named step_N), with the run's
+    newer incomplete checkpoints that were passed over (model.checkpoint.choose)."""
+    from ..model.checkpoint import choose, step_of
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"model path {str(path)!r} does not exist")
+    if _transformers_dir(path):
+        return path, None, []
+    ckpt, passed = choose(path, weights_only=True)
+    return ckpt, {"path": str(ckpt), "step": step_of(ckpt)}, passed
+
+
 def load_eval_model(path: str | Path, device="cpu"):
     """The Transformer of a transformers directory (config.json with model_type "moremoe"), or
     of a moremoe checkpoint or run directory, in eval mode on device."""
