@@ -144,7 +144,9 @@ def add_eval_parser(sub) -> None:
                        description="Validation perplexity on a prepared data directory (--data) "
                        "and zero-shot lm-evaluation-harness tasks, each task's metrics with "
                        "standard errors, as the paper's table. MODEL is a checkpoint, a run "
-                       "directory (its latest checkpoint) or a transformers directory.")
+                       "directory (its newest checkpoint with complete model files; newer "
+                       "incomplete ones are named in a warning) or a transformers directory; "
+                       "the report records the checkpoint's path and step.")
     p.add_argument("model", metavar="MODEL", help="checkpoint, run or transformers directory")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="prepared data directory (moremoe data prepare): perplexity on val.bin")

@@ -21,6 +21,7 @@ global batch is batch_size x GPUs x grad_accum).
 
 A run directory that already holds a run is continued with --resume (from its newest
 complete checkpoint; incomplete ones are named and skipped) or started over with --force.
+Running out of memory is one line naming the settings that make the run smaller.
 A step whose loss or gradient norm is not finite stops the run before it updates the
 weights (train.nan_policy=skip skips such steps instead).
 
@@ -141,7 +142,9 @@ def add_train_parser(sub) -> None:
                         "(repeatable; values are YAML: null, true, [0.9, 0.95])")
     p.add_argument("--data", default=None, help="prepared data directory (train.data)")
     p.add_argument("--out", default=None,
-                   help="run directory (train.out; default runs/train/<preset>)")
+                   help="run directory (train.out; default runs/train/<preset>): new, empty "
+                        "or a run; a folder of other files only with --force, never one "
+                        "whose config.json a run would replace (an hf export, a checkpoint)")
     p.add_argument("--max-steps", type=_positive_int, default=None,
                    help="schedule length in optimizer steps (train.max_steps)")
     p.add_argument("--max-minutes", type=_positive_float, default=None,
