@@ -365,3 +365,71 @@ def test_any_command_out_of_memory_is_one_line_not_a_bug_report(capsys, monkeypa
     fails(capsys, ["flops", "--experts", "4", "--top-k", "2", "--hidden", "8", "--width", "4"],
           r"the machine ran out of memory \(1,073,741,824.0 GiB more asked for\): what was "
           r"asked for does not fit; use smaller sizes")
+
+
+# ---------------------------------------------------------------- the other commands
+
+def test_prepare_sizes_that_cannot_work_say_what_to_change(capsys, tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_text("hello world " * 100)
+    fails(capsys, ["data", "prepare", str(text), "--out", str(tmp_path / "p"), "--shard-mb",
+                   "1e-300"], r"--shard-mb must be at least 0.01 \(10 KB\), got 1e-300")
+    fails(capsys, ["data", "prepare", str(text), "--out", str(tmp_path / "p"), "--seq-len",
+                   "100000", "--no-progress", "--workers", "1"],
+          r"the inputs give 202 tokens = 0 sequences of --seq-len 100000, .* use a --seq-len "
+          r"below 101, or more text")
+
+
+def test_data_corpus_never_replaces_other_text_without_force(capsys, tmp_path):
+    out = tmp_path / "corpus"
+    assert main(["data", "corpus", str(out)]) == 0
+    assert main(["data", "corpus", str(out)]) == 0                  # the same corpus again
+    (out / "assert.txt").write_text("my notes")
+    fails(capsys, ["data", "corpus", str(out)],
+          rf"{out / 'assert.txt'} exists and holds other text; pass --force to replace it")
+    assert (out / "assert.txt").read_text() == "my notes"
+    assert main(["data", "corpus", str(out), "--force"]) == 0
+    assert (out / "assert.txt").read_text().startswith('The "assert" statement')
+
+
+def test_train_seed_and_a_model_that_cannot_fit_are_refused_up_front(capsys, text_data,
+                                                                     tmp_path):
+    argv = ["train", "--data", str(text_data), "--out", str(tmp_path / "run"), *TRAIN]
+    fails(capsys, argv + ["--set", "train.seed=-1"], r"train.seed must be >= 0, got -1")
+    fails(capsys, argv + ["--set", "model.experts=1e15"],
+          r"the model has [\d,]+ parameters: their fp32 weights, gradients and AdamW states "
+          r"alone need [\d,.]+ GiB on cpu, which has [\d,.]+ GiB; make it smaller")
+    assert not (tmp_path / "run").exists()
+
+
+def test_footprint_counts_16_bytes_a_parameter_shared_by_fsdp_ranks():
+    import torch
+    from moremoe.training.footprint import check_fits
+    gpu = torch.device("cuda", 0)
+    check_fits(10**9, gpu, have=16 * 10**9)                               # exactly fits
+    with pytest.raises(ValueError, match=r"need 14.9 GiB on cuda:0, which has 14.9 GiB; .*"
+                                         r"--set parallel.data=fsdp"):
+        check_fits(10**9 + 1, gpu, have=16 * 10**9)
+    check_fits(2 * 10**9, gpu, world=2, sharded=True, have=16 * 10**9)
+    with pytest.raises(ValueError, match="on each of the 2 ranks"):
+        check_fits(3 * 10**9, gpu, world=2, sharded=True, have=16 * 10**9)
+
+
+def test_eval_of_another_kind_of_transformers_model_names_it(capsys, tmp_path, text_data):
+    model = _moe_model(tmp_path)
+    fails(capsys, ["eval", str(model), "--tasks", "none", "--data", str(text_data)],
+          rf"MODEL {model} is a transformers model of model_type 'mixtral'; eval reads moremoe "
+          rf"models")
+
+
+def test_plot_of_a_corrupt_or_empty_log_is_an_error(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text("garbage\n")
+    fails(capsys, ["plot", str(run), "--out", str(tmp_path / "a.png")],
+          rf"{run / 'log.jsonl'} holds no events of a run yet")
+    (run / "log.jsonl").write_text('{"event": "start", "step": 0}\n{"eve\n'
+                                   '{"event": "train", "step": 1, "loss": 2.0}\n')
+    fails(capsys, ["plot", str(run), "--out", str(tmp_path / "a.png")],
+          rf"{run / 'log.jsonl'}, line 2: not JSON; the log is corrupt")
+    assert not (tmp_path / "a.png").exists()

@@ -177,11 +177,9 @@ def add_train_parser(sub) -> None:
 
 def cmd_plot(args) -> int:
     from pathlib import Path
-    from ..report import check_output_file
+    from ..report import check_new_output
     from ..training.run_plot import plot_runs, read_events
-    out = check_output_file(Path(args.out), "--out")
-    if out.exists() and not args.force:
-        raise ValueError(f"--out {out} exists; give another name or --force to replace it")
+    out = check_new_output(Path(args.out), "--out", args.force)
     runs, names = {}, args.names or []
     if names and len(names) != len(args.runs):
         raise ValueError(f"--names gives {len(names)} names for {len(args.runs)} runs")

@@ -38,6 +38,11 @@ def resolve_eval_model(path: str | Path) -> tuple[Path, dict | None, list]:
         raise ValueError(f"model path {str(path)!r} does not exist")
     if _transformers_dir(path):
         return path, None, []
+    other = _model_type(path)
+    if other is not None:
+        raise ValueError(f"MODEL {path} is a transformers model of model_type {other!r}; "
+                         f"eval reads moremoe models: a checkpoint, a run directory or a "
+                         f"folder written by `moremoe hf export`")
     ckpt, passed = choose(path, weights_only=True)
     return ckpt, {"path": str(ckpt), "step": step_of(ckpt)}, passed
 
@@ -58,11 +63,16 @@ def load_eval_model(path: str | Path, device="cpu"):
 def _transformers_dir(path: Path) -> bool:
     """Whether path holds a transformers config.json of model_type "moremoe" (a moremoe
     checkpoint's config.json, or a damaged one, is not: load_model reports on those)."""
+    return _model_type(path) == "moremoe"
+
+
+def _model_type(path: Path) -> str | None:
+    """The model_type of a transformers config.json in path, else None."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") == "moremoe"
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = None,

@@ -323,10 +323,11 @@ def _assemble(config, specs, local, records, partial: Path, *, progress) -> dict
     taken = [sum(r["tokens"] for r in records[s.name]) for s in specs]
     rows = [t // T for t in taken]
     if v >= sum(rows):
+        fix = f"use --val-sequences below {sum(rows):,}" if sum(rows) > 1 else \
+            f"use a --seq-len below {max(taken) // 2:,}"
         raise ValueError(f"too few sequences: the mixture gives {sum(rows):,} distinct "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; use --val-sequences below {sum(rows):,}, or a larger "
-                         f"--scale / --tokens")
+                         f"for training; {fix}, or a larger --scale / --tokens")
     held = draw_validation(rows, [s.repeats for s in specs], v, config.seed)
     hashes = _write_splits(specs, records, rows, held, partial, T, progress=progress)
     table = [_source_row(spec, local, records[spec.name], t, n, len(h), T)

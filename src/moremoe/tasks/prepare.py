@@ -45,6 +45,9 @@ from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 _START = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+MIN_SHARD_MB = 0.01
+
+
 def default_workers() -> int:
     return min(8, os.cpu_count() or 1)
 
@@ -69,8 +72,9 @@ class PrepareConfig:
         for name, low in (("seq_len", 2), ("val_sequences", 0), ("workers", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if not self.shard_mb > 0:
-            raise ValueError(f"shard_mb must be positive, got {self.shard_mb}")
+        if not self.shard_mb >= MIN_SHARD_MB:    # each shard is two files in DIR/.partial
+            raise ValueError(f"--shard-mb must be at least {MIN_SHARD_MB} (10 KB), got "
+                             f"{self.shard_mb:g}")
 
 
 # ---------------------------------------------------------------- shards
@@ -256,9 +260,11 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     if tokens == 0:
         raise ValueError(_no_text(sources, config.text_field))
     if v >= n_seq:
+        fix = f"use --val-sequences below {n_seq:,}" if n_seq > 1 else \
+            f"use a --seq-len below {tokens // 2:,}"
         raise ValueError(f"too few sequences: the inputs give {tokens:,} tokens = {n_seq:,} "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; use --val-sequences below {n_seq:,}, or more text")
+                         f"for training; {fix}, or more text")
     is_val = np.zeros(n_seq, dtype=bool)
     is_val[np.random.default_rng(config.seed).choice(n_seq, size=v, replace=False)] = True
     paths = {s: partial / f"{s}.bin" for s in SPLITS}

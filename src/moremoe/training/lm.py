@@ -34,6 +34,7 @@ from ..runtime import autocast_dtype, environment
 from ..tasks.text import open_tokens, read_meta
 from ..model import checkpoint as stored
 from . import checkpoint as ckpt
+from . import footprint
 from . import run_plot
 from .config import RunConfig
 from .data import Batches, check_ids, rows_of
@@ -115,6 +116,8 @@ class LMTrainer:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
         self.model_config = cfg.model.transformer_config(self.vocab)
+        footprint.check_fits(self.model_config.total_params(), self.dev, world=self.info.world,
+                             sharded=cfg.parallel.data == "fsdp")
         self.model = Transformer(self.model_config).to(self.dev)
         self._pending = None        # a checkpoint's optimizer and scheduler, once they exist
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
