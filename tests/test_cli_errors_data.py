@@ -72,6 +72,17 @@ def test_mixture_torn_json_line_names_source_file_and_line(capfd, tmp_path):
           rf"source piqa \({path}\): line 11 is not JSON \(.*\): the line is cut short")
 
 
+@pytest.mark.parametrize("line, why", [
+    (b'["a list", "not a row"]\n', r"line 4 holds a JSON list, not an object .*; give one "
+                                    r"JSON object per row"),
+    (b'{"goal": "caf\xe9", "sol1": "a", "sol2": "b", "label": 0}\n',
+     r"line 4 is not UTF-8 \(byte 13 of the line\): the file is corrupt; download it again")])
+def test_mixture_line_that_is_no_row_is_named(capfd, tmp_path, line, why):
+    path = tmp_path / "piqa.jsonl"
+    path.write_bytes(b"".join(_piqa_lines(3)) + line + b"".join(_piqa_lines(3)))
+    fails(capfd, _mixture(tmp_path, path), rf"source piqa \({path}\): {why}")
+
+
 def test_mixture_torn_line_in_a_later_file_is_found_while_tokenising(capfd, tmp_path):
     """The first file reads well (the sources are checked on it); the second is torn and
     fails only once tokenising reaches it."""
@@ -92,7 +103,7 @@ def test_mixture_damaged_saved_dataset_names_source_and_folder(capfd, tmp_path):
     for arrow in folder.glob("*.arrow"):
         arrow.write_bytes(arrow.read_bytes()[:200])
     fails(capfd, _mixture(tmp_path, folder),
-          rf"source piqa \({folder}\): cannot read it \(.*\); is it a complete copy")
+          rf"source piqa \({folder}\): cannot read it \(.*\); give a complete copy")
 
 
 # ---------------------------------------------------------------- data prepare

@@ -81,8 +81,10 @@ def _line_fault(line: bytes) -> str | None:
         return None
     try:
         obj = json.loads(line)
-    except ValueError as err:       # JSONDecodeError and UnicodeDecodeError
-        return (f"is not JSON ({_short(err)}): the line is cut short or the file is corrupt")
+    except UnicodeDecodeError as err:
+        return f"is not UTF-8 (byte {err.start} of the line): the file is corrupt"
+    except ValueError as err:
+        return f"is not JSON ({_short(err)}): the line is cut short or the file is corrupt"
     if not isinstance(obj, dict):
         return f"holds a JSON {type(obj).__name__}, not an object (one row per line)"
     return None

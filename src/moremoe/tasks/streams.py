@@ -177,13 +177,14 @@ def read_failure(name: str, origin: dict, err: BaseException) -> str:
         for rel, _, _ in origin["files"]:
             why = file_fault(base / rel)
             if why:
-                do = "give a copy that holds its rows" if why == "the file is empty" else \
-                    "download it again"
+                do = ("give a copy that holds its rows" if why == "the file is empty" else
+                      "give one JSON object per row" if "not an object" in why else
+                      "download it again")
                 return f"source {name} ({base / rel}): {why}; {do}, or leave the source out " \
                        f"with --skip {name}"
     text = " ".join(str(err).split())[:300] or "no message"
     return (f"source {name} ({origin['path']}): cannot read it ({type(err).__name__}: {text}); "
-            f"is it a complete copy in the source's Hub schema?")
+            f"give a complete copy in the source's Hub schema, one schema in every file")
 
 
 @contextlib.contextmanager
