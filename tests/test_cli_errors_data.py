@@ -18,8 +18,9 @@ ONE = ["--skip", ",".join(s.name for s in PAPER if s.name != "piqa"), "--seq-len
        "--val-sequences", "2", "--workers", "1", "--no-progress"]
 
 
-def _mixture(tmp_path, path):
-    return ["data", "mixture", "--out", str(tmp_path / "mix"), "--source", f"piqa={path}", *ONE]
+def _mixture(tmp_path, path, out=None):
+    return ["data", "mixture", "--out", str(out or tmp_path / "mix"), "--source",
+            f"piqa={path}", *ONE]
 
 
 def _piqa_lines(n=40):
@@ -444,3 +445,18 @@ def test_plot_of_a_corrupt_or_empty_log_is_an_error(capsys, tmp_path):
     fails(capsys, ["plot", str(run), "--out", str(tmp_path / "a.png")],
           rf"{run / 'log.jsonl'}, line 2: not JSON; the log is corrupt")
     assert not (tmp_path / "a.png").exists()
+
+
+def test_prepare_and_mixture_never_replace_token_files_without_meta(capsys, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.bin").write_bytes(b"mine")
+    text = tmp_path / "a.txt"
+    text.write_text("hello world " * 100)
+    argv = ["data", "prepare", str(text), "--out", str(out), "--seq-len", "8",
+            "--val-sequences", "1", "--workers", "1", "--no-progress"]
+    fails(capsys, argv, rf"{out} holds train.bin but no meta.json \(not a finished prepared "
+                        rf"folder\); pass --force to replace what is there")
+    fails(capsys, _mixture(tmp_path, text, out), rf"{out} holds train.bin but no meta")
+    assert (out / "train.bin").read_bytes() == b"mine"
+    assert main(argv + ["--force"]) == 0 and (out / "meta.json").is_file()

@@ -50,7 +50,7 @@ from .prepare import default_workers, locked, stream_rows
 from .recipe import RECIPES, describe, nominal_tokens, scale_for, scaled, select
 from .sources import encode
 from .streams import local_origin, open_sources, quiet_datasets, read_failure
-from .text import DTYPE, FORMAT, SPLITS, VERSION, file_sha256
+from .text import DTYPE, FORMAT, SPLITS, VERSION, check_replace, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
 _BATCH = 64     # rows per read: the encode threads' unit of work; chunk ends fall after one
@@ -107,9 +107,7 @@ def build_mixture(config: MixtureConfig, *, progress: bool = True, on_chunk=None
     interruption does)."""
     t0 = time.perf_counter()
     out = Path(config.out)
-    if (out / "meta.json").exists() and not config.force:
-        raise ValueError(f"{out} already holds prepared data ({out / 'meta.json'}); pass "
-                         f"--force to replace it")
+    check_replace(out, config.force)
     specs = config.plan()
     check_output_dir(out, "--out")
     enc = gpt2_encoding(config.tokenizer_ranks)

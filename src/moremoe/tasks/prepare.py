@@ -38,7 +38,7 @@ import numpy as np
 from ..report import check_output_dir, write_json
 from ..runtime import __version__, progress_bar
 from .sources import Source, check_text_field, discover_sources, documents, encode, plan_shards
-from .text import DTYPE, FORMAT, SPLITS, VERSION, file_sha256
+from .text import DTYPE, FORMAT, SPLITS, VERSION, check_replace, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
 # fork shares the loaded tokenizer and skips re-importing torch in every worker
@@ -206,9 +206,7 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
     an interruption does)."""
     t0 = time.perf_counter()
     out = Path(config.out)
-    if (out / "meta.json").exists() and not config.force:
-        raise ValueError(f"{out} already holds prepared data ({out / 'meta.json'}); pass "
-                         f"--force to replace it")
+    check_replace(out, config.force)
     check_output_dir(out, "--out")                # as a bad ranks file: before any work
     gpt2_encoding(config.tokenizer_ranks)
     sources = discover_sources(config.inputs)

@@ -35,6 +35,23 @@ _COUNTS = (("vocab_size", 1), ("eot_id", 0), ("seq_len", 2), ("train_sequences",
 _BLOCK_TOKENS = 1 << 24     # 32 MiB of tokens per read when hashing and range-checking
 
 
+def check_replace(out: str | Path, force: bool) -> None:
+    """Before `data prepare` or `data mixture` writes into out: prepared data (meta.json), or
+    files of the names they write without one (another tool's, or an output whose --force
+    rerun was stopped), are replaced only with force. ValueError naming them."""
+    out = Path(out)
+    if force:
+        return
+    if (out / "meta.json").exists():
+        raise ValueError(f"{out} already holds prepared data ({out / 'meta.json'}); pass "
+                         f"--force to replace it")
+    held = [n for n in [f"{s}.bin" for s in SPLITS] + ["mixture.json"] if (out / n).exists()]
+    if held:
+        raise ValueError(f"{out} holds {', '.join(held)} but no meta.json (not a finished "
+                         f"prepared folder); pass --force to replace what is there, or give "
+                         f"another --out")
+
+
 def read_meta(dir: str | Path) -> dict:
     """meta.json of a prepared directory; ValueError if it is missing or not this format."""
     path = Path(dir) / "meta.json"
