@@ -460,3 +460,15 @@ def test_prepare_and_mixture_never_replace_token_files_without_meta(capsys, tmp_
     fails(capsys, _mixture(tmp_path, text, out), rf"{out} holds train.bin but no meta")
     assert (out / "train.bin").read_bytes() == b"mine"
     assert main(argv + ["--force"]) == 0 and (out / "meta.json").is_file()
+
+
+def test_eval_of_an_export_with_damaged_weights_names_the_file(capsys, tmp_path, text_data):
+    pytest.importorskip("transformers")
+    from test_cli_eval import hf_dir, tiny_gpt2_model
+    export = hf_dir(tmp_path, tiny_gpt2_model())
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    fails(capsys, ["eval", str(export), "--tasks", "none", "--data", str(text_data),
+                   "--device", "cpu"],
+          rf"MODEL {export}: model.safetensors has [\d,]+ bytes, its header describes [\d,]+ "
+          rf"\(truncated\); the file is damaged: export or copy it again")

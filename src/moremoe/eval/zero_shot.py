@@ -54,10 +54,22 @@ def load_eval_model(path: str | Path, device="cpu"):
     if not path.exists():
         raise ValueError(f"model path {str(path)!r} does not exist")
     if _transformers_dir(path):
-        from ..hf import MoremoeForCausalLM
-        return MoremoeForCausalLM.from_pretrained(path).to_transformer().to(device).eval()
+        return _load_export(path).to(device).eval()
     from ..model.checkpoint import load_model
     return load_model(path, device=device).eval()
+
+
+def _load_export(path: Path):
+    """The Transformer of a folder written by `moremoe hf export`; a damaged weights file is
+    named before transformers reads it (it fails with an error of its own type)."""
+    from ..hf import MoremoeForCausalLM
+    from ..model.checkpoint import safetensors_problem
+    for weights in sorted(path.glob("*.safetensors")):
+        why = safetensors_problem(weights)
+        if why:
+            raise ValueError(f"MODEL {path}: {weights.name} {why}; the file is damaged: export "
+                             f"or copy it again")
+    return MoremoeForCausalLM.from_pretrained(path).to_transformer()
 
 
 def _transformers_dir(path: Path) -> bool:
