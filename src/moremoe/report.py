@@ -141,24 +141,29 @@ def check_output_file(path: str | Path, flag: str) -> Path:
     return path
 
 
-def check_not_replacing(flag: str, target: str | Path, names=None, *, force: bool) -> None:
-    """What a command is about to write must not exist yet unless force: the file target, or
-    the files `names` in the folder target. A report, plot or export from an earlier run is
-    replaced only with --force; call it before any work starts. ValueError naming the flag
-    and what is there."""
-    target = Path(target)
-    if force:
-        return
-    if names is None:
-        if target.exists():
-            raise ValueError(f"{flag} {target} exists; give another name or --force to "
-                             f"replace it")
-        return
-    found = [n for n in names if (target / n).exists()]
-    if found:
-        raise ValueError(f"{flag} {target} already holds {', '.join(found)} from an earlier "
-                         f"run; give another folder or --force to replace "
-                         f"{'it' if len(found) == 1 else 'them'}")
+def check_new_output(path: str | Path, flag: str, force: bool, *, names=None,
+                     folder: bool = False) -> Path:
+    """The one check of every writer that must not replace what a user has without --force,
+    called before any work: the file path (by default), the files `names` a command writes
+    into the folder path, or (folder=True) a folder that holds anything. What exists is
+    refused unless force; then the output is probed (check_output_file / check_output_dir).
+    ValueError naming the flag and what is there."""
+    path = Path(path)
+    if names is not None or folder:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{flag} {path} is a file; give a folder to write into")
+        found = [n for n in names if (path / n).exists()] if names is not None else []
+        if found and not force:
+            raise ValueError(f"{flag} {path} already holds {', '.join(found)} from an "
+                             f"earlier run; give another folder or --force to replace "
+                             f"{'it' if len(found) == 1 else 'them'}")
+        if folder and path.is_dir() and any(path.iterdir()) and not force:
+            raise ValueError(f"{flag} {path} is not empty; give a new folder or --force to "
+                             f"write into it")
+        return check_output_dir(path, flag)
+    if path.exists() and not path.is_dir() and not force:
+        raise ValueError(f"{flag} {path} exists; give another name or --force to replace it")
+    return check_output_file(path, flag)
 
 
 def _why(err: OSError) -> str:

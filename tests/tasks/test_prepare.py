@@ -158,10 +158,10 @@ def test_input_discovery_and_errors(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("name, content, message", [
-    ("bad.jsonl", b'{"text": "ok"}\n{"text": "cut', r"bad.jsonl, byte 15: not a JSON line"),
-    ("field.jsonl", b'{"body": "x"}\n', r"field.jsonl, byte 0: no field 'text' \(has: body\); "
+    ("bad.jsonl", b'{"text": "ok"}\n{"text": "cut', r"bad.jsonl, line 2 \(byte 15\): not a JSON line"),
+    ("field.jsonl", b'{"body": "x"}\n', r"field.jsonl, line 1 \(byte 0\): no field 'text' \(has: body\); "
                                          r"choose the text field with --text-field"),
-    ("num.jsonl", b'{"text": "a"}\n{"text": 3}\n', r"byte 14: 'text' is int, expected a string"),
+    ("num.jsonl", b'{"text": "a"}\n{"text": 3}\n', r"line 2 \(byte 14\): 'text' is int, expected a string"),
     ("latin.txt", b"caf\xe9", r"latin.txt: not UTF-8 at byte 3 of the file"),
     ("cut.jsonl.gz", gzip.compress(b'{"text": "x"}\n' * 200)[:-12],
      r"cut.jsonl.gz: corrupt or truncated gzip file"),

@@ -4,39 +4,90 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..report import check_output_dir, emit, table, write_json
+from ..model.checkpoint import safetensors_problem
+from ..report import check_new_output, emit, table, write_json
 from .args import EPILOG, _add_json, _int_at_least, _int_list, _positive_int
+from .memory import advise_on_memory, out_of_memory
 
 
-def _load_model(path: str):
-    from transformers import AutoModelForCausalLM
+def _check_model_folder(path: str) -> None:
+    """A transformers model folder whose safetensors files are whole, before any loading."""
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ValueError(f"MODEL {path}: not a transformers model folder (no config.json); "
                          f"real checkpoints need their weights downloaded first, e.g. "
                          f"`huggingface-cli download Qwen/Qwen3-30B-A3B --local-dir {path}`")
+    for weights in sorted(folder.glob("*.safetensors")):    # before transformers reads them
+        why = safetensors_problem(weights)
+        if why:
+            raise ValueError(f"MODEL {path}: {weights.name} {why}; the file is damaged: "
+                             f"download or copy it again")
+
+
+def _load_model(path: str):
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging
     logging.disable_progress_bar()          # errors and reports stay the only stderr lines
-    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    try:
+        return AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True)
+    except Exception as err:    # noqa: BLE001 - a damaged .bin, an unknown model_type, ...
+        if out_of_memory(err):
+            raise
+        text = " ".join(str(err).split())[:300]
+        raise ValueError(f"MODEL {path}: transformers cannot load it ({type(err).__name__}: "
+                         f"{text}); is it a complete transformers model folder?") from err
 
 
-def _tokens(args, model):
-    """(B, T) token ids: the --text file through the model's tokenizer, or random ids."""
-    import torch
+# files one of which a transformers tokenizer folder holds
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "vocab.txt", "spiece.model", "tokenizer.tiktoken")
+
+
+def _tokenizer(model: str):
+    """The model folder's tokenizer; ValueError when it has none. transformers 5 builds an
+    empty tokenizer (only special tokens: every text -> []) for a folder without tokenizer
+    files, so the files are looked for first and the vocabulary checked after."""
+    instead = "copy the model's tokenizer files into it, or give --random-tokens N instead"
+    if not any((Path(model) / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"MODEL {model} has no tokenizer to read --text with (none of "
+                         f"{', '.join(TOKENIZER_FILES)}); {instead}")
+    try:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"MODEL {model}: its tokenizer cannot be loaded to read --text "
+                         f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
+                         f"{instead}") from err
+    if not set(tok.get_vocab()) - set(tok.all_special_tokens):
+        raise ValueError(f"MODEL {model}: its tokenizer is empty (only the special tokens "
+                         f"{', '.join(tok.all_special_tokens) or 'none'}), so --text would "
+                         f"give no tokens; {instead}")
+    return tok
+
+
+def _read_text(args) -> str | None:
+    """The --text file's text (checked before the model is loaded), or None."""
     if args.text is None:
+        return None
+    text = Path(args.text)
+    if not text.is_file():
+        raise ValueError(f"--text {args.text}: {'a folder' if text.is_dir() else 'no such'} "
+                         f"file; give a text file")
+    try:
+        return text.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--text {args.text}: not UTF-8 text (byte {err.start:,}); give a "
+                         f"UTF-8 text file") from None
+
+
+def _tokens(args, model, text: str | None, tok):
+    """(B, T) token ids: the --text through the model's tokenizer, or random ids."""
+    import torch
+    if text is None:
         g = torch.Generator().manual_seed(args.seed)
         n = max(1, args.random_tokens // args.seq_len)
         return torch.randint(0, model.config.vocab_size, (n, args.seq_len), generator=g)
-    text = Path(args.text)
-    if not text.is_file():
-        raise ValueError(f"--text {args.text}: no such file")
-    try:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"MODEL {args.model} has no tokenizer to read --text with; give "
-                         f"--random-tokens N instead ({type(err).__name__})") from err
-    ids = tok(text.read_text(encoding="utf-8"), return_tensors="pt").input_ids[0]
+    ids = tok(text, return_tensors="pt").input_ids[0]
     ids = ids[:args.max_tokens]
     n = ids.numel() // args.seq_len
     if n == 0:
@@ -49,19 +100,21 @@ def cmd_convert_router(args) -> int:
     from safetensors.torch import save_file
     from ..hf.convert_router import (capture_router_inputs, convert_routers, find_routers,
                                      plot_agreement)
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.force:
-        raise ValueError(f"--out {out} is not empty; give a new folder or --force to write "
-                         f"into it")
-    check_output_dir(out, "--out")
-    model = _load_model(args.model)
-    limit = min(min(w.shape) for _, w in find_routers(model))
-    if max(args.rank) > limit:
-        raise ValueError(f"--rank {max(args.rank)} exceeds min(experts, hidden) = {limit} of "
-                         f"the model's routers")
-    ids = _tokens(args, model)
-    inputs = capture_router_inputs(model, ids)
-    result = convert_routers(model, inputs, args.rank, method=args.method)
+    out = check_new_output(args.out, "--out", args.force, folder=True)
+    text = _read_text(args)                  # every input checked before the model loads
+    _check_model_folder(args.model)
+    tok = _tokenizer(args.model) if text is not None else None
+    with advise_on_memory(f"MODEL {args.model} with the hidden states of its routers",
+                          "lower --random-tokens or --max-tokens (the hidden states of every "
+                          "router are kept), or run it on a machine with more memory"):
+        model = _load_model(args.model)
+        limit = min(min(w.shape) for _, w in find_routers(model))
+        if max(args.rank) > limit:
+            raise ValueError(f"--rank {max(args.rank)} exceeds min(experts, hidden) = {limit} "
+                             f"of the model's routers")
+        ids = _tokens(args, model, text, tok)
+        inputs = capture_router_inputs(model, ids)
+        result = convert_routers(model, inputs, args.rank, method=args.method)
     out.mkdir(parents=True, exist_ok=True)
     files = []
     for r, tensors in result.pop("factors").items():

@@ -45,7 +45,8 @@ def cmd_verify(args) -> int:
 def cmd_corpus(args) -> int:
     from ..tasks.text import stdlib_corpus
     check_output_dir(args.out, "OUT")
-    paths = stdlib_corpus(args.out, format=args.format, source=args.python_source)
+    paths = stdlib_corpus(args.out, format=args.format, source=args.python_source,
+                          force=args.force)
     nbytes = sum(p.stat().st_size for p in paths)
     emit(args, {"out": str(args.out), "files": len(paths), "bytes": nbytes},
          f"{len(paths):,} files, {nbytes / 2**20:,.1f} MiB of text in {args.out}\n"
@@ -198,7 +199,8 @@ def add_data_parser(sub) -> None:
                     help="a gpt2.tiktoken ranks file to use instead of the packaged one "
                          "(its sha256 must be GPT-2's)")
     pp.add_argument("--shard-mb", type=_positive_float, default=32.0,
-                    help="text per shard, the unit of work and of resume (default 32)")
+                    help="text per shard, the unit of work and of resume (default 32, at "
+                         "least 0.01)")
     state = pp.add_mutually_exclusive_group()
     state.add_argument("--resume", dest="restart", action="store_false", default=False,
                        help="continue an interrupted run in DIR/.partial if it has the same "
@@ -232,6 +234,9 @@ def add_data_parser(sub) -> None:
                     help="also the standard library's source files, one document each")
     pc.add_argument("--format", choices=("txt", "jsonl"), default="txt",
                     help="the topics as .txt files (default) or one topics.jsonl")
+    pc.add_argument("--force", action="store_true",
+                    help="replace files of OUT that hold other text (an earlier corpus is "
+                         "written again without it)")
     _add_json(pc)
     pc.set_defaults(func=cmd_corpus)
 

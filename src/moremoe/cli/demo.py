@@ -18,7 +18,7 @@ import torch
 from .. import accounting
 from ..bench.harness import router_seconds_per_token
 from ..nn.moe import MoEConfig
-from ..report import check_not_replacing, check_output_dir, emit, human, table, write_json
+from ..report import check_new_output, emit, human, table, write_json
 from ..runtime import __version__, resolve_device
 from ..training.phonebook import PhonebookTrainConfig, phonebook_model_config, train_phonebook
 from .args import _add_json, _positive_int
@@ -120,8 +120,7 @@ def cmd_demo(args) -> int:
         raise ValueError(f"--size {args.size:,} exceeds the {NAME_SPACE:,} unique five-letter "
                          f"names a phonebook can hold")
     out_dir = Path(args.out) if args.out else Path("runs") / "demo"
-    check_not_replacing("--out", out_dir, ("demo.json", "demo.png"), force=args.force)
-    check_output_dir(out_dir, "--out")
+    check_new_output(out_dir, "--out", args.force, names=("demo.json", "demo.png"))
     result = run_demo(DemoConfig(device=args.device, size=args.size, steps=args.steps),
                       out_dir=out_dir, progress=not args.no_progress)
     emit(args, result, format_demo(result))

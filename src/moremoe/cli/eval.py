@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..checks import UserError
 from .args import _add_json, _int_at_least, _positive_int
-from ..report import check_output_file, table, write_json
+from .memory import advise_on_memory
+from ..report import check_new_output, table, write_json
 from ..report import emit as _emit
 
 
@@ -24,12 +25,21 @@ def _quiet_transformers() -> None:
 
 
 def _model_and_device(args):
-    from ..eval.zero_shot import load_eval_model
+    """(model, device, checkpoint): checkpoint is {"path", "step"} of the moremoe checkpoint
+    evaluated (None for a transformers directory); a run's newer checkpoints passed over
+    because they are incomplete are named in a warning."""
+    from ..eval.zero_shot import load_eval_model, resolve_eval_model
+    from ..model.checkpoint import describe_incomplete
     from ..runtime import resolve_device
     device = resolve_device(args.device)
+    path, checkpoint, passed = resolve_eval_model(args.model)
+    if passed:
+        print(f"{args.prog}: warning: the newest checkpoint of {args.model} is incomplete: "
+              f"{describe_incomplete(passed)}; evaluating {path} (step {checkpoint['step']}), "
+              f"the newest complete one", file=sys.stderr)
     _quiet_transformers()
     try:
-        return load_eval_model(args.model, device), device
+        return load_eval_model(path, device), device, checkpoint
     except ImportError as err:
         raise ImportError(f"cannot load {args.model}: {err}") from err
 
@@ -51,16 +61,30 @@ def _val_rows(data: str, config):
 
 
 def cmd_eval(args) -> int:
-    from ..eval.zero_shot import offline_unless_hub_reachable, run_harness
+    from ..eval.zero_shot import offline_unless_hub_reachable
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
     if args.out:
-        check_output_file(args.out, "--out")
+        check_new_output(args.out, "--out", args.force)
     if tasks:                 # before transformers or datasets read their offline settings
         offline_unless_hub_reachable()
-    model, device = _model_and_device(args)
-    result = {"model": str(args.model), "device": str(device), "perplexity": None, "tasks": {}}
+    with advise_on_memory(f"{args.model} at --batch-size {args.batch_size}",
+                          "lower --batch-size (and --max-gen-toks for generation tasks), or "
+                          "evaluate on a device with more memory (--device)"):
+        model, device, checkpoint = _model_and_device(args)
+        result = {"model": str(args.model), "checkpoint": checkpoint, "device": str(device),
+                  "perplexity": None, "tasks": {}}
+        _evaluate(args, model, device, tasks, result)
+    _emit(args, result, format_eval(result))       # the numbers first, whatever happens next
+    if args.out:
+        _write_report(Path(args.out), result)
+    return 0
+
+
+def _evaluate(args, model, device, tasks: list[str], result: dict) -> None:
+    """Validation perplexity (--data) and the lm-eval tasks, into result."""
+    from ..eval.zero_shot import run_harness
     if args.data:
         from ..eval.perplexity import evaluate_perplexity
         try:
@@ -76,10 +100,6 @@ def cmd_eval(args) -> int:
         result["tasks"] = run_harness(lm, tasks, num_fewshot=args.num_fewshot,
                                       limit=args.limit, include_path=args.include_path)
         result["lm_eval"] = {"num_fewshot": args.num_fewshot, "limit": args.limit}
-    _emit(args, result, format_eval(result))       # the numbers first, whatever happens next
-    if args.out:
-        _write_report(Path(args.out), result)
-    return 0
 
 
 def _write_report(path: Path, result: dict) -> None:
@@ -112,7 +132,9 @@ def format_eval(result: dict) -> str:
             value = "-" if m["value"] is None else f"{100 * m['value']:.2f}"
             se = "" if m["stderr"] is None else f"± {100 * m['stderr']:.2f}"
             rows.append([task, name + (" *" if name == paper else ""), value, se, r["n"]])
-    return (table(rows, ["task", "metric", "value %", "stderr", "n"])
+    ckpt = result.get("checkpoint")
+    head = f"checkpoint {ckpt['path']} (step {ckpt['step']})\n" if ckpt else ""
+    return (head + table(rows, ["task", "metric", "value %", "stderr", "n"])
             + "\n* the paper's metric; lm-eval's values in %, ± the standard error")
 
 
@@ -122,7 +144,9 @@ def add_eval_parser(sub) -> None:
                        description="Validation perplexity on a prepared data directory (--data) "
                        "and zero-shot lm-evaluation-harness tasks, each task's metrics with "
                        "standard errors, as the paper's table. MODEL is a checkpoint, a run "
-                       "directory (its latest checkpoint) or a transformers directory.")
+                       "directory (its newest checkpoint with complete model files; newer "
+                       "incomplete ones are named in a warning) or a transformers directory; "
+                       "the report records the checkpoint's path and step.")
     p.add_argument("model", metavar="MODEL", help="checkpoint, run or transformers directory")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="prepared data directory (moremoe data prepare): perplexity on val.bin")
@@ -144,5 +168,6 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--out", default=None, metavar="FILE.json",
                    help="also write the report here (checked before evaluating; if it cannot "
                         "be written the report goes to the temporary folder, which is named)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out report")
     _add_json(p)
     p.set_defaults(func=cmd_eval)

@@ -4,7 +4,9 @@ Every command prints a readable table by default and strict JSON with ``--json``
 shows a progress bar on stderr. One module per command group (plan, phonebook, bench, data,
 train, eval, hf, demo) adds its parser; ``main`` runs the command and turns an error the
 user can act on into one line (exit status 2), anything else into one line that says it is
-a bug (exit status 1); ``--debug`` or MOREMOE_DEBUG=1 shows the traceback instead.
+a bug (exit status 1); ``--debug`` or MOREMOE_DEBUG=1 shows the traceback instead. Running
+out of memory is the sizing asked for, not a bug: one line, exit status 2. Under torchrun
+only rank 0 prints an error line.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from .data import add_data_parser
 from .demo import add_demo_parser
 from .eval import add_eval_parser
 from .hf import add_hf_parser
+from .memory import out_of_memory
 from .phonebook import add_phonebook_parser
 from .plan import add_plan_parsers
 from .theory import add_theory_parser
@@ -89,12 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     except EXPECTED as err:
         if debug:
             raise
-        print(f"{args.prog}: error: {one_line(err)}", file=sys.stderr)
+        _say(f"{args.prog}: error: {one_line(err)}")
         return 2
     except Exception as err:      # noqa: BLE001 - a bug: say so in one line, not a traceback
         if debug:
             raise
+        ran_out = out_of_memory(err)
+        if ran_out is not None:       # the sizes given, not a bug (commands say which ones)
+            _say(f"{args.prog}: error: {ran_out}: what was asked for does not fit; use "
+                 f"smaller sizes or a larger device (see {args.prog} --help)")
+            return 2
         print(f"{args.prog}: error: internal error ({type(err).__name__}: {one_line(err)}); "
               f"run it again with --debug for the traceback and report it", file=sys.stderr)
         return 1
+
+
+def _say(line: str) -> None:
+    """An error the user can act on, on stderr; under torchrun only rank 0 says it (every
+    rank meets the same one, and torchrun names a rank that failed alone)."""
+    if os.environ.get("RANK", "0") == "0" or os.environ.get("WORLD_SIZE", "1") == "1":
+        print(line, file=sys.stderr)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import accounting
 from ..checks import UserError
-from ..report import check_not_replacing, check_output_dir, emit, human, table, write_json
+from ..report import check_new_output, emit, human, table, write_json
 from .args import (EPILOG, _add_json, _float_list, _fraction, _int_list, _positive_float,
                    _positive_int, _seed)
 
@@ -91,8 +91,7 @@ def _outputs(args, command: str, stem: str) -> tuple[Path, Path]:
     out = Path(args.out) if args.out else \
         Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
     names = (f"{stem}.json", f"{stem}.png")
-    check_not_replacing("--out", out, names, force=args.force)
-    check_output_dir(out, "--out")
+    check_new_output(out, "--out", args.force, names=names)
     return out / names[0], out / names[1]
 
 

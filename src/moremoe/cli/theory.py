@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..report import check_not_replacing, check_output_file, emit, table
+from ..report import check_new_output, emit, table
 from ..runtime import progress_bar
 from .args import EPILOG, _add_json, _int_list, _positive_float, _positive_int, _seed
 
@@ -169,9 +169,7 @@ def cmd_rank(args) -> int:
 def _check_plot(args):
     if args.plot is None:
         return None
-    plot = check_output_file(Path(args.plot), "--plot")
-    check_not_replacing("--plot", plot, force=args.force)
-    return plot
+    return check_new_output(Path(args.plot), "--plot", args.force)
 
 
 def _add_plot(p) -> None:

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from .args import _add_json, _float_list, _positive_float, _positive_int
+from .memory import advise_on_memory
 from ..report import emit, human, table
 
 DESCRIPTION = """\
@@ -20,6 +21,7 @@ global batch is batch_size x GPUs x grad_accum).
 
 A run directory that already holds a run is continued with --resume (from its newest
 complete checkpoint; incomplete ones are named and skipped) or started over with --force.
+Running out of memory is one line naming the settings that make the run smaller.
 A step whose loss or gradient norm is not finite stops the run before it updates the
 weights (train.nan_policy=skip skips such steps instead).
 
@@ -86,17 +88,39 @@ def cmd_train(args) -> int:
                            stop_step=args.stop_step, device=args.device,
                            peak_tflops=args.peak_tflops)
     echo = printer(sys.stderr if args.json else sys.stdout)
-    if args.lr_grid:
-        from dataclasses import replace
-        from ..training.lr_grid import select_lr
-        if args.grid_steps is None:
-            raise ValueError("--lr-grid needs --grid-steps N (the steps of each candidate run)")
-        best = select_lr(cfg, args.lr_grid, args.grid_steps, echo=echo)["lr"]
-        cfg = replace(cfg, optim=replace(cfg.optim, lr=best))
-    summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
+    with advise_on_memory(*_sizing(cfg)):
+        if args.lr_grid:
+            from dataclasses import replace
+            from pathlib import Path
+            from ..training.checkpoint import check_run_dir
+            from ..training.lm import default_out
+            from ..training.lr_grid import select_lr
+            if args.grid_steps is None:
+                raise ValueError("--lr-grid needs --grid-steps N (the steps of each candidate "
+                                 "run)")
+            check_run_dir(Path(cfg.train.out or default_out(cfg)), force=args.force)
+            best = select_lr(cfg, args.lr_grid, args.grid_steps, echo=echo)["lr"]
+            cfg = replace(cfg, optim=replace(cfg.optim, lr=best))
+        summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
     if _is_rank0():
         emit(args, summary, _summary_table(summary))
     return summary["exit_code"]
+
+
+def _sizing(cfg) -> tuple[str, str]:
+    """What a run that runs out of memory holds, and the settings that make it smaller."""
+    m, t = cfg.model, cfg.train
+    what = (f"{m.name} (model.hidden={m.hidden}, model.layers={m.layers}) at "
+            f"train.batch_size={t.batch_size} sequences of model.seq_len={m.seq_len} per "
+            f"device and micro-step")
+    halve = (f"the micro-batch (--set train.batch_size={t.batch_size // 2} --set "
+             f"train.grad_accum={2 * t.grad_accum} keeps the global batch), "
+             if t.batch_size > 1 else "")
+    change = (f"lower {halve}the sequence length (--set model.seq_len) or the model's size, "
+              f"or use more GPUs (torchrun --nproc_per_node N)")
+    if cfg.parallel.data != "fsdp":
+        change += " and shard the model over them (--set parallel.data=fsdp)"
+    return what, change
 
 
 def _is_rank0() -> bool:
@@ -118,7 +142,9 @@ def add_train_parser(sub) -> None:
                         "(repeatable; values are YAML: null, true, [0.9, 0.95])")
     p.add_argument("--data", default=None, help="prepared data directory (train.data)")
     p.add_argument("--out", default=None,
-                   help="run directory (train.out; default runs/train/<preset>)")
+                   help="run directory (train.out; default runs/train/<preset>): new, empty "
+                        "or a run; a folder of other files only with --force, never one "
+                        "whose config.json a run would replace (an hf export, a checkpoint)")
     p.add_argument("--max-steps", type=_positive_int, default=None,
                    help="schedule length in optimizer steps (train.max_steps)")
     p.add_argument("--max-minutes", type=_positive_float, default=None,
@@ -151,11 +177,9 @@ def add_train_parser(sub) -> None:
 
 def cmd_plot(args) -> int:
     from pathlib import Path
-    from ..report import check_output_file
+    from ..report import check_new_output
     from ..training.run_plot import plot_runs, read_events
-    out = check_output_file(Path(args.out), "--out")
-    if out.exists() and not args.force:
-        raise ValueError(f"--out {out} exists; give another name or --force to replace it")
+    out = check_new_output(Path(args.out), "--out", args.force)
     runs, names = {}, args.names or []
     if names and len(names) != len(args.runs):
         raise ValueError(f"--names gives {len(names)} names for {len(args.runs)} runs")

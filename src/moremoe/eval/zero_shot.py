@@ -27,6 +27,26 @@ PAPER_METRIC = {"triviaqa": "f1", "nq_open": "f1", "hellaswag": "acc_norm", "arc
                 "sciq": "acc", "winogrande": "acc"}
 
 
+def resolve_eval_model(path: str | Path) -> tuple[Path, dict | None, list]:
+    """(path to load, checkpoint, passed over): a transformers directory as it is (checkpoint
+    None); a moremoe checkpoint, or a run directory's newest checkpoint with complete model
+    files, as {"path", "step"} (step None for a folder not named step_N), with the run's
+    newer incomplete checkpoints that were passed over (model.checkpoint.choose)."""
+    from ..model.checkpoint import choose, step_of
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"model path {str(path)!r} does not exist")
+    if _transformers_dir(path):
+        return path, None, []
+    other = _model_type(path)
+    if other is not None:
+        raise ValueError(f"MODEL {path} is a transformers model of model_type {other!r}; "
+                         f"eval reads moremoe models: a checkpoint, a run directory or a "
+                         f"folder written by `moremoe hf export`")
+    ckpt, passed = choose(path, weights_only=True)
+    return ckpt, {"path": str(ckpt), "step": step_of(ckpt)}, passed
+
+
 def load_eval_model(path: str | Path, device="cpu"):
     """The Transformer of a transformers directory (config.json with model_type "moremoe"), or
     of a moremoe checkpoint or run directory, in eval mode on device."""
@@ -34,20 +54,37 @@ def load_eval_model(path: str | Path, device="cpu"):
     if not path.exists():
         raise ValueError(f"model path {str(path)!r} does not exist")
     if _transformers_dir(path):
-        from ..hf import MoremoeForCausalLM
-        return MoremoeForCausalLM.from_pretrained(path).to_transformer().to(device).eval()
+        return _load_export(path).to(device).eval()
     from ..model.checkpoint import load_model
     return load_model(path, device=device).eval()
+
+
+def _load_export(path: Path):
+    """The Transformer of a folder written by `moremoe hf export`; a damaged weights file is
+    named before transformers reads it (it fails with an error of its own type)."""
+    from ..hf import MoremoeForCausalLM
+    from ..model.checkpoint import safetensors_problem
+    for weights in sorted(path.glob("*.safetensors")):
+        why = safetensors_problem(weights)
+        if why:
+            raise ValueError(f"MODEL {path}: {weights.name} {why}; the file is damaged: export "
+                             f"or copy it again")
+    return MoremoeForCausalLM.from_pretrained(path).to_transformer()
 
 
 def _transformers_dir(path: Path) -> bool:
     """Whether path holds a transformers config.json of model_type "moremoe" (a moremoe
     checkpoint's config.json, or a damaged one, is not: load_model reports on those)."""
+    return _model_type(path) == "moremoe"
+
+
+def _model_type(path: Path) -> str | None:
+    """The model_type of a transformers config.json in path, else None."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") == "moremoe"
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = None,

@@ -59,6 +59,15 @@ def problems(ckpt: str | Path, *, weights_only: bool = False) -> list[str]:
     return out
 
 
+def safetensors_problem(path: str | Path) -> str | None:
+    """What is wrong with a .safetensors file's structure (truncated, a header that is not
+    one), as a phrase, or None; the tensors themselves are not read."""
+    try:
+        return _safetensors_ok(Path(path))
+    except (OSError, ValueError, LookupError, TypeError) as err:   # any bytes at all
+        return f"cannot be read ({err})"
+
+
 def _safetensors_ok(path: Path) -> str | None:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -112,8 +121,10 @@ def incomplete_checkpoints(run_dir: str | Path) -> list[tuple[Path, list[str]]]:
     return [(p, why) for _, p in _step_dirs(run_dir) if (why := problems(p))]
 
 
-def step_of(ckpt: Path) -> int:
-    return int(_NAME.match(Path(ckpt).name).group(1))
+def step_of(ckpt: Path) -> int | None:
+    """The step of a step_N checkpoint directory; None for a folder named otherwise."""
+    m = _NAME.match(Path(ckpt).name)
+    return int(m.group(1)) if m else None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -126,25 +137,36 @@ def describe_incomplete(found: list[tuple[Path, list[str]]]) -> str:
 
 
 def resolve(path: str | Path, *, weights_only: bool = False) -> Path:
-    """A complete checkpoint directory as given, or a run directory's latest complete one.
-    FileNotFoundError when there is none; ValueError naming the problem when the checkpoint
-    given is incomplete (weights_only: a checkpoint given needs only its model files)."""
+    """A complete checkpoint directory as given, or a run directory's latest complete one
+    (choose)."""
+    return choose(path, weights_only=weights_only)[0]
+
+
+def choose(path: str | Path, *, weights_only: bool = False
+           ) -> tuple[Path, list[tuple[Path, list[str]]]]:
+    """(checkpoint, passed over): a complete checkpoint directory as given, or a run
+    directory's latest complete one, with the incomplete checkpoints newer than it (and what
+    is wrong with each) that were passed over. weights_only: complete means the model files
+    (model.safetensors, config.json) are. FileNotFoundError when there is none; ValueError
+    naming the problem when the checkpoint given is incomplete."""
     path = Path(path)
     if _NAME.match(path.name) and path.is_dir() or (path / MODEL_FILE).is_file():
         why = problems(path, weights_only=weights_only)
         if why:
             raise ValueError(f"checkpoint {path} is incomplete: {', '.join(why)}"
                              f"{_previous_hint(path)}")
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        broken = incomplete_checkpoints(path)
+        return path, []
+    found = [(p, problems(p, weights_only=weights_only)) for _, p in _step_dirs(path)]
+    complete = [p for p, why in found if not why]
+    if not complete:
+        broken = [(p, why) for p, why in found if why]
         if broken:
             raise FileNotFoundError(f"{path} has no complete checkpoint; incomplete: "
                                     f"{describe_incomplete(broken)}")
         raise FileNotFoundError(f"{str(path)!r} is neither a checkpoint directory (with "
                                 f"{MODEL_FILE}) nor a run directory with checkpoints")
-    return latest
+    latest = complete[-1]
+    return latest, [(p, why) for p, why in found if why and step_of(p) > step_of(latest)]
 
 
 def _previous_hint(ckpt: Path) -> str:

@@ -49,8 +49,8 @@ from .formats import render
 from .prepare import default_workers, locked, stream_rows
 from .recipe import RECIPES, describe, nominal_tokens, scale_for, scaled, select
 from .sources import encode
-from .streams import local_origin, open_sources
-from .text import DTYPE, FORMAT, SPLITS, VERSION, file_sha256
+from .streams import local_origin, open_sources, quiet_datasets, read_failure
+from .text import DTYPE, FORMAT, SPLITS, VERSION, check_replace, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
 _BATCH = 64     # rows per read: the encode threads' unit of work; chunk ends fall after one
@@ -107,9 +107,7 @@ def build_mixture(config: MixtureConfig, *, progress: bool = True, on_chunk=None
     interruption does)."""
     t0 = time.perf_counter()
     out = Path(config.out)
-    if (out / "meta.json").exists() and not config.force:
-        raise ValueError(f"{out} already holds prepared data ({out / 'meta.json'}); pass "
-                         f"--force to replace it")
+    check_replace(out, config.force)
     specs = config.plan()
     check_output_dir(out, "--out")
     enc = gpt2_encoding(config.tokenizer_ranks)
@@ -117,7 +115,7 @@ def build_mixture(config: MixtureConfig, *, progress: bool = True, on_chunk=None
     local = {n: local_origin(n, path) for n, path in config.sources if n in names}
     out.mkdir(parents=True, exist_ok=True)
     partial = out / ".partial"
-    with locked(out, "moremoe data mixture"):
+    with locked(out, "moremoe data mixture"), quiet_datasets():
         _open_state(partial, _manifest(config, specs, local), config)
         records = {s.name: _finished_chunks(partial / s.name) for s in specs}
         todo = [s for s in specs if not (records[s.name] and records[s.name][-1]["done"])]
@@ -127,7 +125,7 @@ def build_mixture(config: MixtureConfig, *, progress: bool = True, on_chunk=None
         with ThreadPoolExecutor(config.workers) as pool:
             for spec in todo:
                 new_tokens += _tokenise(spec, streams[spec.name], partial / spec.name,
-                                        records[spec.name], (enc, pool, config),
+                                        records[spec.name], (enc, pool, config, local),
                                         progress=progress, on_chunk=on_chunk)
         summary = _assemble(config, specs, local, records, partial, progress=progress)
     seconds = time.perf_counter() - t0
@@ -231,7 +229,7 @@ def _documents(spec, rows, first: int, seed: int) -> list[str]:
 def _tokenise(spec, stream, folder: Path, records: list, ctx, *, progress, on_chunk) -> int:
     """Continue the source's chunks after ``records`` (appended to it) until it is done;
     returns the tokens added."""
-    enc, pool, config = ctx
+    enc, pool, config, local = ctx
     folder.mkdir(exist_ok=True)
     if records:
         stream.load_state_dict(records[-1]["state"])
@@ -248,9 +246,10 @@ def _tokenise(spec, stream, folder: Path, records: list, ctx, *, progress, on_ch
             try:
                 batch = list(islice(rows, _BATCH))
             except Exception as err:    # noqa: BLE001 - a corrupt file, a lost connection
-                raise ValueError(f"source {spec.name}: reading after row {read:,} failed "
-                                 f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); "
-                                 f"the finished chunks are kept for a rerun") from err
+                why = (read_failure(spec.name, local[spec.name], err) if spec.name in local
+                       else f"source {spec.name}: reading after row {read:,} failed "
+                            f"({type(err).__name__}: {' '.join(str(err).split())[:300]})")
+                raise ValueError(f"{why}; the finished chunks are kept for a rerun") from err
             texts = _documents(spec, batch, read, config.seed)
             read += len(batch)
             done = len(batch) < _BATCH
@@ -322,10 +321,11 @@ def _assemble(config, specs, local, records, partial: Path, *, progress) -> dict
     taken = [sum(r["tokens"] for r in records[s.name]) for s in specs]
     rows = [t // T for t in taken]
     if v >= sum(rows):
+        fix = f"use --val-sequences below {sum(rows):,}" if sum(rows) > 1 else \
+            f"use a --seq-len below {max(taken) // 2:,}"
         raise ValueError(f"too few sequences: the mixture gives {sum(rows):,} distinct "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; use --val-sequences below {sum(rows):,}, or a larger "
-                         f"--scale / --tokens")
+                         f"for training; {fix}, or a larger --scale / --tokens")
     held = draw_validation(rows, [s.repeats for s in specs], v, config.seed)
     hashes = _write_splits(specs, records, rows, held, partial, T, progress=progress)
     table = [_source_row(spec, local, records[spec.name], t, n, len(h), T)

@@ -38,11 +38,14 @@ import numpy as np
 from ..report import check_output_dir, write_json
 from ..runtime import __version__, progress_bar
 from .sources import Source, check_text_field, discover_sources, documents, encode, plan_shards
-from .text import DTYPE, FORMAT, SPLITS, VERSION, file_sha256
+from .text import DTYPE, FORMAT, SPLITS, VERSION, check_replace, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
 # fork shares the loaded tokenizer and skips re-importing torch in every worker
 _START = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+MIN_SHARD_MB = 0.01
 
 
 def default_workers() -> int:
@@ -69,8 +72,9 @@ class PrepareConfig:
         for name, low in (("seq_len", 2), ("val_sequences", 0), ("workers", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if not self.shard_mb > 0:
-            raise ValueError(f"shard_mb must be positive, got {self.shard_mb}")
+        if not self.shard_mb >= MIN_SHARD_MB:    # each shard is two files in DIR/.partial
+            raise ValueError(f"--shard-mb must be at least {MIN_SHARD_MB} (10 KB), got "
+                             f"{self.shard_mb:g}")
 
 
 # ---------------------------------------------------------------- shards
@@ -202,9 +206,7 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
     an interruption does)."""
     t0 = time.perf_counter()
     out = Path(config.out)
-    if (out / "meta.json").exists() and not config.force:
-        raise ValueError(f"{out} already holds prepared data ({out / 'meta.json'}); pass "
-                         f"--force to replace it")
+    check_replace(out, config.force)
     check_output_dir(out, "--out")                # as a bad ranks file: before any work
     gpt2_encoding(config.tokenizer_ranks)
     sources = discover_sources(config.inputs)
@@ -253,10 +255,14 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     T, v = config.seq_len, config.val_sequences
     tokens = sum(r["tokens"] for r in records)
     n_seq = tokens // T
+    if tokens == 0:
+        raise ValueError(_no_text(sources, config.text_field))
     if v >= n_seq:
+        fix = f"use --val-sequences below {n_seq:,}" if n_seq > 1 else \
+            f"use a --seq-len below {tokens // 2:,}"
         raise ValueError(f"too few sequences: the inputs give {tokens:,} tokens = {n_seq:,} "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; use --val-sequences below {n_seq:,}, or more text")
+                         f"for training; {fix}, or more text")
     is_val = np.zeros(n_seq, dtype=bool)
     is_val[np.random.default_rng(config.seed).choice(n_seq, size=v, replace=False)] = True
     paths = {s: partial / f"{s}.bin" for s in SPLITS}
@@ -297,6 +303,17 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
         "documents", "tokens", "train_sequences", "val_sequences", "dropped_tokens",
         "seq_len", "input_files")},
         "files": {s: str(out / f"{s}.bin") for s in SPLITS} | {"meta": str(out / "meta.json")}}
+
+
+def _no_text(sources, text_field: str) -> str:
+    empty = [s.path for s in sources if s.size == 0]
+    if len(sources) == 1:
+        what = "is empty" if empty else f"holds no text (no document with text in " \
+                                        f"{text_field!r})"
+        return f"the input {sources[0].path} {what}; give a file with text"
+    some = f" ({len(empty):,} empty, e.g. {empty[0]})" if empty else ""
+    return (f"the {len(sources):,} input files{some} hold no text (no document with text in "
+            f"{text_field!r}); check the INPUT arguments")
 
 
 def stream_rows(shard_dir: Path, n_shards: int, T: int, n_seq: int, bar):

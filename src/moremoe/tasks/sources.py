@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .file_faults import GZIP_ERRORS, line_number
 from .text import DTYPE
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz")
@@ -100,7 +101,16 @@ def _dataset(path: str):
     except ImportError:
         raise ImportError(f"reading the saved dataset {path} needs the datasets package: "
                           f"pip install datasets") from None
-    return datasets.load_from_disk(path)
+    try:
+        return datasets.load_from_disk(path)
+    except Exception as err:      # noqa: BLE001 - pyarrow's ArrowInvalid, OSError and others
+        raise _unreadable_dataset(path, err) from err
+
+
+def _unreadable_dataset(path: str, err: Exception) -> ValueError:
+    return ValueError(f"dataset {path}: cannot read it ({type(err).__name__}: "
+                      f"{' '.join(str(err).split())[:200]}); the folder is corrupt or "
+                      f"truncated: write it again with save_to_disk")
 
 
 def check_text_field(sources: list[Source], text_field: str) -> None:
@@ -153,20 +163,28 @@ def _pieces(src: Source, shard_bytes: int) -> list[tuple[int, int, int]]:
 def documents(src: Source, start: int, end: int, text_field: str):
     """The documents of one part of a source, as strings."""
     if src.kind == "txt":
-        yield _decode(Path(src.path).read_bytes(), src.path, "")
+        yield _decode(Path(src.path).read_bytes(), src.path)
     elif src.kind == "jsonl":
         yield from _jsonl_documents(src.path, start, end, text_field)
     elif src.kind == "jsonl.gz":
+        n = 0
         try:
             with gzip.open(src.path, "rb") as f:
                 for n, line in enumerate(f, 1):
-                    yield _json_text(line, src.path, f"line {n}", text_field)
-        except (OSError, EOFError) as err:   # BadGzipFile is an OSError
-            raise ValueError(f"{src.path}: corrupt or truncated gzip file ({err})") from None
+                    yield _json_text(line, text_field)
+        except _BadLine as err:
+            raise ValueError(f"{src.path}, line {n:,}: {err}") from None
+        except GZIP_ERRORS as err:
+            raise ValueError(f"{src.path}: corrupt or truncated gzip file ({err}); compress "
+                             f"or download it again") from None
     else:
         ds = _dataset(src.path)
         for a in range(start, end, _ROWS_PER_READ):
-            for n, text in enumerate(ds[a:min(a + _ROWS_PER_READ, end)][text_field], a):
+            try:
+                texts = ds[a:min(a + _ROWS_PER_READ, end)][text_field]
+            except (OSError, ValueError) as err:        # pyarrow's on a damaged .arrow file
+                raise _unreadable_dataset(src.path, err) from err
+            for n, text in enumerate(texts, a):
                 if not isinstance(text, str):
                     raise ValueError(f"dataset {src.path}, row {n}: {text_field!r} is "
                                      f"{type(text).__name__}, expected a string")
@@ -178,35 +196,43 @@ def _jsonl_documents(path: str, start: int, end: int, text_field: str):
         f.seek(start)
         pos = start
         while pos < end and (line := f.readline()):
-            yield _json_text(line, path, f"byte {pos}", text_field)
+            try:
+                yield _json_text(line, text_field)
+            except _BadLine as err:   # the line's number only now: counting costs a read
+                raise ValueError(f"{path}, line {line_number(path, pos):,} (byte {pos:,}): "
+                                 f"{err}") from None
             pos += len(line)
 
 
-def _json_text(line: bytes, path: str, where: str, text_field: str) -> str:
+class _BadLine(ValueError):
+    """A JSON line that cannot be read; the caller adds where it is."""
+
+
+def _json_text(line: bytes, text_field: str) -> str:
     if not line.strip():
         return ""
     try:
-        obj = json.loads(_decode(line, path, where))
+        obj = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise _BadLine(f"not UTF-8 at byte {err.start} of the line") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}, {where}: not a JSON line ({err}); the file is corrupt or "
-                         f"truncated") from None
+        raise _BadLine(f"not a JSON line ({err}); the line is cut short or the file is "
+                       f"corrupt") from None
     if not isinstance(obj, dict) or text_field not in obj:
         keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
-        raise ValueError(f"{path}, {where}: no field {text_field!r} (has: {keys}); choose the "
-                         f"text field with --text-field")
+        raise _BadLine(f"no field {text_field!r} (has: {keys}); choose the text field with "
+                       f"--text-field")
     if not isinstance(obj[text_field], str):
-        raise ValueError(f"{path}, {where}: {text_field!r} is {type(obj[text_field]).__name__},"
-                         f" expected a string")
+        raise _BadLine(f"{text_field!r} is {type(obj[text_field]).__name__}, expected a "
+                       f"string")
     return obj[text_field]
 
 
-def _decode(data: bytes, path: str, where: str) -> str:
+def _decode(data: bytes, path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        at = f"{where}, " if where else ""
-        raise ValueError(f"{path}: {at}not UTF-8 at byte {err.start} of the "
-                         f"{'line' if where else 'file'}") from None
+        raise ValueError(f"{path}: not UTF-8 at byte {err.start} of the file") from None
 
 
 def encode(enc, text: str, *, piece_chars: int = _PIECE_CHARS) -> np.ndarray:

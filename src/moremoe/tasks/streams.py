@@ -17,9 +17,12 @@ with one line naming the sources to download and how to pass them.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 
+from .file_faults import file_fault
 from .formats import check_columns
 from .recipe import SourceSpec
 
@@ -120,7 +123,8 @@ def _advice(specs) -> str:
 def open_sources(specs, local: dict[str, dict]) -> dict:
     """{name: IterableDataset} for every spec, each checked against its formatter's columns
     on its first row. Hub sources are opened only when the Hub answers; otherwise, or when
-    some cannot be opened, one ValueError names them all."""
+    some cannot be opened, one ValueError names them all. A local copy that cannot be read
+    or holds no rows is a ValueError naming the source and the file (read_failure)."""
     hub = [s for s in specs if s.name not in local]
     why = hub_unreachable() if hub else None
     if why:
@@ -130,24 +134,70 @@ def open_sources(specs, local: dict[str, dict]) -> dict:
                          f"{_advice(hub)}")
     streams, failed = {}, []
     for spec in specs:
-        if spec.name in local:
-            streams[spec.name] = open_local(local[spec.name])
+        origin = local.get(spec.name)
+        if origin is not None:
+            try:
+                streams[spec.name] = open_local(origin)
+                first = next(iter(streams[spec.name].take(1)), None)
+            except Exception as err:   # noqa: BLE001 - datasets' and pyarrow's, StopIteration
+                raise ValueError(read_failure(spec.name, origin, err)) from err
+            if first is None:
+                raise ValueError(f"source {spec.name} ({origin['path']}): the local copy is "
+                                 f"empty (no rows); give a copy that holds the source's rows, "
+                                 f"or leave it out with --skip {spec.name}")
         else:
             try:
                 streams[spec.name] = open_hub(spec)
             except Exception as err:   # noqa: BLE001 - gated, renamed, a script, the network
                 failed.append((spec, f"{type(err).__name__}: {' '.join(str(err).split())}"))
                 continue
-        where = f"source {spec.name} ({local.get(spec.name, {}).get('path', spec.hub_ref)})"
-        try:
-            first = next(iter(streams[spec.name].take(1)), None)
-        except Exception as err:     # noqa: BLE001 - pyarrow's parse errors, the network
-            raise ValueError(f"{where}: cannot read its first rows ({type(err).__name__}: "
-                             f"{' '.join(str(err).split())[:300]})") from err
+            try:
+                first = next(iter(streams[spec.name].take(1)), None)
+            except Exception as err:     # noqa: BLE001 - pyarrow's parse errors, the network
+                raise ValueError(f"source {spec.name} ({spec.hub_ref}): cannot read its first "
+                                 f"rows ({type(err).__name__}: "
+                                 f"{' '.join(str(err).split())[:300]})") from err
         if first is not None:
-            check_columns(spec.format, list(first), where)
+            check_columns(spec.format, list(first),
+                          f"source {spec.name} ({origin['path'] if origin else spec.hub_ref})")
     if failed:
         what = "; ".join(f"{s.name}={s.hub_ref} ({why[:200]})" for s, why in failed)
         raise ValueError(f"cannot stream {len(failed)} source{'s' if len(failed) > 1 else ''} "
                          f"from the Hub: {what}; {_advice([s for s, _ in failed])}")
     return streams
+
+
+def read_failure(name: str, origin: dict, err: BaseException) -> str:
+    """Why a local copy could not be read, naming the source and, where one is at fault, the
+    file and line (tasks/file_faults.py); datasets' own error when no file is found at
+    fault (a saved dataset, a schema that changes between files)."""
+    if origin["builder"] != "saved":
+        root = Path(origin["path"])
+        base = root if root.is_dir() else root.parent
+        for rel, _, _ in origin["files"]:
+            why = file_fault(base / rel)
+            if why:
+                do = ("give a copy that holds its rows" if why == "the file is empty" else
+                      "give one JSON object per row" if "not an object" in why else
+                      "download it again")
+                return f"source {name} ({base / rel}): {why}; {do}, or leave the source out " \
+                       f"with --skip {name}"
+    text = " ".join(str(err).split())[:300] or "no message"
+    return (f"source {name} ({origin['path']}): cannot read it ({type(err).__name__}: {text}); "
+            f"give a complete copy in the source's Hub schema, one schema in every file")
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """Hold back datasets' own log lines (it logs a read error before raising it): the error
+    it raises is reported, as one line. datasets sets its level when first imported, so it
+    is imported first."""
+    with contextlib.suppress(ImportError):
+        import datasets  # noqa: F401
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -35,6 +35,23 @@ _COUNTS = (("vocab_size", 1), ("eot_id", 0), ("seq_len", 2), ("train_sequences",
 _BLOCK_TOKENS = 1 << 24     # 32 MiB of tokens per read when hashing and range-checking
 
 
+def check_replace(out: str | Path, force: bool) -> None:
+    """Before `data prepare` or `data mixture` writes into out: prepared data (meta.json), or
+    files of the names they write without one (another tool's, or an output whose --force
+    rerun was stopped), are replaced only with force. ValueError naming them."""
+    out = Path(out)
+    if force:
+        return
+    if (out / "meta.json").exists():
+        raise ValueError(f"{out} already holds prepared data ({out / 'meta.json'}); pass "
+                         f"--force to replace it")
+    held = [n for n in [f"{s}.bin" for s in SPLITS] + ["mixture.json"] if (out / n).exists()]
+    if held:
+        raise ValueError(f"{out} holds {', '.join(held)} but no meta.json (not a finished "
+                         f"prepared folder); pass --force to replace what is there, or give "
+                         f"another --out")
+
+
 def read_meta(dir: str | Path) -> dict:
     """meta.json of a prepared directory; ValueError if it is missing or not this format."""
     path = Path(dir) / "meta.json"
@@ -103,14 +120,16 @@ def verify_tokens(dir: str | Path) -> dict:
     return report
 
 
-def stdlib_corpus(out_dir: str | Path, *, format: str = "txt",
-                  source: bool = False) -> list[Path]:
+def stdlib_corpus(out_dir: str | Path, *, format: str = "txt", source: bool = False,
+                  force: bool = False) -> list[Path]:
     """Write text that ships with Python, so a corpus needs no download: the documentation
     topics (``pydoc_data.topics``, about 465K characters, 139K GPT-2 tokens in 79 documents)
     as one ``<topic>.txt`` per document, or one ``topics.jsonl`` with a "text" field; with
     ``source`` also every ``.py`` file of the standard library (site-packages left out) as
     ``source/<path>.txt``, tens of MB of code and docstrings, enough for a throughput run.
-    Returns the files written."""
+    A file of the same name that holds other text is replaced only with ``force`` (checked
+    before anything is written; an earlier corpus is written again as it is). Returns the
+    files written."""
     if format not in ("txt", "jsonl"):
         raise ValueError(f"format must be 'txt' or 'jsonl', got {format!r}")
     try:
@@ -119,35 +138,42 @@ def stdlib_corpus(out_dir: str | Path, *, format: str = "txt",
         raise RuntimeError("this Python has no pydoc_data (some distributions strip it); "
                            "give the corpus as text files instead") from None
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if format == "jsonl":
-        paths = [out / "topics.jsonl"]
-        paths[0].write_text("".join(json.dumps({"topic": k, "text": topics[k]}) + "\n"
-                                    for k in sorted(topics)), encoding="utf-8")
+        files = {out / "topics.jsonl": "".join(json.dumps({"topic": k, "text": topics[k]}) +
+                                               "\n" for k in sorted(topics))}
     else:
-        paths = [out / f"{k}.txt" for k in sorted(topics)]
-        for path, k in zip(paths, sorted(topics)):
-            path.write_text(topics[k], encoding="utf-8")
-    return paths + (_stdlib_source(out / "source") if source else [])
+        files = {out / f"{k}.txt": topics[k] for k in sorted(topics)}
+    if source:
+        files.update(_stdlib_source(out / "source"))
+    _check_replaced(files, force)
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return list(files)
 
 
-def _stdlib_source(out: Path) -> list[Path]:
+def _check_replaced(files: dict[Path, str], force: bool) -> None:
+    if force:
+        return
+    for path, text in files.items():
+        if path.exists() and (not path.is_file() or path.read_bytes() != text.encode()):
+            raise ValueError(f"{path} exists and holds other text; pass --force to replace "
+                             f"it (and the corpus's other files), or give another OUT")
+
+
+def _stdlib_source(out: Path) -> dict[Path, str]:
     import sysconfig
     root = Path(sysconfig.get_paths()["stdlib"])
-    paths = []
+    files = {}
     for src in sorted(root.rglob("*.py")):
         rel = src.relative_to(root)
         if "site-packages" in rel.parts or "dist-packages" in rel.parts:
             continue
         try:
-            text = src.read_text(encoding="utf-8")
+            files[out / rel.with_suffix(".txt")] = src.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue          # a few test files are deliberately not UTF-8
-        dst = out / rel.with_suffix(".txt")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(text, encoding="utf-8")
-        paths.append(dst)
-    return paths
+    return files
 
 
 def file_sha256(path: str | Path) -> str:

@@ -91,6 +91,61 @@ def save_checkpoint(run_dir: str | Path, step: int, weights: dict, *,
     return final
 
 
+# what a run writes into its directory (--force removes these and only these)
+RUN_FILES = ("log.jsonl", "summary.json", "config.json", "profile.txt", "loss.png")
+RUN_DIRS = (CKPT_DIR, "tb")
+# what marks a folder as a moremoe run: a log, a summary, checkpoints, an lr grid
+_RUN_MARKS = ("log.jsonl", "summary.json", CKPT_DIR, "lr-grid", "lr_grid.json")
+
+
+def clear_run(out: Path) -> None:
+    """--force: remove what an earlier run wrote into the run directory (and only that)."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+def has_events(run_dir: Path) -> bool:
+    log = Path(run_dir) / "log.jsonl"
+    return log.is_file() and log.stat().st_size > 0
+
+
+def check_run_dir(out: Path, *, force: bool) -> None:
+    """The run directory of ``moremoe train --out``, before any work: new, empty, or a moremoe
+    run. A folder that holds other things is written into only with force (its files are
+    kept), and never one whose files the run would replace: a config.json that is not a
+    run's (a transformers export, a checkpoint) or model weights. ValueError naming --out."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    config = out / CONFIG_FILE
+    foreign = _foreign_config(config) if config.is_file() else None
+    if foreign or (out / MODEL_FILE).exists() or (out / STATE_FILE).exists():
+        what = foreign or f"a checkpoint or model weights ({MODEL_FILE} or {STATE_FILE})"
+        raise ValueError(f"--out {out} holds {what}, which a run would replace: it is never "
+                         f"written into (not even with --force); give another --out")
+    if not force and not any((out / name).exists() for name in _RUN_MARKS + (CONFIG_FILE,)):
+        first = sorted(p.name for p in out.iterdir())[0]
+        raise ValueError(f"--out {out} is not empty (it holds {first}, ...) and holds no "
+                         f"moremoe run; give a new or empty folder, or --force to write the "
+                         f"run into it (its files are kept)")
+
+
+def _foreign_config(path: Path) -> str | None:
+    """What a config.json that is not a run's is, or None for a run's."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "a config.json that is not a run's (not JSON)"
+    if isinstance(d, dict) and "train" in d and set(d) <= {"model", "optim", "train",
+                                                           "parallel", "preset"}:
+        return None if "optim" in d else "a checkpoint's config.json"
+    if isinstance(d, dict) and ("model_type" in d or "architectures" in d):
+        return (f"a transformers model's config.json (model_type "
+                f"{d.get('model_type')!r}, e.g. from `moremoe hf export`)")
+    return "a config.json that is not a run's"
+
+
 def load_state(path: str | Path) -> dict:
     return read_file(resolve(path), STATE_FILE,
                  lambda p: torch.load(p, map_location="cpu", weights_only=False))

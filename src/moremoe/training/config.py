@@ -185,7 +185,7 @@ class TrainSpec:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"train.{name} must be >= 1 or null, got {v}")
-        for name in ("timing_warmup", "profile_steps"):
+        for name in ("timing_warmup", "profile_steps", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_minutes", "peak_tflops"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import signal
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from ..runtime import autocast_dtype, environment
 from ..tasks.text import open_tokens, read_meta
 from ..model import checkpoint as stored
 from . import checkpoint as ckpt
+from . import footprint
 from . import run_plot
 from .config import RunConfig
 from .data import Batches, check_ids, rows_of
@@ -79,13 +79,14 @@ class LMTrainer:
         self.info = ddp.init(t.device)
         self.dev, self.main = self.info.device, self.info.main
         self.out = Path(t.out or default_out(cfg))
-        if self.main:
-            check_output_dir(self.out, "--out (train.out)")   # before any data is read
+        if self.main:                                       # before any data is read
+            ckpt.check_run_dir(self.out, force=force)
+            check_output_dir(self.out, "--out (train.out)")
         self.echo = (echo or printer()) if self.main else (lambda text: None)
         self._load_data()
         self._build()
         if force and self.main:
-            self._clear_run()
+            ckpt.clear_run(self.out)
         self.log = RunLog(self.out, enabled=self.main, tensorboard=t.tensorboard)
         self._plot_failed = False
         self.coverage = ExpertCoverage()
@@ -115,6 +116,8 @@ class LMTrainer:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
         self.model_config = cfg.model.transformer_config(self.vocab)
+        footprint.check_model_fits(self.model_config.total_params(), self.dev,
+                                   world=self.info.world, sharded=cfg.parallel.data == "fsdp")
         self.model = Transformer(self.model_config).to(self.dev)
         self._pending = None        # a checkpoint's optimizer and scheduler, once they exist
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
@@ -156,19 +159,10 @@ class LMTrainer:
                 p.grad = torch.zeros_like(p)
         self.opt.zero_grad(set_to_none=False)
 
-    RUN_FILES = ("log.jsonl", "summary.json", "config.json", "profile.txt", "loss.png")
-
-    def _clear_run(self) -> None:
-        """--force: remove what an earlier run wrote into the run directory (and only that)."""
-        for name in self.RUN_FILES:
-            (self.out / name).unlink(missing_ok=True)
-        for name in (stored.CKPT_DIR, "tb"):
-            shutil.rmtree(self.out / name, ignore_errors=True)
-
     def _resume_or_start(self, resume: bool) -> None:
         latest = stored.latest_checkpoint(self.out)
         broken = stored.incomplete_checkpoints(self.out)
-        held_by_run = latest is not None or broken or _has_events(self.out)
+        held_by_run = latest is not None or broken or ckpt.has_events(self.out)
         if not resume and held_by_run and self.main:    # (the other ranks see rank 0's log)
             held = (f"checkpoints (latest {latest.name})" if latest is not None else
                     "incomplete checkpoints" if broken else "the log of a run")
@@ -199,12 +193,20 @@ class LMTrainer:
         self._wrapped()
 
     def _resume(self, path: Path) -> None:
-        saved = RunConfig.from_dict(stored.read_config(path)["train"])
+        config = stored.read_config(path)
+        saved = RunConfig.from_dict(config["train"])
         changed = saved.differences(self.cfg)
         if changed:
             raise ValueError(f"cannot resume {path}: the config differs in "
                              f"{'; '.join(changed)} (only budget, logging and device fields "
                              f"may change)")
+        vocab = config["model"].get("vocab")
+        if vocab != self.vocab:     # model.vocab: null, the vocabulary comes from the data
+            raise ValueError(f"cannot resume {path}: the run's model has a vocabulary of "
+                             f"{vocab} (from its data, {saved.train.data}), the data --data "
+                             f"{self.cfg.train.data} has vocab_size {self.meta['vocab_size']}; "
+                             f"resume with data of the run's vocabulary, or start a new run "
+                             f"with another --out")
         stored.load_weights(self.model, path)
         state = ckpt.load_state(path)
         self._pending = state           # loaded into the optimizer once it is built
@@ -467,11 +469,6 @@ def _eager():
     the no-grad graphs (torch < 2.6 has no stance and compiles them)."""
     stance = getattr(torch.compiler, "set_stance", None)
     return stance("force_eager") if stance else contextlib.nullcontext()
-
-
-def _has_events(run_dir: Path) -> bool:
-    log = Path(run_dir) / "log.jsonl"
-    return log.is_file() and log.stat().st_size > 0
 
 
 def train(cfg: RunConfig, *, resume: bool = False, force: bool = False, echo=None) -> dict:

@@ -12,17 +12,23 @@ LOG = "log.jsonl"
 
 
 def read_events(run_dir: str | Path) -> list[dict]:
-    """The events of a run's log; a line cut short by a kill is skipped. ValueError naming
-    the folder when it holds no log."""
+    """The events of a run's log; a last line cut short by a kill is skipped. ValueError
+    naming the folder or file when it holds no log, a line elsewhere is not JSON, or no
+    event has a step."""
     path = Path(run_dir) / LOG
     if not path.is_file():
         raise ValueError(f"{run_dir}: no {LOG} (not a `moremoe train` run directory)")
+    lines = path.read_text(errors="replace").splitlines()
     events = []
-    for line in path.read_text().splitlines():
+    for n, line in enumerate(lines, 1):
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            if n < len(lines):            # only the last line can be cut short by a kill
+                raise ValueError(f"{path}, line {n}: not JSON; the log is corrupt (not "
+                                 f"written by `moremoe train`?)") from None
+    if not any(isinstance(e, dict) and "step" in e for e in events):
+        raise ValueError(f"{path} holds no events of a run yet; plot it once it has logged")
     return events
 
 
