@@ -109,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _say(line: str) -> None:
     """An error the user can act on, on stderr; under torchrun only rank 0 says it (every
-    rank meets the same one, and torchrun names a rank that failed alone)."""
-    if os.environ.get("RANK", "0") == "0" or os.environ.get("WORLD_SIZE", "1") == "1":
+    rank meets the same one, and torchrun names a rank that failed alone). A process whose
+    RANK and WORLD_SIZE are not a valid launch says it too: it may be no rank at all."""
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        rank, world = 0, 1
+    if not 0 < rank < world:
         print(line, file=sys.stderr)
 
