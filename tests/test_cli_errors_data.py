@@ -150,7 +150,7 @@ def _moe_model(tmp_path, arch="MixtralConfig"):
     import torch
     torch.manual_seed(0)
     experts = {"MixtralConfig": dict(num_local_experts=4),
-               "Qwen3MoeConfig": dict(num_experts=4, moe_intermediate_size=16)}[arch]
+               "OlmoeConfig": dict(num_experts=4)}[arch]
     cfg = getattr(transformers, arch)(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1,
                                       vocab_size=64, num_experts_per_tok=2, **experts)
@@ -189,14 +189,16 @@ def test_convert_router_out_on_a_file_names_out(capsys, tmp_path):
 
 def test_convert_router_text_without_a_tokenizer_says_so(capsys, tmp_path):
     """transformers 5 builds an empty tokenizer for this folder (every text -> no ids)."""
-    model = _moe_model(tmp_path, "Qwen3MoeConfig")
+    model = _moe_model(tmp_path, "OlmoeConfig")
     text = tmp_path / "text.txt"
     text.write_text("hello world " * 200)
     fails(capsys, _convert(model, tmp_path / "o", "--text", str(text)),
           rf"MODEL {model} has no tokenizer to read --text with \(none of tokenizer.json, .*\);"
           rf" copy the model's tokenizer files into it, or give --random-tokens N instead")
-    from transformers import AutoTokenizer
-    AutoTokenizer.from_pretrained(model).save_pretrained(model)     # an empty tokenizer.json
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    empty = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))    # as transformers 5
+    PreTrainedTokenizerFast(tokenizer_object=empty, unk_token="[UNK]").save_pretrained(model)
     fails(capsys, _convert(model, tmp_path / "o", "--text", str(text)),
           rf"MODEL {model}: its tokenizer is empty \(only the special tokens .*\), so --text "
           rf"would give no tokens")

@@ -24,6 +24,8 @@ ARCHS = {
 
 
 def _save(tmp_path, arch):
+    if not hasattr(transformers, arch):
+        pytest.skip(f"transformers {transformers.__version__} has no {arch}")
     torch.manual_seed(0)
     cfg = getattr(transformers, arch)(**{**COMMON, **ARCHS[arch]})
     cfg.eos_token_id = cfg.bos_token_id = cfg.pad_token_id = None
@@ -47,8 +49,9 @@ def test_convert_router_each_architecture(capsys, tmp_path, arch):
         assert full["set_agreement"] == 1.0 and full["rel_error"] < 1e-5
     from safetensors.torch import load_file
     factors = load_file(str(out / "routers_r2.safetensors"))
-    assert factors["model.layers.0.mlp.gate.R1"].shape == (8, 2)
-    assert factors["model.layers.1.mlp.gate.R2"].shape == (2, 32)
+    first, last = report["layers"][0]["layer"], report["layers"][1]["layer"]
+    assert first.startswith("model.layers.0.") and last.startswith("model.layers.1.")
+    assert factors[f"{first}.R1"].shape == (8, 2) and factors[f"{last}.R2"].shape == (2, 32)
     assert (out / "agreement.png").stat().st_size > 10_000
     assert json.loads((out / "report.json").read_text())["layers"] == report["layers"]
     fails(capsys, ["convert-router", str(model), "--rank", "2", "--out", str(out)],
@@ -76,7 +79,7 @@ def test_low_rank_router_from_a_trained_weight():
 
 def test_convert_router_reads_text_through_the_models_tokenizer(capsys, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
-    model = _save(tmp_path, "Qwen3MoeConfig")
+    model = _save(tmp_path, "OlmoeConfig")
     vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 100)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

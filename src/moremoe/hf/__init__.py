@@ -42,10 +42,10 @@ def export(transformer, out_dir, **config_kwargs):
     from ..report import with_umask
     model = MoremoeForCausalLM.from_transformer(transformer, **config_kwargs)
     model.config.auto_map = dict(AUTO_MAP)
-    # transformers 4.x marks a class once loaded with trust_remote_code for copying its
-    # source file on save, which would follow moremoe's own imports: the two modules below
-    # are the remote code
-    model._auto_class = None
+    # transformers 4.x marks the classes once loaded with trust_remote_code for copying
+    # their source files on save, which would follow moremoe's own imports: the two modules
+    # below are the remote code
+    model._auto_class = model.config._auto_class = None
     model.save_pretrained(out_dir)
     for name, code in REMOTE_CODE.items():
         (Path(out_dir) / name).write_text('"""moremoe\'s transformers classes (pip install '

@@ -2,9 +2,10 @@
 R1 (E × r) · R2 (r × h) and measure, on the hidden states each router actually sees, how
 often the top-k set survives.
 
-Covers the architectures whose routers are `mlp.gate` modules with a weight (E, h) and
-whose config names k `num_experts_per_tok`: Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V3 (and
-others shaped like them). The inputs of each gate are captured by forward hooks while the
+Covers the architectures whose routers are `mlp.gate` modules (Mixtral's are
+`block_sparse_moe.gate` before transformers 5) with a weight (E, h) and whose config names
+k `num_experts_per_tok`: Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V3 (and others shaped like
+them), as far as the installed transformers has them. The inputs of each gate are captured by forward hooks while the
 model runs on the user's tokens. The agreement is on the top-k of the raw logits x Wᵀ:
 models that add a score bias or group-limited routing (DeepSeek-V3) select from the same
 logits after a monotone map per expert, which this measure does not model.
@@ -20,10 +21,13 @@ from ..nn.router import factor_router, topk_agreement
 from ..report import save_figure
 
 
+GATE_NAMES = ("mlp.gate", "block_sparse_moe.gate")
+
+
 def find_routers(model) -> list[tuple[str, torch.Tensor]]:
     """(module name, weight (E, h)) of every router gate, in layer order."""
     found = [(name, mod.weight) for name, mod in model.named_modules()
-             if name.endswith("mlp.gate") and getattr(mod, "weight", None) is not None
+             if name.endswith(GATE_NAMES) and getattr(mod, "weight", None) is not None
              and mod.weight.dim() == 2]
     if not found:
         raise ValueError("no MoE router found: expected modules named '*.mlp.gate' with a "
