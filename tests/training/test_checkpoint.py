@@ -28,6 +28,19 @@ def save(run, step, model, keep=2):
                               run_config={"x": 1}, state={"step": step}, keep=keep)
 
 
+def test_checkpoint_files_share_the_mode_the_umask_gives(tmp_path):
+    """safetensors >= 0.8 writes its file 0600: a checkpoint's weights are as readable as
+    its other files (0644 under umask 022)."""
+    import os
+    old = os.umask(0o022)
+    try:
+        final = save(tmp_path, 1, tiny_model())
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in final.iterdir()}
+    assert set(modes.values()) == {"0o644"}, modes
+
+
 def test_save_load_round_trip_and_keep(tmp_path):
     model = tiny_model()
     for step in (1, 2, 3):

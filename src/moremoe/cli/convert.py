@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model.checkpoint import safetensors_problem
-from ..report import check_new_output, emit, table, write_json
+from ..report import check_new_output, emit, table, with_umask, write_json
 from .args import EPILOG, _add_json, _int_at_least, _int_list, _positive_int
 from .memory import advise_on_memory, out_of_memory
 
@@ -121,6 +121,7 @@ def cmd_convert_router(args) -> int:
         path = out / f"routers_r{r}.safetensors"
         save_file(tensors, str(path), metadata={"rank": str(r), "method": args.method,
                                                 "source": str(args.model)})
+        with_umask(path)                     # safetensors >= 0.8 writes 0600
         files.append(path.name)
     plot = plot_agreement(result, out / "agreement.png",
                           f"{Path(args.model).name}: top-{result['top_k']} agreement of the "

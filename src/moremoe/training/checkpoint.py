@@ -28,6 +28,7 @@ from ..model.checkpoint import (CKPT_DIR, CONFIG_FILE, MODEL_FILE, STATE_FILE, r
                                 safetensors_torch, checkpoints, incomplete_checkpoints, resolve,
                                 step_of)
 from ..model.transformer import TransformerConfig
+from ..report import with_umask
 
 
 def rng_state() -> dict:
@@ -72,7 +73,8 @@ def save_checkpoint(run_dir: str | Path, step: int, weights: dict, *,
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir()
     safetensors_torch().save_file(_flat_tensors(weights), str(tmp / MODEL_FILE),
-                             metadata={"format": "pt"})
+                                  metadata={"format": "pt"})
+    with_umask(tmp / MODEL_FILE)             # safetensors >= 0.8 writes 0600
     (tmp / CONFIG_FILE).write_text(json.dumps(
         {"model": model_config.to_dict(), "train": run_config}, indent=2) + "\n")
     torch.save(state, tmp / STATE_FILE)
