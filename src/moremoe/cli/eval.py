@@ -51,7 +51,7 @@ def _val_rows(data: str, config):
 
 
 def cmd_eval(args) -> int:
-    from ..eval.zero_shot import offline_unless_hub_reachable, run_harness
+    from ..eval.zero_shot import offline_unless_hub_reachable, run_harness, task_manager
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
@@ -60,6 +60,8 @@ def cmd_eval(args) -> int:
     if tasks:                 # before transformers or datasets read their offline settings
         offline_unless_hub_reachable()
     model, device = _model_and_device(args)
+    # every task is known before any work (and progress line) starts
+    manager = task_manager(tasks, include_path=args.include_path) if tasks else None
     result = {"model": str(args.model), "device": str(device), "perplexity": None, "tasks": {}}
     if args.data:
         from ..eval.perplexity import evaluate_perplexity
@@ -68,13 +70,14 @@ def cmd_eval(args) -> int:
         except ValueError as err:
             raise ValueError(f"--data {args.data}: {err}") from err
         result["perplexity"] = evaluate_perplexity(model, seqs, batch_size=args.batch_size,
-                                                   max_batches=args.val_batches, device=device)
+                                                   max_batches=args.val_batches, device=device,
+                                                   progress=not args.no_progress)
     if tasks:
         from ..eval.lm_eval_adapter import MoremoeLM
         lm = MoremoeLM(model=model, batch_size=args.batch_size, device=str(device),
-                       max_gen_toks=args.max_gen_toks)
+                       max_gen_toks=args.max_gen_toks, progress=not args.no_progress)
         result["tasks"] = run_harness(lm, tasks, num_fewshot=args.num_fewshot,
-                                      limit=args.limit, include_path=args.include_path)
+                                      limit=args.limit, manager=manager)
         result["lm_eval"] = {"num_fewshot": args.num_fewshot, "limit": args.limit}
     _emit(args, result, format_eval(result))       # the numbers first, whatever happens next
     if args.out:
@@ -144,5 +147,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--out", default=None, metavar="FILE.json",
                    help="also write the report here (checked before evaluating; if it cannot "
                         "be written the report goes to the temporary folder, which is named)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, lines in a log)")
     _add_json(p)
     p.set_defaults(func=cmd_eval)
