@@ -233,7 +233,7 @@ def test_eval_report_survives_a_full_disk(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(cli_eval, "write_json", full_disk)
     capsys.readouterr()
     assert main(["eval", str(model), "--data", str(data), "--tasks", "none", "--device",
-                 "cpu", "--out", str(target), "--json"]) == 2
+                 "cpu", "--out", str(target), "--json", "--no-progress"]) == 2
     captured = capsys.readouterr()
     printed = strict_json(captured.out)                 # the numbers were printed first
     [line] = captured.err.strip().splitlines()

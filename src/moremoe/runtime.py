@@ -7,6 +7,7 @@ import datetime as _dt
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -49,12 +50,101 @@ class _NoBar:
     def close(self): pass
 
 
-def progress_bar(total: int, *, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr when it is a terminal (none in logs and CI), or a silent stand-in."""
-    if not enabled or not sys.stderr.isatty():
+# Progress lines in logs (stderr not a terminal), as HF Trainer and Lightning print them: a
+# line when a bar first moves, then at most one per PROGRESS_FRACTION of the work and never
+# sooner than PROGRESS_SECONDS after the last (whichever comes later), and one when it closes.
+PROGRESS_SECONDS = 10.0
+PROGRESS_FRACTION = 0.05
+PROGRESS_SECONDS_NO_TOTAL = 30.0      # work of unknown size: by time alone
+
+
+def duration(seconds: float) -> str:
+    """0.4s, 12s, 1m12s, 2h03m."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def eta_text(done: int, total: int | None, seconds: float) -> str:
+    """'1m12s elapsed, ~2m03s left' at `done` of `total` units after `seconds`."""
+    text = f"{duration(seconds)} elapsed"
+    if total and 0 < done < total:
+        text += f", ~{duration(seconds * (total - done) / done)} left"
+    return text
+
+
+class ProgressLines:
+    """A progress bar for logs: plain lines on stderr (looked up at each write), e.g.
+    `MoRE-96: 37% (370/1,000) 1m12s elapsed, ~2m03s left [loss=0.412]`. `initial` units
+    (work found done, e.g. on a resume) are shown but left out of the rate."""
+
+    def __init__(self, total: int | None, *, desc: str, initial: int = 0,
+                 clock=time.monotonic):
+        self.total, self.desc, self.clock = total or None, desc, clock
+        self.n = self.start_n = self.last_n = initial
+        self.t0 = self.last_t = clock()
+        self.postfix, self.printed, self.closed = "", False, False
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = self.clock()
+        if self.n > self.start_n and (not self.printed or self._due(now)):
+            self._write(now, done=False)
+
+    def _due(self, now: float) -> bool:
+        wait = now - self.last_t
+        if self.total is None:
+            return wait >= PROGRESS_SECONDS_NO_TOTAL
+        return (wait >= PROGRESS_SECONDS
+                and self.n - self.last_n >= PROGRESS_FRACTION * self.total)
+
+    def set_postfix(self, **kw) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in kw.items())
+
+    def close(self) -> None:
+        """The last line (the work that ended, with its time), unless nothing moved."""
+        if not self.closed and self.n > self.start_n and (self.n != self.last_n
+                                                         or not self.printed):
+            self._write(self.clock(), done=True)
+        self.closed = True
+
+    def _write(self, now: float, *, done: bool) -> None:
+        units = self.n - self.start_n
+        done = done or (self.total is not None and self.n >= self.total)
+        if self.total is None:
+            line = f"{self.desc}: {self.n:,} so far, {duration(now - self.t0)} elapsed"
+        else:
+            left = None if done else self.total - self.start_n
+            line = (f"{self.desc}: {100 * self.n // self.total}% ({self.n:,}/{self.total:,}) "
+                    + eta_text(units, left, now - self.t0))
+        line += ", done" if done else ""
+        print(line + (f" [{self.postfix}]" if self.postfix else ""), file=sys.stderr,
+              flush=True)
+        self.printed, self.last_n, self.last_t = True, self.n, now
+
+
+def progress_bar(total: int | None, *, desc: str, enabled: bool = True, initial: int = 0):
+    """Progress on stderr: a tqdm bar on a terminal, plain lines in a log or CI
+    (ProgressLines), nothing when not enabled (--no-progress). Never on stdout, which
+    carries the report (strict JSON under --json)."""
+    if not enabled:
         return _NoBar()
+    if not sys.stderr.isatty():
+        return ProgressLines(total, desc=desc, initial=initial)
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True,
+                leave=False)
+
+
+def progress_note(text: str, *, enabled: bool = True) -> None:
+    """One line of progress that is not a bar (what a long job is about to do), on stderr."""
+    if enabled:
+        print(text, file=sys.stderr, flush=True)
 
 
 def commit_id() -> str:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from ..checks import UserError
 from .args import _add_json, _int_list
 from ..report import check_output_file, table
 from ..report import emit as _emit
+from ..runtime import eta_text
 
 
 def _bench_table(rows: list[dict]) -> str:
@@ -65,17 +67,19 @@ def _run_bench(args, name: str, runner, render) -> int:
     if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
         raise UserError(f"bench {name} needs Triton and a CUDA GPU (or --quick with "
                          f"TRITON_INTERPRET=1 for a code-path check on the CPU)")
-    rows = []
+    rows, start = [], time.monotonic()
 
     def progress(i, n, row):
+        if args.no_progress:
+            return
         ms = "OOM" if row.get("oom") else row.get("error") or (
             f"{row['ms']:.3f} ms" if row.get("ms") is not None
             else f"{(row.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
         point = " ".join(f"{k}={row[k]}" for k in ("h", "M", "r", "s", "k", "B") if k in row)
         what = row.get("variant") or row.get("router") or row.get("model")
         print(f"[{i}/{n}] {row.get('sweep', name)} {what}/{row.get('impl', '')} "
-              f"{row.get('phase', '')} {point}: {ms}",
-              file=sys.stderr, flush=True)
+              f"{row.get('phase', '')} {point}: {ms} "
+              f"({eta_text(i, n, time.monotonic() - start)})", file=sys.stderr, flush=True)
 
     for row in runner(device, progress=progress, **args.runner_kwargs):
         rows.append(row)
@@ -354,5 +358,7 @@ def add_bench_parser(sub) -> None:
         pb.add_argument("--out", default=None, help="JSON-lines file to append to")
         pb.add_argument("--plot-only", default=None, metavar="JSONL",
                         help="only render the plots of an existing results file")
+        pb.add_argument("--no-progress", action="store_true",
+                        help="no line per measured row on stderr")
         _add_json(pb)
         pb.set_defaults(func=cmd_bench)

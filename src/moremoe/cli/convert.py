@@ -113,8 +113,9 @@ def cmd_convert_router(args) -> int:
             raise ValueError(f"--rank {max(args.rank)} exceeds min(experts, hidden) = {limit} "
                              f"of the model's routers")
         ids = _tokens(args, model, text, tok)
-        inputs = capture_router_inputs(model, ids)
-        result = convert_routers(model, inputs, args.rank, method=args.method)
+        inputs = capture_router_inputs(model, ids, progress=not args.no_progress)
+        result = convert_routers(model, inputs, args.rank, method=args.method,
+                                 progress=not args.no_progress)
     out.mkdir(parents=True, exist_ok=True)
     files = []
     for r, tensors in result.pop("factors").items():
@@ -163,5 +164,7 @@ def add_convert_parser(sub) -> None:
                         "paper's upper bound)")
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="random-token seed")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, lines in a log)")
     _add_json(p)
     p.set_defaults(func=cmd_convert_router)

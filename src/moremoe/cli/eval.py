@@ -61,7 +61,7 @@ def _val_rows(data: str, config):
 
 
 def cmd_eval(args) -> int:
-    from ..eval.zero_shot import offline_unless_hub_reachable
+    from ..eval.zero_shot import offline_unless_hub_reachable, task_manager
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
@@ -73,16 +73,18 @@ def cmd_eval(args) -> int:
                           "lower --batch-size (and --max-gen-toks for generation tasks), or "
                           "evaluate on a device with more memory (--device)"):
         model, device, checkpoint = _model_and_device(args)
+        # every task is known before any work (and progress line) starts
+        manager = task_manager(tasks, include_path=args.include_path) if tasks else None
         result = {"model": str(args.model), "checkpoint": checkpoint, "device": str(device),
                   "perplexity": None, "tasks": {}}
-        _evaluate(args, model, device, tasks, result)
+        _evaluate(args, model, device, tasks, manager, result)
     _emit(args, result, format_eval(result))       # the numbers first, whatever happens next
     if args.out:
         _write_report(Path(args.out), result)
     return 0
 
 
-def _evaluate(args, model, device, tasks: list[str], result: dict) -> None:
+def _evaluate(args, model, device, tasks: list[str], manager, result: dict) -> None:
     """Validation perplexity (--data) and the lm-eval tasks, into result."""
     from ..eval.zero_shot import run_harness
     if args.data:
@@ -92,13 +94,14 @@ def _evaluate(args, model, device, tasks: list[str], result: dict) -> None:
         except ValueError as err:
             raise ValueError(f"--data {args.data}: {err}") from err
         result["perplexity"] = evaluate_perplexity(model, seqs, batch_size=args.batch_size,
-                                                   max_batches=args.val_batches, device=device)
+                                                   max_batches=args.val_batches, device=device,
+                                                   progress=not args.no_progress)
     if tasks:
         from ..eval.lm_eval_adapter import MoremoeLM
         lm = MoremoeLM(model=model, batch_size=args.batch_size, device=str(device),
-                       max_gen_toks=args.max_gen_toks)
+                       max_gen_toks=args.max_gen_toks, progress=not args.no_progress)
         result["tasks"] = run_harness(lm, tasks, num_fewshot=args.num_fewshot,
-                                      limit=args.limit, include_path=args.include_path)
+                                      limit=args.limit, manager=manager)
         result["lm_eval"] = {"num_fewshot": args.num_fewshot, "limit": args.limit}
 
 
@@ -169,5 +172,7 @@ def add_eval_parser(sub) -> None:
                    help="also write the report here (checked before evaluating; if it cannot "
                         "be written the report goes to the temporary folder, which is named)")
     p.add_argument("--force", action="store_true", help="replace an existing --out report")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, lines in a log)")
     _add_json(p)
     p.set_defaults(func=cmd_eval)

@@ -14,16 +14,15 @@ def cmd_hypercube(args) -> int:
         raise ValueError(f"--experts must be 2^--rank = {1 << args.rank} for the hypercube "
                          f"construction, got {args.experts}")
     _check_plot(args)
-    bar, seen = progress_bar(args.tokens, desc="routing tokens"), [0]
+    bar, seen = progress_bar(args.tokens, desc="routing tokens",
+                             enabled=not args.no_progress), [0]
 
     def progress(done, total):
         bar.update(done - seen[0])
         seen[0] = done
-    try:
-        out = hypercube_check(args.rank, args.top_k, args.tokens, hidden=args.hidden,
-                              delta=args.delta, seed=args.seed, progress=progress)
-    finally:
-        bar.close()
+    out = hypercube_check(args.rank, args.top_k, args.tokens, hidden=args.hidden,
+                          delta=args.delta, seed=args.seed, progress=progress)
+    bar.close()               # after the work only: no closing line before an error
     if args.plot is not None:
         out["plot"] = str(plot_hypercube(out, args.plot))
     rows = [["experts M = 2^r", f"{out['experts']:,}"],
@@ -146,7 +145,11 @@ def cmd_rank(args) -> int:
         x = torch.randn(args.tokens, h, generator=g)
     ranks = args.ranks or [r for r in (2 ** i for i in range(12)) if r <= min(M, h)]
     methods = ("svd", "jl") if args.method == "both" else (args.method,)
-    rows = rank_agreement(W, x, args.top_k, ranks, methods=methods, seed=args.seed)
+    bar = progress_bar(len(methods) * len(ranks), desc="factoring the router",
+                       enabled=not args.no_progress)
+    rows = rank_agreement(W, x, args.top_k, ranks, methods=methods, seed=args.seed,
+                          progress=lambda done, total: bar.update())
+    bar.close()
     bounds = rank_bounds(M, args.top_k, args.bits)
     source = args.weights or f"Gaussian {M} x {h}"
     out = {"router": source, "experts": M, "hidden": h, "top_k": args.top_k,
@@ -175,6 +178,8 @@ def _check_plot(args):
 def _add_plot(p) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="also draw the result")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, lines in a log)")
 
 
 def add_theory_parser(sub) -> None:

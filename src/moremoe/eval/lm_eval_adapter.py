@@ -27,16 +27,19 @@ except ImportError as err:
 
 from ..model.generate import generate
 from ..tasks.tokenizer import EOT_ID, gpt2_encoding
-from ..runtime import autocast_dtype, resolve_device
+from ..runtime import autocast_dtype, progress_bar, resolve_device
 from .zero_shot import load_eval_model
 
 @register_model("moremoe")
 class MoremoeLM(TemplateLM):
     def __init__(self, model=None, pretrained: str | None = None, batch_size: int | str = 8,
-                 device: str | None = None, max_gen_toks: int = 256, max_batch_size=None):
+                 device: str | None = None, max_gen_toks: int = 256, max_batch_size=None,
+                 progress: bool = False):
         """model: a Transformer (in memory), or pretrained: a path load_eval_model reads.
-        lm-eval passes batch_size, max_batch_size (unused) and device itself."""
+        lm-eval passes batch_size, max_batch_size (unused) and device itself. progress: a
+        bar per request type on stderr (unless lm-eval passes disable_tqdm)."""
         super().__init__()
+        self.progress = progress
         if (model is None) == (pretrained is None):
             raise ValueError("give exactly one of model (a Transformer) or pretrained (a path)")
         self._device = resolve_device(device or "auto")
@@ -82,6 +85,8 @@ class MoremoeLM(TemplateLM):
                          list(continuation)))
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
         results: list = [None] * len(rows)
+        bar = progress_bar(len(rows), desc="loglikelihood requests",
+                           enabled=self.progress and not disable_tqdm)
         for at in range(0, len(order), self.batch_size):
             batch = order[at:at + self.batch_size]
             T = len(rows[batch[0]][0])
@@ -95,6 +100,8 @@ class MoremoeLM(TemplateLM):
                 cont_C = torch.tensor(cont, device=logp_CV.device)
                 logp = float(logp_CV.gather(-1, cont_C[:, None]).sum())
                 results[i] = (logp, bool((logp_CV.argmax(-1) == cont_C).all()))
+            bar.update(len(batch))
+        bar.close()
         for (key, _, _), answer in zip(requests, results):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, answer)
@@ -102,18 +109,24 @@ class MoremoeLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
+        bar = progress_bar(len(requests), desc="rolling loglikelihood requests",
+                           enabled=self.progress and not disable_tqdm)
         for (string,) in (req.args for req in requests):
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                 token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
                 max_seq_len=self.max_length, context_len=1)]
             total = sum(lp for lp, _ in self._loglikelihood_tokens(
-                [(None, ctx, cont) for ctx, cont in windows]))
+                [(None, ctx, cont) for ctx, cont in windows], disable_tqdm=True))
             self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
             out.append(total)
+            bar.update()
+        bar.close()
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out = []
+        bar = progress_bar(len(requests), desc="generate_until requests",
+                           enabled=self.progress and not disable_tqdm)
         for context, gen_kwargs in (req.args for req in requests):
             kw = dict(gen_kwargs)
             until = kw.pop("until", None) or []
@@ -133,4 +146,6 @@ class MoremoeLM(TemplateLM):
                 text = text.split(s)[0]
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
             out.append(text)
+            bar.update()
+        bar.close()
         return out

@@ -14,15 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from ..parallel.ddp import unwrap
-from ..runtime import autocast_dtype
+from ..runtime import autocast_dtype, progress_bar
 
 
 @torch.no_grad()
 def evaluate_perplexity(model, seqs_NT: np.ndarray | torch.Tensor, *, batch_size: int = 8,
                         max_batches: int | None = None, device=None,
-                        return_counts: bool = False) -> dict:
+                        return_counts: bool = False, progress: bool = False) -> dict:
     """dict(loss, perplexity, tokens); with return_counts also expert_counts, a list of
-    per-layer (M,) int64 counts of routed (token, slot) pairs (for H_norm)."""
+    per-layer (M,) int64 counts of routed (token, slot) pairs (for H_norm). progress: a
+    bar over the batches on stderr."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if seqs_NT.ndim != 2 or seqs_NT.shape[1] < 2:
@@ -35,6 +36,7 @@ def evaluate_perplexity(model, seqs_NT: np.ndarray | torch.Tensor, *, batch_size
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     counts, tokens = None, 0
+    bar = progress_bar(-(-n // batch_size), desc="perplexity", enabled=progress)
     try:
         for start in range(0, n, batch_size):
             batch = seqs_NT[start:min(start + batch_size, n)]
@@ -50,6 +52,8 @@ def evaluate_perplexity(model, seqs_NT: np.ndarray | torch.Tensor, *, batch_size
             if return_counts:
                 c = out.expert_counts
                 counts = c if counts is None else [a + b for a, b in zip(counts, c)]
+            bar.update()
+        bar.close()
     finally:
         model.train(was_training)
     loss = loss_sum.item() / tokens if tokens else float("nan")

@@ -110,9 +110,11 @@ def hypercube_check(rank: int, top_k: int, tokens: int, *, hidden: int | None = 
 
 
 def rank_agreement(W_MH: torch.Tensor, x_NH: torch.Tensor, top_k: int, ranks: list[int], *,
-                   methods=("svd",), seed: int = 0, chunk: int = 65_536) -> list[dict]:
+                   methods=("svd",), seed: int = 0, chunk: int = 65_536,
+                   progress=None) -> list[dict]:
     """Per (method, r): the share of tokens whose top-k set under the rank-r factorisation
-    equals the full router's, and the mean overlap |S ∩ S_r| / k."""
+    equals the full router's, and the mean overlap |S ∩ S_r| / k. progress(done, total)
+    is called after each (method, r)."""
     M, h = W_MH.shape
     if x_NH.dim() != 2 or x_NH.shape[1] != h:
         raise ValueError(f"tokens must have shape (N, h={h}), got {tuple(x_NH.shape)}")
@@ -140,6 +142,8 @@ def rank_agreement(W_MH: torch.Tensor, x_NH: torch.Tensor, top_k: int, ranks: li
             rows.append({"method": method, "rank": r, "set_preserved": same,
                          "mean_overlap": overlap,
                          "rel_error": float((R1 @ R2 - W).norm() / W.norm())})
+            if progress:
+                progress(len(rows), len(methods) * len(ranks))
     return rows
 
 

@@ -87,14 +87,11 @@ def _model_type(path: Path) -> str | None:
     return config.get("model_type") if isinstance(config, dict) else None
 
 
-def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = None,
-                include_path: str | None = None, include_defaults: bool = True,
-                seed: int = 1234) -> dict:
-    """{task: {"n": int, "metrics": {metric: {"value", "stderr", "filter"}}}}. Tasks are
-    looked up in include_path, then (include_defaults) among lm-eval's installed tasks,
-    whose index takes seconds to build."""
+def task_manager(tasks, *, include_path: str | None = None, include_defaults: bool = True):
+    """lm-eval's TaskManager, after checking that it knows every task. Tasks are looked up
+    in include_path, then (include_defaults) among lm-eval's installed tasks, whose index
+    takes seconds to build."""
     try:
-        import lm_eval
         from lm_eval.tasks import TaskManager
     except ImportError:
         raise ImportError("lm-eval is needed: pip install 'moremoe[eval]'") from None
@@ -107,6 +104,18 @@ def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = 
         raise ValueError(f"unknown task {', '.join(unknown)}: not among lm-eval's "
                          f"{len(manager.all_tasks):,} tasks{where} (list them with "
                          f"`lm_eval --tasks list`)")
+    return manager
+
+
+def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = None,
+                include_path: str | None = None, include_defaults: bool = True,
+                seed: int = 1234, manager=None) -> dict:
+    """{task: {"n": int, "metrics": {metric: {"value", "stderr", "filter"}}}}; manager: a
+    task_manager of these tasks (built here when None)."""
+    if manager is None:
+        manager = task_manager(tasks, include_path=include_path,
+                               include_defaults=include_defaults)
+    import lm_eval
     try:
         results = lm_eval.simple_evaluate(
             model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,

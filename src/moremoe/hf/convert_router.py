@@ -19,6 +19,7 @@ import torch
 
 from ..nn.router import factor_router, topk_agreement
 from ..report import save_figure
+from ..runtime import progress_bar
 
 
 GATE_NAMES = ("mlp.gate", "block_sparse_moe.gate")
@@ -43,8 +44,10 @@ def top_k_of(model) -> int:
 
 
 @torch.no_grad()
-def capture_router_inputs(model, input_ids: torch.Tensor, *, batch: int = 8) -> dict:
-    """Each gate's input hidden states (N, h) on the token sequences input_ids (B, T)."""
+def capture_router_inputs(model, input_ids: torch.Tensor, *, batch: int = 8,
+                          progress: bool = False) -> dict:
+    """Each gate's input hidden states (N, h) on the token sequences input_ids (B, T)
+    (progress: a bar over the sequences on stderr)."""
     names = [name for name, _ in find_routers(model)]
     modules = dict(model.named_modules())
     seen = {name: [] for name in names}
@@ -54,21 +57,27 @@ def capture_router_inputs(model, input_ids: torch.Tensor, *, batch: int = 8) -> 
              for name in names]
     try:
         model.eval()
+        bar = progress_bar(input_ids.shape[0], desc="running the model", enabled=progress)
         for b0 in range(0, input_ids.shape[0], batch):
             model(input_ids=input_ids[b0:b0 + batch])
+            bar.update(min(batch, input_ids.shape[0] - b0))
+        bar.close()
     finally:
         for hook in hooks:
             hook.remove()
     return {name: torch.cat(parts) for name, parts in seen.items()}
 
 
-def convert_routers(model, inputs: dict, ranks: list[int], *, method: str = "svd") -> dict:
+def convert_routers(model, inputs: dict, ranks: list[int], *, method: str = "svd",
+                    progress: bool = False) -> dict:
     """Per layer and rank: the float32 factors, and the top-k agreement of the factorisation
     with the original router, measured in float64 (float32 rounding would reorder near-tied
-    logits even at full rank)."""
+    logits even at full rank). progress: a bar over the routers on stderr."""
     k = top_k_of(model)
     layers, factors = [], {}
-    for name, weight in find_routers(model):
+    routers = find_routers(model)
+    bar = progress_bar(len(routers), desc="factoring routers", enabled=progress)
+    for name, weight in routers:
         W = weight.detach().double().cpu()
         x = inputs[name].double()
         full = (x @ W.T).topk(k, dim=1).indices
@@ -85,6 +94,8 @@ def convert_routers(model, inputs: dict, ranks: list[int], *, method: str = "svd
             factors.setdefault(r, {})[f"{name}.R1"] = R1.float().contiguous()
             factors[r][f"{name}.R2"] = R2.float().contiguous()
         layers.append(row)
+        bar.update()
+    bar.close()
     return {"top_k": k, "method": method, "layers": layers, "factors": factors}
 
 

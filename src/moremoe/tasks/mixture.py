@@ -236,8 +236,7 @@ def _tokenise(spec, stream, folder: Path, records: list, ctx, *, progress, on_ch
     taken = sum(r["tokens"] for r in records)
     read = records[-1]["rows_read"] if records else 0
     budget, start = spec.budget, taken
-    bar = progress_bar(budget, desc=f"tokenising {spec.name}", enabled=progress)
-    bar.update(taken)
+    bar = progress_bar(budget, desc=f"tokenising {spec.name}", enabled=progress, initial=taken)
     rows, pieces, docs, held = iter(stream), [], 0, 0     # held: tokens in pieces
     done = budget == 0 or spec.fraction == 0
     eot = np.array([EOT_ID], dtype=DTYPE)

@@ -235,8 +235,8 @@ def _tokenise(config, sources, shards, shard_dir: Path, *, progress, on_shard):
     new_tokens, t0 = 0, time.perf_counter()
     with _shard_results(jobs, context, min(config.workers, len(jobs))) as results:
         # the bar after the pool: tqdm's monitor thread should not exist when workers fork
-        bar = progress_bar(len(shards), desc="tokenising", enabled=progress)
-        bar.update(len(shards) - len(jobs))
+        bar = progress_bar(len(shards), desc="tokenising", enabled=progress,
+                           initial=len(shards) - len(jobs))
         try:
             for done, (k, record) in enumerate(results, len(shards) - len(jobs) + 1):
                 records[k] = record

@@ -150,7 +150,7 @@ class TrainSpec:
     max_minutes: float | None = None  # wall-clock budget: stop, checkpoint, report
     eval_every: int = 500             # steps between validations (and at the end)
     eval_batches: int = 8             # validation batches per rank (rows: × batch_size × world)
-    log_every: int = 10
+    log_every: int = 10               # steps between log lines (and a process's first step)
     ckpt_every: int = 1000
     keep: int = 2                     # checkpoints kept in out/checkpoints
     save_on_stop: bool = True         # checkpoint when the run stops (budget, signal)

@@ -301,7 +301,7 @@ class LMTrainer:
              "tokens_per_s": tok_s, "step_ms": 1000 * seconds / max(steps, 1),
              "mfu": self._mfu(tok_s), "skipped": steps - applied}
         self.log.write("train", step=self.step, **m)
-        self.echo(echo_line(self.step, self.total, m))
+        self.echo(echo_line(self.step, self.total, m, first=clock.steps == 1))
         return m
 
     def _max(self, t: torch.Tensor) -> torch.Tensor:
@@ -405,7 +405,7 @@ class LMTrainer:
                     profiler.stepped(clock.steps + 1)
                     clock.stepped()
                     reason = self._stop_reason(clock, signals)
-                    if self.step % t.log_every == 0 or reason is not None:
+                    if self.step % t.log_every == 0 or reason is not None or clock.steps == 1:
                         self._log_train(acc, clock)
                         acc.zero_()
                     if self.step % t.eval_every == 0 or reason is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..report import dumps
+from ..runtime import duration
 
 # Dense bf16 tensor-core peaks (TFLOP/s per GPU), matched against the CUDA device name.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "B200": 2250.0, "A100": 312.0}
@@ -196,7 +197,9 @@ class StepProfiler:
                        f"{avg.table(sort_by=key, row_limit=40)}\n" for key in keys)
 
 
-def echo_line(step: int, total: int, m: dict) -> str:
+def echo_line(step: int, total: int, m: dict, *, first: bool = False) -> str:
+    """The log line of a training window; the first step of a process has one of its own
+    (a run shows it is alive before the first log_every steps, compilation included)."""
     if m["loss"] is None:
         parts = [f"step {step}/{total}", "every step of the window skipped (non-finite)"]
     else:
@@ -208,6 +211,10 @@ def echo_line(step: int, total: int, m: dict) -> str:
         parts.append(f"MFU {100 * m['mfu']:.1f}%")
     if m.get("skipped"):
         parts.append(f"{m['skipped']} skipped")
+    if first:
+        parts.append("first step (compilation and warm-up included)")
+    elif step < total:
+        parts.append(f"~{duration((total - step) * m['step_ms'] / 1000)} left")
     return " | ".join(parts)
 
 

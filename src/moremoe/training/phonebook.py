@@ -21,7 +21,7 @@ from ..model import Transformer, TransformerConfig
 from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
 from ..tasks import phonebook as pb
-from ..runtime import autocast_dtype, progress_bar, resolve_device
+from ..runtime import autocast_dtype, duration, progress_bar, progress_note, resolve_device
 from .optim import make_optimizer
 
 HNORM_SAMPLE = 65_536   # entries used for H_norm at intermediate evaluations
@@ -140,6 +140,9 @@ def train_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
         calibration = calibrate_lr(model_cfg, cfg, progress=progress)
         lr = max(calibration, key=calibration.get)
     name = desc or model_cfg.moe.label
+    if calibration:
+        progress_note(f"{name}: training with lr {lr:g}, the calibration's best",
+                      enabled=progress)
     run = PhonebookRun(name=name, model=model_cfg.to_dict(), train=asdict(cfg), lr=lr,
                        params_total=model_cfg.total_params(),
                        flops_inference=model_cfg.moe.active_flops(),
@@ -202,13 +205,21 @@ def train_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
 def calibrate_lr(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
                  progress: bool = True) -> dict:
     """Short run per learning rate; returns {lr: char accuracy on the evaluation entries}."""
-    results = {}
-    for lr in cfg.lr_grid:
-        short = replace(cfg, lr=lr, max_steps=cfg.calibration_steps, max_minutes=None,
-                        threshold=float("inf"), eval_every=cfg.calibration_steps)
+    name, grid, steps = model_cfg.moe.label, cfg.lr_grid, cfg.calibration_steps
+    rates = ", ".join(f"{lr:g}" for lr in grid)
+    progress_note(f"{name}: calibrating the learning rate over {rates} ({steps} steps each, "
+                  f"{len(grid) * steps:,} in all, before training for at most "
+                  f"{cfg.planned_steps():,} steps; --lr skips this)", enabled=progress)
+    results, seconds = {}, 0.0
+    for i, lr in enumerate(grid, 1):
+        short = replace(cfg, lr=lr, max_steps=steps, max_minutes=None,
+                        threshold=float("inf"), eval_every=steps)
         run, _ = train_phonebook(model_cfg, short, progress=progress,
-                                 desc=f"{model_cfg.moe.label} lr={lr:g}")
-        results[lr] = run.char_accuracy
+                                 desc=f"{name} lr={lr:g} (calibration {i}/{len(grid)})")
+        results[lr], seconds = run.char_accuracy, seconds + run.seconds
+        more = f"; about {duration(seconds / i * (len(grid) - i))} more" if i < len(grid) else ""
+        progress_note(f"{name}: lr {lr:g} gives digit accuracy {run.char_accuracy:.3f} "
+                      f"({duration(run.seconds)}){more}", enabled=progress)
     return results
 
 
