@@ -8,7 +8,7 @@
 # Data is made here (`moremoe data corpus --python-source`, then `data prepare`), so no
 # network is needed; commands that need one (the Hub's datasets, a downloaded MoE) or more
 # GPUs than the machine has are listed as skipped, with why. Each command runs under
-# /usr/bin/time -f %e with a bound (seconds; $BOUND_SCALE multiplies them) and the whole
+# a wall clock with a bound (seconds; $BOUND_SCALE multiplies them) and the whole
 # script within $BUDGET_S seconds (default 460: under 8 minutes on an H100). A command cut
 # by its bound gets SIGINT (runs checkpoint, reports keep what they have) and its row says
 # "bounded": true, with its last progress line, whose rate ("~2m03s left") or step time
@@ -66,9 +66,11 @@ timed() {   # timed BOUND_S README_COMMAND ARGS...: run `moremoe ARGS...` in $WO
     row "$readme" "" "" 0 "the script's time budget (BUDGET_S) ran out"; return
   fi
   [ "$bound" -gt "$left" ] && bound=$left
-  (cd "$WORK" && timeout -s INT -k 30 "$bound" /usr/bin/time -f %e -o "$WORK/time" \
-      $PY -m moremoe.cli "$@" >"$WORK/out" 2>"$WORK/err")
+  local t0; t0=$(date +%s.%N)
+  (cd "$WORK" && timeout -s INT -k 30 "$bound" $PY -m moremoe.cli "$@" >"$WORK/out" 2>"$WORK/err")
   local rc=$?
+  $PY -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$t0" \
+      "$(date +%s.%N)" > "$WORK/time"
   local cut=0; { [ "$rc" -eq 124 ] || [ "$rc" -eq 130 ] || [ "$rc" -eq 137 ]; } && cut=1
   row "$readme" "moremoe $*" "$rc" "$cut" ""
 }
