@@ -45,3 +45,10 @@ def text_data(tmp_path_factory):
     """A prepared directory of real prose, byte-level (tests/prepared.py)."""
     from prepared import write_token_dir
     return write_token_dir(tmp_path_factory.mktemp("tokens"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_text_data(tmp_path_factory):
+    """The same prose through the GPT-2 tokenizer (vocab 50,257; tests/prepared.py)."""
+    from prepared import write_token_dir
+    return write_token_dir(tmp_path_factory.mktemp("gpt2_tokens"), gpt2=True)

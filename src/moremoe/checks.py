@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .runtime import memory_bytes
+from .runtime import in_graph, memory_bytes
 
 
 class UserError(Exception):
@@ -87,11 +87,12 @@ def check_expert_ids(topk_idx: torch.Tensor, experts: int, *, values: bool = Tru
     """topk_idx must be int32 or int64 and (values=True) hold expert ids in [0, experts).
     Checking the values reads two numbers back from the device (a host sync): callers
     whose ids come from a router, in range by construction, pass values=False. Inside
-    torch.compile the values are not checked (a graph cannot branch on them)."""
+    torch.compile or a CUDA-graph capture the values are not checked (a graph cannot branch
+    on them)."""
     if topk_idx.dtype not in INDEX_DTYPES:
         raise TypeError(f"topk_idx must be an int32 or int64 tensor of expert ids, got "
                         f"{topk_idx.dtype}")
-    if values and topk_idx.numel() and not torch.compiler.is_compiling():
+    if values and topk_idx.numel() and not in_graph():
         lo, hi = (int(v) for v in torch.aminmax(topk_idx))
         if lo < 0 or hi >= experts:
             raise ValueError(f"topk_idx holds expert ids from {lo} to {hi}; they must be in "

@@ -39,6 +39,15 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
+def in_graph() -> bool:
+    """True while torch.compile traces or a CUDA graph is being captured: code on this path
+    must take no host sync (.item(), .tolist(), a copy to the host), no shape that depends
+    on tensor values and no Python branch on them."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def autocast_dtype(device: torch.device):
     """bf16 autocast on GPU; full precision on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None

@@ -2,11 +2,11 @@
 
 Every command prints a readable table by default and strict JSON with ``--json``; long work
 shows a progress bar on stderr. One module per command group (plan, phonebook, bench, data,
-train, eval, hf, demo) adds its parser; ``main`` runs the command and turns an error the
-user can act on into one line (exit status 2), anything else into one line that says it is
-a bug (exit status 1); ``--debug`` or MOREMOE_DEBUG=1 shows the traceback instead. Running
-out of memory is the sizing asked for, not a bug: one line, exit status 2. Under torchrun
-only rank 0 prints an error line.
+train, eval, generate, hf, demo) adds its parser; ``main`` runs the command and turns an
+error the user can act on into one line (exit status 2), anything else into one line that
+says it is a bug (exit status 1); ``--debug`` or MOREMOE_DEBUG=1 shows the traceback
+instead. Running out of memory is the sizing asked for, not a bug: one line, exit status 2.
+Under torchrun only rank 0 prints an error line.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from .convert import add_convert_parser
 from .data import add_data_parser
 from .demo import add_demo_parser
 from .eval import add_eval_parser
+from .generate import add_generate_parser
 from .hf import add_hf_parser
 from .memory import out_of_memory
 from .phonebook import add_phonebook_parser
@@ -45,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"moremoe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_plan_parsers, add_phonebook_parser, add_bench_parser, add_data_parser,
-                add_train_parser, add_eval_parser, add_hf_parser, add_demo_parser,
-                add_theory_parser, add_convert_parser, add_plot_parser):
+                add_train_parser, add_eval_parser, add_generate_parser, add_hf_parser,
+                add_demo_parser, add_theory_parser, add_convert_parser, add_plot_parser):
         add(sub)
     return parser
 

@@ -2,7 +2,9 @@
 
 With the key/value cache each step runs the model on the one new token; without it each step
 reruns the whole sequence (the reference the cached path is tested against). Greedy unless
-``temperature > 0``. A row stops at eos_id, at the end of any of stop_sequences (token ids),
+``temperature > 0`` (then sampled, restricted by top_k / top_p: model/sampling.py). The
+static cache and the captured decode step (model/static.py) give the same tokens faster;
+this loop is their reference. A row stops at eos_id, at the end of any of stop_sequences (token ids),
 or when stop_fn(row's new tokens) says so (lm-eval's stop strings, checked on decoded text);
 decoding ends when every row has stopped.
 
@@ -15,24 +17,22 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..checks import check_int, check_number, check_tensor
+from ..checks import check_int, check_tensor
 from .cache import KVCache
+from .sampling import Sampling, sample
 
 
 @torch.no_grad()
 def generate(model, prompt_BT: torch.Tensor, max_new_tokens: int, *, eos_id: int | None = None,
              stop_sequences: Sequence[Sequence[int]] | None = None,
              stop_fn: Callable[[list[int]], bool] | None = None, temperature: float = 0.0,
-             use_cache: bool = True, generator: torch.Generator | None = None) -> list[list[int]]:
+             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+             generator: torch.Generator | None = None) -> list[list[int]]:
     """The new tokens of each row (the stop token or sequence included), at most
     max_new_tokens each. Rows share one length of prompt (no padding)."""
-    _check_arguments(model, prompt_BT, max_new_tokens, eos_id, stop_sequences, temperature,
-                     generator)
+    check_arguments(model, prompt_BT, max_new_tokens, eos_id, stop_sequences, generator)
+    sampling = Sampling(temperature, top_k, top_p)
     B, T = prompt_BT.shape
-    max_len = model.config.max_seq_len
-    if T + max_new_tokens > max_len:
-        raise ValueError(f"prompt length {T} + max_new_tokens {max_new_tokens} exceeds "
-                         f"max_seq_len={max_len}; truncate the prompt from the left")
     was_training = model.training
     model.eval()
     cache = KVCache(T + max_new_tokens) if use_cache else None
@@ -42,12 +42,8 @@ def generate(model, prompt_BT: torch.Tensor, max_new_tokens: int, *, eos_id: int
     try:
         for _ in range(max_new_tokens):
             logits_BV = model(step_BT if use_cache else tokens_BT, cache=cache).logits[:, -1]
-            next_B = _pick(logits_BV.float(), temperature, generator)
-            for b, tok in enumerate(next_B.tolist()):
-                if not done[b]:
-                    new[b].append(tok)
-                    done[b] = _stopped(new[b], eos_id, stop_sequences, stop_fn)
-            if all(done):
+            next_B = sample(logits_BV.float(), sampling, generator)
+            if not record(new, done, next_B.tolist(), eos_id, stop_sequences, stop_fn):
                 break
             step_BT = next_B[:, None].to(prompt_BT.dtype)
             tokens_BT = torch.cat([tokens_BT, step_BT], dim=1)
@@ -56,9 +52,10 @@ def generate(model, prompt_BT: torch.Tensor, max_new_tokens: int, *, eos_id: int
     return new
 
 
-def _check_arguments(model, prompt_BT, max_new_tokens, eos_id, stop_sequences, temperature,
-                     generator) -> None:
-    """TypeError / ValueError naming the argument, before any decoding."""
+def check_arguments(model, prompt_BT, max_new_tokens, eos_id, stop_sequences,
+                    generator) -> None:
+    """TypeError / ValueError naming the argument, before any decoding; the prompt and the
+    new tokens must fit max_seq_len."""
     config = getattr(model, "config", None)
     if not (callable(model) and hasattr(config, "vocab") and hasattr(config, "max_seq_len")):
         raise TypeError(f"model must be a moremoe Transformer, got {type(model).__name__}")
@@ -81,17 +78,23 @@ def _check_arguments(model, prompt_BT, max_new_tokens, eos_id, stop_sequences, t
     except TypeError:
         raise TypeError(f"stop_sequences must be a list of token-id lists, got "
                         f"{stop_sequences!r}") from None
-    check_number("temperature", temperature, low_open=False)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got "
                         f"{type(generator).__name__}")
+    T, max_len = prompt_BT.shape[1], model.config.max_seq_len
+    if T + max_new_tokens > max_len:
+        raise ValueError(f"prompt length {T} + max_new_tokens {max_new_tokens} exceeds "
+                         f"max_seq_len={max_len}; truncate the prompt from the left")
 
 
-def _pick(logits_BV: torch.Tensor, temperature: float, generator) -> torch.Tensor:
-    if temperature == 0:
-        return logits_BV.argmax(-1)
-    probs_BV = torch.softmax(logits_BV / temperature, dim=-1)
-    return torch.multinomial(probs_BV, 1, generator=generator)[:, 0]
+def record(new: list[list[int]], done: list[bool], tokens: list[int], eos_id, stop_sequences,
+           stop_fn) -> bool:
+    """Append a step's token to each row still going; False once every row has stopped."""
+    for b, tok in enumerate(tokens):
+        if not done[b]:
+            new[b].append(tok)
+            done[b] = _stopped(new[b], eos_id, stop_sequences, stop_fn)
+    return not all(done)
 
 
 def _stopped(row: list[int], eos_id, stop_sequences, stop_fn) -> bool:

@@ -4,7 +4,10 @@ RMSNorm (no bias), causal self-attention with n_heads query heads and n_kv_heads
 heads (GQA) through scaled_dot_product_attention, rotary positions, untied input/output
 embeddings. Single-device code: parallelism is applied from outside. With a key/value cache
 (model/cache.py, or a Hugging Face ``Cache``) the forward pass continues the cached sequence:
-rotary positions start at the cached length and the new queries see every cached key.
+rotary positions start at the cached length and the new queries see every cached key. With a
+static cache (StaticKVCache, or transformers' StaticCache) the positions are a tensor
+(positions_T) and the step's shapes never change: the keys are written at those positions
+into buffers of a fixed length, and each query sees the keys at or before its position.
 
 Legend: B batch, T positions (S those of the keys, cache included), h hidden, V vocabulary,
 H query heads, G key/value heads, D head dim.
@@ -167,6 +170,20 @@ def _causal(T: int, S: int, device) -> dict:
     return {"attn_mask": torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)}
 
 
+def attend_static(q_BHTD, k_BGSD, v_BGSD, positions_T):
+    """Attention over a static cache's whole buffers: query t (at position positions[t]) sees
+    the keys at positions <= it. The H = G·rep query heads attend as G groups of rep·T rows
+    (head g·rep + r reads key/value head g, as repeat_kv maps them), so the (B, G, S, D)
+    buffers are read once and never copied per query head."""
+    B, H, T, D = q_BHTD.shape
+    G, S = k_BGSD.shape[1], k_BGSD.shape[2]
+    rep = H // G
+    visible_TS = torch.arange(S, device=q_BHTD.device) <= positions_T[:, None]
+    out = F.scaled_dot_product_attention(q_BHTD.reshape(B, G, rep * T, D), k_BGSD, v_BGSD,
+                                         attn_mask=visible_TS.repeat(rep, 1))
+    return out.view(B, H, T, D)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig, layer_idx: int = 0):
         super().__init__()
@@ -178,12 +195,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, cfg.n_kv_heads * D, bias=False)
         self.o_proj = nn.Linear(cfg.heads * D, h, bias=False)
 
-    def forward(self, x_BTh, cos_TD, sin_TD, cache=None):
+    def forward(self, x_BTh, cos_TD, sin_TD, cache=None, positions_T=None):
+        """positions_T (T,) int64: a static cache's write positions (model/cache.py)."""
         B, T, _ = x_BTh.shape
         q = self.q_proj(x_BTh).view(B, T, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x_BTh).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_BTh).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos_TD, sin_TD), apply_rotary(k, cos_TD, sin_TD)
+        if positions_T is not None:
+            k, v = cache.update(k, v, self.layer_idx, {"cache_position": positions_T})
+            out = attend_static(q, k, v, positions_T)
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         if self.kv_heads != self.heads:
@@ -201,8 +223,9 @@ class Block(nn.Module):
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.moe = PEERLayer(cfg.moe) if isinstance(cfg.moe, PEERConfig) else MoELayer(cfg.moe)
 
-    def forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool, cache=None):
-        x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD, cache)
+    def forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool, cache=None,
+                positions_T=None):
+        x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD, cache, positions_T)
         out = self.moe(self.moe_norm(x_BTh), return_counts=return_counts)
         return x_BTh + out.y, out
 
@@ -265,12 +288,17 @@ class Transformer(nn.Module):
 
     def forward(self, tokens_BT: torch.Tensor | None, targets_BT: torch.Tensor | None = None, *,
                 return_counts: bool = False, cache=None,
-                embeds_BTh: torch.Tensor | None = None) -> TransformerOutput:
+                embeds_BTh: torch.Tensor | None = None,
+                positions_T: torch.Tensor | None = None,
+                keep_T: torch.Tensor | None = None) -> TransformerOutput:
         """tokens (B, T) -> logits; with targets (B, T) (IGNORE_INDEX = -100 where no loss),
         also the mean LM loss, the summed balancing loss and their sum. With a cache (a
         KVCache or a Hugging Face Cache), tokens continue the cached sequence and their keys
         and values are appended to it. embeds (B, T, h) in place of tokens: the input
-        embeddings given directly (tokens None)."""
+        embeddings given directly (tokens None). positions_T (T,) int64: the tokens'
+        positions, written there into a static cache (StaticKVCache; transformers'
+        StaticCache gives them itself). keep_T (K,) int64: logits only at these of the T
+        positions (B, K, V) (a prefill needs the last one)."""
         cfg = self.config
         if (tokens_BT is None) == (embeds_BTh is None):
             raise ValueError("give tokens (B, T) or embeds (B, T, h), exactly one of them")
@@ -279,18 +307,16 @@ class Transformer(nn.Module):
                          last_name="hidden")
         else:
             check_tensor("tokens", tokens_BT, ndim=2, integer=True)
-        T = (tokens_BT if embeds_BTh is None else embeds_BTh).shape[1]
-        start = 0 if cache is None else cache.get_seq_length()
-        if start + T > cfg.max_seq_len:
-            cached = f"{start} cached plus " if cache is not None else ""
-            raise ValueError(f"tokens has sequence length {cached}{T}, expected <= "
-                             f"max_seq_len={cfg.max_seq_len}")
+        if keep_T is not None and targets_BT is not None:
+            raise ValueError("keep_T computes some positions' logits only: no loss with it")
         x = self.embed(tokens_BT) if embeds_BTh is None else embeds_BTh
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        cos, sin, positions_T = self._rotary(x.shape[1], cache, positions_T, x.device)
         outs = []
         for block in self.blocks:
-            x, out = block(x, cos, sin, return_counts, cache)
+            x, out = block(x, cos, sin, return_counts, cache, positions_T)
             outs.append(out)
+        if keep_T is not None:
+            x = x.index_select(1, keep_T)
         x = self.norm(x)
         logits = (padded_linear(x, self.lm_head.weight, HEAD_ROWS_MULTIPLE) if x.is_cuda
                   else self.lm_head(x))
@@ -305,3 +331,21 @@ class Transformer(nn.Module):
             result.loss = result.lm_loss + (result.aux_loss if result.aux_loss is not None
                                             else 0.0)
         return result
+
+    def _rotary(self, T: int, cache, positions_T, device):
+        """(cos, sin) of the T new tokens and their positions tensor (None unless the cache
+        is static): after the cached length (a Python int), or at the positions given or
+        that transformers' static cache counts on the device (no host sync either way)."""
+        if positions_T is None and getattr(cache, "is_compileable", False):
+            positions_T = torch.arange(T, device=device) + cache.get_seq_length()
+        if positions_T is not None:
+            if cache is None:
+                raise ValueError("positions_T writes into a static cache: pass the cache")
+            return (self.rope_cos.index_select(0, positions_T),
+                    self.rope_sin.index_select(0, positions_T), positions_T)
+        start = 0 if cache is None else cache.get_seq_length()
+        if start + T > self.config.max_seq_len:
+            cached = f"{start} cached plus " if cache is not None else ""
+            raise ValueError(f"tokens has sequence length {cached}{T}, expected <= "
+                             f"max_seq_len={self.config.max_seq_len}")
+        return self.rope_cos[start:start + T], self.rope_sin[start:start + T], None

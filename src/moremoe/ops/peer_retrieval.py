@@ -49,7 +49,9 @@ def peer_retrieval_ref(q_NHD: Tensor, keys_2RD: Tensor, kappa: int) -> tuple[Ten
     with torch.no_grad():
         v_a, i_a = s_a.topk(kappa, dim=-1)                  # sorted, descending
         v_b, i_b = s_b.topk(kappa, dim=-1)
-        ci, cj = _grid_candidates(kappa, q_NHD.device)
+        # traced, the lists become constants of the graph (the cache is the host's)
+        grid = _grid_candidates.__wrapped__ if torch.compiler.is_compiling() else _grid_candidates
+        ci, cj = grid(kappa, q_NHD.device)
         pos = (v_a[..., ci] + v_b[..., cj]).topk(kappa, dim=-1).indices   # of (N, H, C)
         a, b = i_a.gather(-1, ci[pos]), i_b.gather(-1, cj[pos])
     return s_a.gather(-1, a) + s_b.gather(-1, b), a * R + b

@@ -14,6 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..runtime import in_graph
+
+CHUNK_BYTES = 1 << 28      # the gathered expert weights at a time on the traceable path
+
 
 def upcast_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
     if not upcast:
@@ -58,8 +62,9 @@ def select_topk(logits_NM: torch.Tensor, k: int):
     largest keys are distinct. Only the others are redone: rows holding NaN or +inf (which
     torch.topk ranks first) on sanitised keys, then rows with a tie among their k + 1 largest
     keys (torch.topk orders ties in no promised way) from their candidates. Under
-    torch.compile the selection is one traceable pass instead (no data-dependent shapes)."""
-    if torch.compiler.is_compiling():
+    torch.compile or a CUDA-graph capture the selection is one traceable pass instead (no
+    data-dependent shapes, no host sync)."""
+    if in_graph():
         return _select_topk_traceable(logits_NM, k)
     keys_NM = logits_NM.detach()
     k1 = min(k + 1, keys_NM.shape[1])
@@ -136,7 +141,7 @@ def softmax_colsum(logits_NM: torch.Tensor) -> torch.Tensor:
     (no NaN or +inf logit, some finite one in every row: a healthy router), else the
     sanitised formula."""
     dt = torch.float64 if logits_NM.dtype == torch.float64 else torch.float32
-    if not torch.compiler.is_compiling():
+    if not in_graph():
         probs_NM = torch.softmax(logits_NM, dim=-1, dtype=dt)
         if not probs_NM[:, 0].isnan().any():            # a spoilt row is NaN throughout
             return probs_NM.sum(dim=0)
@@ -174,11 +179,17 @@ def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down
 
     Sorts the (token, slot) pairs by expert and runs each expert present on its rows; the
     gated outputs are summed in float32 (float64 when upcast from float64) and returned in
-    the compute dtype.
+    the compute dtype. Under torch.compile or a CUDA-graph capture, without gradients (a
+    decode step), each pair multiplies its expert's gathered weights instead: the sort's
+    per-expert split has shapes that depend on the ids.
     """
     N, k = topk_idx_NK.shape
     dt = upcast_dtype(x_NH.dtype, upcast)
     acc_dt = torch.float64 if dt == torch.float64 else torch.float32
+    weights = (x_NH, gates_NK, w_gate_MSH, w_up_MSH, w_down_MHS)
+    if in_graph() and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights)):
+        return _swiglu_experts_gathered(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH,
+                                        w_down_MHS, dt, acc_dt)
     flat_idx = topk_idx_NK.reshape(-1).long()
     order = torch.argsort(flat_idx, stable=True)
     token = order // k
@@ -198,3 +209,23 @@ def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down
     if outs:
         y_NH = y_NH.index_add(0, token, torch.cat(outs).to(acc_dt) * gate_sorted[:, None])
     return y_NH.to(dt)
+
+
+def _swiglu_experts_gathered(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down_MHS,
+                             dt, acc_dt):
+    """swiglu_experts_ref with no shape that depends on the ids: pair n k + j multiplies the
+    weights of expert topk_idx[n, j], gathered (p, s, h) for a chunk of p pairs at a time
+    (CHUNK_BYTES), and the k gated rows of a token are summed in slot order."""
+    N, k = topk_idx_NK.shape
+    M, s, h = w_gate_MSH.shape
+    flat_P = topk_idx_NK.reshape(-1).long()
+    x_PH1 = x_NH.to(dt).repeat_interleave(k, dim=0)[:, :, None]
+    rows = max(1, CHUNK_BYTES // (3 * s * h * torch.finfo(dt).bits // 8))
+    outs = [x_PH1.new_zeros(0, h)]
+    for i in range(0, N * k, rows):
+        e, xp = flat_P[i:i + rows], x_PH1[i:i + rows]
+        act = (F.silu(torch.bmm(w_gate_MSH[e].to(dt), xp))
+               * torch.bmm(w_up_MSH[e].to(dt), xp))                      # (p, s, 1)
+        outs.append(torch.bmm(w_down_MHS[e].to(dt), act)[..., 0])        # (p, h)
+    y_PH = torch.cat(outs).to(acc_dt) * gates_NK.reshape(-1, 1).to(acc_dt)
+    return y_PH.view(N, k, h).sum(1).to(dt)
