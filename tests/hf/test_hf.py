@@ -188,3 +188,48 @@ def test_inputs_embeds_equal_the_token_path():
         hf(input_ids=tokens, inputs_embeds=model.embed(tokens))
     with pytest.raises(ValueError, match="hidden"):
         hf(inputs_embeds=torch.randn(1, 3, 5))
+
+
+@pytest.mark.parametrize("moe,kv", [*MODELS, PEER])
+def test_generate_with_the_static_cache_equals_ours(tmp_path, moe, kv):
+    """transformers' StaticCache (positions counted on the device, a 4-D mask it builds):
+    the exported model's greedy tokens are moremoe's own."""
+    model = tiny(moe, kv)
+    hf = _loaded(model, tmp_path, "register")
+    prompt = torch.randint(0, V, (2, 7))
+    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                      do_sample=False, cache_implementation="static",
+                      return_dict_in_generate=True)
+    assert type(getattr(out, CACHE_FIELD)).__name__ == "StaticCache"
+    assert out.sequences[:, 7:].tolist() == generate(model, prompt, 12)
+
+
+def test_static_cache_refuses_padding_and_lengths_past_max_seq_len(tmp_path):
+    hf = _loaded(tiny(MoEConfig.more(12, 2, 32, 8, 4), 2), tmp_path, "register")
+    prompt = torch.randint(0, V, (2, 6))
+    mask = torch.ones_like(prompt)
+    mask[1, :2] = 0
+    with pytest.raises(ValueError, match="padded inputs"):
+        hf.generate(prompt, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                    cache_implementation="static")
+    with pytest.raises(ValueError, match=r"static cache holds 35 positions .* <= "
+                                         r"max_seq_len=32"):
+        hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30,
+                    do_sample=False, cache_implementation="static")
+
+
+def test_compiled_static_cache_generate_traces_whole_and_equals_ours(tmp_path):
+    """The decoding step transformers compiles (fullgraph; aot_eager on the CPU, where it
+    would not compile by itself) traces without a break and keeps the tokens."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+    model = tiny(MoEConfig.more(12, 2, 32, 8, 4), 2)
+    hf = _loaded(model, tmp_path, "register")
+    prompt = torch.randint(0, V, (2, 5))
+    config = CompileConfig(fullgraph=True, backend="aot_eager", mode=None, dynamic=False)
+    config._compile_all_devices = True
+    graphs = counters["stats"]["unique_graphs"]
+    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                      do_sample=False, cache_implementation="static", compile_config=config)
+    assert counters["stats"]["unique_graphs"] > graphs
+    assert out[:, 5:].tolist() == generate(model, prompt, 6)
