@@ -52,3 +52,10 @@ def gpt2_text_data(tmp_path_factory):
     """The same prose through the GPT-2 tokenizer (vocab 50,257; tests/prepared.py)."""
     from prepared import write_token_dir
     return write_token_dir(tmp_path_factory.mktemp("gpt2_tokens"), gpt2=True)
+
+
+@pytest.fixture(scope="session")
+def gpt2_run(gpt2_text_data, tmp_path_factory):
+    """A tiny run on GPT-2 tokens (what `moremoe generate` and the export's tokenizer need)."""
+    from prepared import train_tiny_run
+    return train_tiny_run(gpt2_text_data, tmp_path_factory.mktemp("gpt2_run") / "run")

@@ -1,6 +1,7 @@
 """A prepared token directory of real prose in the format of `moremoe data prepare`: the
 standard library's pydoc topics, so it needs nothing offline; byte-level (vocab 256), or
-through the GPT-2 tokenizer (the vocabulary `moremoe generate` reads)."""
+through the GPT-2 tokenizer (the vocabulary `moremoe generate` reads); and a tiny run
+trained on such data."""
 import json
 
 import numpy as np
@@ -28,3 +29,17 @@ def write_token_dir(path, *, seq_len: int = 128, val_sequences: int = 32,
             "tokens": int(rows.size), "sha256": {}}
     (path / "meta.json").write_text(json.dumps(meta))
     return path
+
+
+# a tiny run's arguments: the tiny-moe preset on the CPU, one checkpoint after 2 steps
+TINY_RUN = ["--preset", "tiny-moe", "--device", "cpu", "--set", "model.seq_len=32",
+            "--set", "train.batch_size=2", "--set", "train.log_every=1",
+            "--set", "train.eval_batches=1", "--set", "train.ckpt_every=2",
+            "--set", "train.max_steps=2"]
+
+
+def train_tiny_run(data, out):
+    """A 2-step run of tiny-moe on prepared data (of its vocabulary)."""
+    from moremoe.cli import main
+    assert main(["train", "--data", str(data), "--out", str(out), *TINY_RUN, "--json"]) == 0
+    return out

@@ -13,21 +13,7 @@ from moremoe.cli import main
 from moremoe.model import generate
 from moremoe.model.checkpoint import load_model
 from moremoe.tasks.tokenizer import EOT_ID, gpt2_encoding
-
-TRAIN = ["--preset", "tiny-moe", "--device", "cpu", "--set", "model.seq_len=32",
-         "--set", "train.batch_size=2", "--set", "train.log_every=1",
-         "--set", "train.eval_batches=1", "--set", "train.ckpt_every=2",
-         "--set", "train.max_steps=2"]
-
-
-def _train(data, out):
-    assert main(["train", "--data", str(data), "--out", str(out), *TRAIN, "--json"]) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
-def run(gpt2_text_data, tmp_path_factory):
-    return _train(gpt2_text_data, tmp_path_factory.mktemp("gen") / "run")
+from prepared import train_tiny_run
 
 
 def _json(capsys, argv):
@@ -37,42 +23,42 @@ def _json(capsys, argv):
                       parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
 
 
-def test_greedy_equals_the_models_generate_and_streams_the_text(capsys, run):
+def test_greedy_equals_the_models_generate_and_streams_the_text(capsys, gpt2_run):
     prompt = "The quick brown fox"
-    out = _json(capsys, ["generate", str(run), "--prompt", prompt, "--max-new-tokens", "12"])
+    out = _json(capsys, ["generate", str(gpt2_run), "--prompt", prompt, "--max-new-tokens", "12"])
     ids = gpt2_encoding().encode(prompt)
-    want = generate(load_model(run), torch.tensor([ids]), 12, eos_id=EOT_ID)[0]
+    want = generate(load_model(gpt2_run), torch.tensor([ids]), 12, eos_id=EOT_ID)[0]
     row = out["results"][0]
     assert row["prompt_ids"] == ids and row["token_ids"] == want
     assert row["prefill_ms"] > 0 and out["dtype"] == "float32" and out["temperature"] == 0
     assert row["stopped"] in ("eos", "length") and len(want) <= 12
-    assert main(["generate", str(run), "--prompt", prompt, "--max-new-tokens", "12"]) == 0
+    assert main(["generate", str(gpt2_run), "--prompt", prompt, "--max-new-tokens", "12"]) == 0
     assert capsys.readouterr().out == prompt + row["text"] + "\n"
 
 
-def test_a_prompt_file_batches_equal_lengths_and_keeps_the_order(capsys, run, tmp_path):
+def test_a_prompt_file_batches_equal_lengths_and_keeps_the_order(capsys, gpt2_run, tmp_path):
     enc = gpt2_encoding()
     lines = ["Hello there", "", "One two three four", "Good morning"]
     assert len(enc.encode(lines[0])) == len(enc.encode(lines[3])) != len(enc.encode(lines[2]))
     path = tmp_path / "prompts.txt"
     path.write_text("\n".join(lines) + "\n")
-    out = _json(capsys, ["generate", str(run), "--prompt-file", str(path),
+    out = _json(capsys, ["generate", str(gpt2_run), "--prompt-file", str(path),
                          "--max-new-tokens", "6", "--ignore-eos"])
     rows = out["results"]
     assert [r["line"] for r in rows] == [1, 3, 4] and [r["batch"] for r in rows] == [2, 1, 2]
-    model = load_model(run)
+    model = load_model(gpt2_run)
     for r in rows:
         assert r["token_ids"] == generate(model, torch.tensor([r["prompt_ids"]]), 6)[0]
         assert len(r["token_ids"]) == 6 and r["stopped"] == "length"
-    assert main(["generate", str(run), "--prompt-file", str(path), "--max-new-tokens", "6",
+    assert main(["generate", str(gpt2_run), "--prompt-file", str(path), "--max-new-tokens", "6",
                  "--ignore-eos", "--no-progress"]) == 0
     text = capsys.readouterr().out
     for r in rows:
         assert f"--- line {r['line']}\n{r['prompt']}{r['text']}\n" in text
 
 
-def test_a_seed_makes_sampling_reproducible(capsys, run):
-    argv = ["generate", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "5",
+def test_a_seed_makes_sampling_reproducible(capsys, gpt2_run):
+    argv = ["generate", str(gpt2_run), "--prompt", "Once upon a time", "--max-new-tokens", "5",
             "--temperature", "1.5", "--top-k", "1000", "--ignore-eos"]
     a = _json(capsys, argv + ["--seed", "5"])["results"][0]["token_ids"]
     b = _json(capsys, argv + ["--seed", "5"])["results"][0]["token_ids"]
@@ -84,8 +70,8 @@ def test_a_seed_makes_sampling_reproducible(capsys, run):
     assert again["results"][0]["token_ids"] == unseeded["results"][0]["token_ids"]
 
 
-def test_mistakes_are_one_line(capsys, run, text_data, tmp_path):
-    g = ["generate", str(run)]
+def test_mistakes_are_one_line(capsys, gpt2_run, text_data, tmp_path):
+    g = ["generate", str(gpt2_run)]
     fails(capsys, ["generate", str(tmp_path / "nope"), "--prompt", "a"], r"does not exist")
     fails(capsys, g + ["--prompt", ""], r"--prompt is empty")
     fails(capsys, g + ["--prompt-file", str(tmp_path / "p.txt")], r"--prompt-file .*no such")
@@ -100,14 +86,14 @@ def test_mistakes_are_one_line(capsys, run, text_data, tmp_path):
     fails(capsys, g + ["--prompt", "a", "--temperature", "-1"], r"--temperature must be >= 0")
     fails(capsys, g + ["--prompt", "a", "--top-k", "0"], r"expected a positive integer")
     fails(capsys, g + ["--prompt", "a", "--prompt-file", "x"], r"not allowed with")
-    broken = Path(shutil.copytree(run, tmp_path / "broken"))
+    broken = Path(shutil.copytree(gpt2_run, tmp_path / "broken"))
     weights = broken / "checkpoints" / "step_00000002" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
     fails(capsys, ["generate", str(broken), "--prompt", "a"],
           r"has no complete checkpoint; incomplete: .*step_00000002 \(model.safetensors")
     fails(capsys, ["generate", str(weights.parent), "--prompt", "a"],
           r"checkpoint .*step_00000002 is incomplete: model.safetensors has .* \(truncated\)")
-    byte_run = _train(text_data, tmp_path / "bytes")
+    byte_run = train_tiny_run(text_data, tmp_path / "bytes")
     fails(capsys, ["generate", str(byte_run), "--prompt", "a"],
           r"has a vocabulary of 256 tokens, not GPT-2's 50,257: generate reads the prompt "
           r"with the GPT-2 tokenizer")

@@ -8,19 +8,22 @@ import tempfile
 from pathlib import Path
 
 from ..report import check_output_dir
+from ..tasks.tokenizer import VOCAB_SIZE
 from ..report import emit as _emit
 from .args import _add_json
 
 
 def cmd_hf_export(args) -> int:
     from ..hf import export
-    from ..model.checkpoint import load_model
+    from ..hf.card import run_info
+    from ..model.checkpoint import load_model, resolve
     out = _export_target(Path(args.checkpoint), Path(args.out_dir), force=args.force)
-    model = load_model(args.checkpoint)
+    ckpt = resolve(args.checkpoint, weights_only=True)
+    model = load_model(ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
-        export(model, staging)
+        export(model, staging, info=run_info(ckpt), name=out.name)
         out.mkdir(exist_ok=True)
         for f in staging.iterdir():                  # each file lands whole or not at all
             os.replace(f, out / f.name)
@@ -28,8 +31,11 @@ def cmd_hf_export(args) -> int:
         shutil.rmtree(staging, ignore_errors=True)
     result = {"checkpoint": str(args.checkpoint), "out_dir": str(out),
               "files": sorted(f.name for f in out.iterdir())}
-    _emit(args, result, f"wrote {out} ({', '.join(result['files'])}); load it with "
-          f"moremoe.hf.register() and AutoModelForCausalLM.from_pretrained")
+    tokenizer = ("AutoTokenizer reads its GPT-2 tokenizer" if model.config.vocab == VOCAB_SIZE
+                 else f"no tokenizer: the vocabulary of {model.config.vocab:,} is not GPT-2's")
+    _emit(args, {**result, "tokenizer": model.config.vocab == VOCAB_SIZE},
+          f"wrote {out} ({', '.join(result['files'])}); load it with moremoe.hf.register() "
+          f"and AutoModelForCausalLM.from_pretrained; {tokenizer}")
     return 0
 
 
@@ -49,7 +55,7 @@ def _export_target(src: Path, out: Path, *, force: bool) -> Path:
                          f"written into (not even with --force): choose another folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"OUT_DIR {out} is not empty; pass --force to write into it "
-                         f"(config.json and model.safetensors are replaced, other files kept)")
+                         f"(the export's files are replaced, other files kept)")
     check_output_dir(out.parent, "OUT_DIR")
     return out
 
@@ -58,13 +64,19 @@ def add_hf_parser(sub) -> None:
     h = sub.add_parser("hf", help="Hugging Face transformers interop")
     hsub = h.add_subparsers(dest="hf_command", metavar="SUBCOMMAND", required=True)
     e = hsub.add_parser("export", help="a checkpoint as a transformers directory",
-                        description="Write a moremoe checkpoint as config.json + model.safetensors "
-                        "that AutoModelForCausalLM loads after moremoe.hf.register().")
+                        description="Write a moremoe checkpoint as config.json + "
+                        "model.safetensors that AutoModelForCausalLM loads after "
+                        "moremoe.hf.register() (or with trust_remote_code=True), GPT-2's "
+                        "tokenizer files (tokenizer.json, tokenizer_config.json) when the "
+                        "model's vocabulary is GPT-2's, so that AutoTokenizer and "
+                        "pipeline('text-generation') read the folder, and a model card "
+                        "(README.md: the architecture, the training configuration, the data "
+                        "and the run's last metrics).")
     e.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint or run directory")
     e.add_argument("out_dir", metavar="OUT_DIR",
                    help="folder to write: new or empty (or --force); never a moremoe run")
     e.add_argument("--force", action="store_true",
-                   help="write into a non-empty OUT_DIR (config.json and model.safetensors "
-                        "are replaced)")
+                   help="write into a non-empty OUT_DIR (the export's files are replaced, "
+                        "others kept)")
     _add_json(e)
     e.set_defaults(func=cmd_hf_export)

@@ -1,8 +1,9 @@
-"""Hugging Face transformers interop: MoremoeConfig, MoremoeForCausalLM, register().
+"""Hugging Face transformers interop: MoremoeConfig, MoremoeForCausalLM, register(), export().
 
 Needs the ``text`` extra (transformers, safetensors). After ``register()``,
 ``AutoConfig`` and ``AutoModelForCausalLM`` load moremoe directories saved with
-``save_pretrained`` (safetensors weights and config.json).
+``save_pretrained`` (safetensors weights and config.json); an ``export`` folder also holds
+GPT-2's tokenizer files (for a model of GPT-2's vocabulary) and a model card.
 """
 from __future__ import annotations
 
@@ -34,12 +35,18 @@ AUTO_MAP = {"AutoConfig": "configuration_moremoe.MoremoeConfig",
             "AutoModelForCausalLM": "modeling_moremoe.MoremoeForCausalLM"}
 
 
-def export(transformer, out_dir, **config_kwargs):
-    """Save a moremoe Transformer as a transformers directory (config.json with auto_map,
-    model.safetensors, the two remote-code modules); returns the path."""
+def export(transformer, out_dir, *, info: dict | None = None, name: str | None = None,
+           **config_kwargs):
+    """Save a moremoe Transformer as a transformers directory: config.json with auto_map,
+    model.safetensors, the two remote-code modules, the GPT-2 tokenizer files when the
+    vocabulary is GPT-2's (hf/tokenizer.py) and the model card README.md (hf/card.py; info:
+    card.run_info of the checkpoint, name: the card's title). Returns the path."""
     from pathlib import Path
 
     from ..report import with_umask
+    from ..tasks.tokenizer import VOCAB_SIZE
+    from .card import model_card
+    from .tokenizer import write_gpt2_tokenizer
     model = MoremoeForCausalLM.from_transformer(transformer, **config_kwargs)
     model.config.auto_map = dict(AUTO_MAP)
     # transformers 4.x marks the classes once loaded with trust_remote_code for copying
@@ -47,9 +54,14 @@ def export(transformer, out_dir, **config_kwargs):
     # below are the remote code
     model._auto_class = model.config._auto_class = None
     model.save_pretrained(out_dir)
-    for name, code in REMOTE_CODE.items():
-        (Path(out_dir) / name).write_text('"""moremoe\'s transformers classes (pip install '
-                                          '\'moremoe[text]\')."""\n' + code)
+    for module, code in REMOTE_CODE.items():
+        (Path(out_dir) / module).write_text('"""moremoe\'s transformers classes (pip install '
+                                            '\'moremoe[text]\')."""\n' + code)
+    cfg = transformer.config
+    if cfg.vocab == VOCAB_SIZE:
+        write_gpt2_tokenizer(out_dir, cfg.max_seq_len)
+    (Path(out_dir) / "README.md").write_text(
+        model_card(cfg, info or {}, name=name or Path(out_dir).name))
     for f in Path(out_dir).iterdir():      # the weights too, not 0600 beside 0644 files
         if f.is_file():
             with_umask(f)
