@@ -2,6 +2,7 @@
 found, full rank reproduces the top-k sets, the factors multiply back to the weights, and
 the command writes its factors, report and plot without overwriting a folder."""
 import json
+import math
 
 import pytest
 import torch
@@ -88,6 +89,57 @@ def test_convert_router_reads_text_through_the_models_tokenizer(capsys, tmp_path
     text = tmp_path / "text.txt"
     text.write_text(" ".join(f"w{(7 * i) % 99 + 1}" for i in range(300)))
     assert main(["convert-router", str(model), "--rank", "4", "--out", str(tmp_path / "o"),
-                 "--text", str(text), "--seq-len", "50", "--json"]) == 0
+                 "--text", str(text), "--seq-len", "50", "--write-model",
+                 str(tmp_path / "w"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["tokens"] == 300 and report["layers"][0]["tokens"] == 300
+    # the converted model carries the source's tokenizer: it reads the same text alike
+    written = transformers.AutoTokenizer.from_pretrained(tmp_path / "w")
+    assert written(text.read_text()).input_ids == transformers.AutoTokenizer.from_pretrained(
+        model)(text.read_text()).input_ids
+
+
+@pytest.mark.parametrize("arch", ["Qwen3MoeConfig", "OlmoeConfig", "MixtralConfig"])
+def test_write_model_routes_with_the_factors_and_reports_the_loss(capsys, tmp_path, arch):
+    """--write-model: the source architecture, loadable by AutoModelForCausalLM, whose gates
+    are R1 R2 of the factors written beside the report; the loss before and after is the
+    loss of the source and of the written model on the same tokens."""
+    from safetensors.torch import load_file
+
+    from moremoe.hf.convert_router import find_routers, lm_loss
+    model = _save(tmp_path, arch)
+    out, written = tmp_path / "out", tmp_path / "converted"
+    assert main(["convert-router", str(model), "--rank", "2", "--out", str(out),
+                 "--write-model", str(written), "--random-tokens", "256", "--seq-len", "32",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["model_written"]
+    assert report["rank"] == 2 and report["routers"] == 2
+    source = transformers.AutoModelForCausalLM.from_pretrained(model)
+    converted = transformers.AutoModelForCausalLM.from_pretrained(written)
+    assert type(converted) is type(source)
+    assert converted.config.moremoe_router_factors["rank"] == 2
+    factors = load_file(str(out / "routers_r2.safetensors"))
+    for name, weight in find_routers(converted):
+        torch.testing.assert_close(weight, factors[f"{name}.R1"] @ factors[f"{name}.R2"],
+                                   rtol=1e-5, atol=1e-6)
+        assert torch.linalg.matrix_rank(weight.double(), rtol=1e-5) == 2   # fp32 rounding
+    g = torch.Generator().manual_seed(0)                 # the command's random tokens
+    ids = torch.randint(0, source.config.vocab_size, (8, 32), generator=g)
+    assert report["loss"] == pytest.approx(lm_loss(source, ids), rel=1e-5)
+    assert report["loss_converted"] == pytest.approx(lm_loss(converted, ids), rel=1e-5)
+    assert report["loss_converted"] != report["loss"]
+    assert report["perplexity_converted"] == pytest.approx(math.exp(report["loss_converted"]))
+
+
+def test_write_model_mistakes(capsys, tmp_path):
+    model = _save(tmp_path, "MixtralConfig")
+    base = ["convert-router", str(model), "--out", str(tmp_path / "o"), "--random-tokens", "64",
+            "--seq-len", "32"]
+    fails(capsys, base + ["--rank", "2,4", "--write-model", str(tmp_path / "w")],
+          r"--write-model writes one converted model: give one --rank, got 2,4")
+    fails(capsys, base + ["--rank", "2", "--write-model", str(model), "--force"],
+          r"--write-model .* is MODEL: write the converted model to a folder of its own")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "mine.txt").write_text("mine")
+    fails(capsys, base + ["--rank", "2", "--write-model", str(tmp_path / "w")],
+          r"--write-model .* is not empty")

@@ -1,5 +1,6 @@
 """``moremoe convert-router``: a trained transformers MoE's routers factored to low rank
-(moremoe.hf.convert_router), with the top-k agreement on the hidden states they see."""
+(moremoe.hf.convert_router), with the top-k agreement on the hidden states they see, and
+(--write-model) the model routed by the factors with the change in its loss."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -96,11 +97,55 @@ def _tokens(args, model, text: str | None, tok):
     return ids[:n * args.seq_len].reshape(n, args.seq_len)
 
 
+# files of a tokenizer that --write-model copies beside the converted model
+TOKENIZER_COPIES = TOKENIZER_FILES + ("special_tokens_map.json", "merges.txt",
+                                      "added_tokens.json", "chat_template.jinja")
+
+
+def _write_model(args, model, factors: dict, ids) -> dict:
+    """The source model with its routers replaced by the rank-r factors (W = R1 R2 in the
+    gate's own (E, h) weight: the architecture is unchanged, so AutoModelForCausalLM loads
+    it with no moremoe code, and it routes as the rank-r router does; the gate still costs
+    E h a token), saved to --write-model with the source's tokenizer files; the loss and
+    perplexity on the tokens before and after."""
+    import math
+    import shutil
+
+    from ..hf.convert_router import lm_loss, write_factors
+    (rank,) = args.rank
+    before = lm_loss(model, ids)
+    routers = write_factors(model, factors[rank])
+    after = lm_loss(model, ids)
+    model.config.moremoe_router_factors = {"rank": rank, "method": args.method,
+                                           "source": str(args.model)}
+    out = Path(args.write_model)
+    model.save_pretrained(out)
+    for name in TOKENIZER_COPIES:
+        if (Path(args.model) / name).is_file():
+            shutil.copyfile(Path(args.model) / name, out / name)
+    for f in out.iterdir():
+        if f.is_file():
+            with_umask(f)
+    return {"path": str(out), "rank": rank, "routers": routers, "loss": before,
+            "loss_converted": after, "loss_change": after - before,
+            "perplexity": math.exp(before), "perplexity_converted": math.exp(after)}
+
+
 def cmd_convert_router(args) -> int:
     from safetensors.torch import save_file
     from ..hf.convert_router import (capture_router_inputs, convert_routers, find_routers,
                                      plot_agreement)
     out = check_new_output(args.out, "--out", args.force, folder=True)
+    if args.write_model is not None:
+        if len(args.rank) != 1:
+            raise ValueError(f"--write-model writes one converted model: give one --rank, "
+                             f"got {','.join(map(str, args.rank))}")
+        target = Path(args.write_model).resolve()
+        for flag, other in (("MODEL", args.model), ("--out", args.out)):
+            if target == Path(other).resolve():
+                raise ValueError(f"--write-model {args.write_model} is {flag}: write the "
+                                 f"converted model to a folder of its own")
+        check_new_output(args.write_model, "--write-model", args.force, folder=True)
     text = _read_text(args)                  # every input checked before the model loads
     _check_model_folder(args.model)
     tok = _tokenizer(args.model) if text is not None else None
@@ -116,9 +161,12 @@ def cmd_convert_router(args) -> int:
         inputs = capture_router_inputs(model, ids, progress=not args.no_progress)
         result = convert_routers(model, inputs, args.rank, method=args.method,
                                  progress=not args.no_progress)
+        factors = result.pop("factors")
+        if args.write_model is not None:
+            result["model_written"] = _write_model(args, model, factors, ids)
     out.mkdir(parents=True, exist_ok=True)
     files = []
-    for r, tensors in result.pop("factors").items():
+    for r, tensors in factors.items():
         path = out / f"routers_r{r}.safetensors"
         save_file(tensors, str(path), metadata={"rank": str(r), "method": args.method,
                                                 "source": str(args.model)})
@@ -134,8 +182,18 @@ def cmd_convert_router(args) -> int:
     emit(args, result, f"{args.model}: {len(rows)} routers, k = {result['top_k']}, "
          f"{ids.numel():,} tokens; top-k set agreement / mean overlap per rank\n"
          + table(rows, ["router", *(f"r={r}" for r in args.rank)])
-         + f"\nwrote {out}: {', '.join(result['files'])}, report.json")
+         + f"\nwrote {out}: {', '.join(result['files'])}, report.json" + _written(result))
     return 0
+
+
+def _written(result: dict) -> str:
+    w = result.get("model_written")
+    if not w:
+        return ""
+    return (f"\nwrote {w['path']}: the model with its {w['routers']} routers at rank "
+            f"{w['rank']} (W = R1 R2); loss {w['loss']:.4f} -> {w['loss_converted']:.4f} "
+            f"({w['loss_change']:+.4f}), perplexity {w['perplexity']:.2f} -> "
+            f"{w['perplexity_converted']:.2f} on the same {result['tokens']:,} tokens")
 
 
 def add_convert_parser(sub) -> None:
@@ -146,7 +204,10 @@ def add_convert_parser(sub) -> None:
         "truncated SVD with the singular values split evenly, and report per layer, on the "
         "hidden states each router sees while the model reads your tokens, the share of "
         "tokens whose top-k set is unchanged and the mean overlap. Writes "
-        "routers_r<R>.safetensors (<layer>.R1, <layer>.R2), report.json and agreement.png. "
+        "routers_r<R>.safetensors (<layer>.R1, <layer>.R2), report.json and agreement.png; "
+        "with --write-model also the model routed by its rank-r factors (W = R1 R2 written "
+        "into each gate: the same architecture, so it loads as MODEL does, its routers "
+        "still costing E x h a token) and the change in loss and perplexity on the tokens. "
         "The model must be on disk (download real checkpoints first).")
     p.add_argument("model", metavar="MODEL", help="a transformers model folder")
     p.add_argument("--rank", type=_int_list, required=True, help="r, or a comma list of r")
@@ -163,7 +224,13 @@ def add_convert_parser(sub) -> None:
                    help="factorisation (default svd; jl: the random projection of the "
                         "paper's upper bound)")
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="random-token seed")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.add_argument("--write-model", default=None, metavar="DIR",
+                   help="also write the model with every router replaced by its rank-r "
+                        "factors (one --rank; W = R1 R2 in the gate's weight, so "
+                        "AutoModelForCausalLM loads it as it loads MODEL) and report the "
+                        "loss and perplexity before and after on the tokens")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out or --write-model")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, lines in a log)")
     _add_json(p)

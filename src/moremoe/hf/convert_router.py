@@ -5,10 +5,12 @@ often the top-k set survives.
 Covers the architectures whose routers are `mlp.gate` modules (Mixtral's are
 `block_sparse_moe.gate` before transformers 5) with a weight (E, h) and whose config names
 k `num_experts_per_tok`: Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V3 (and others shaped like
-them), as far as the installed transformers has them. The inputs of each gate are captured by forward hooks while the
-model runs on the user's tokens. The agreement is on the top-k of the raw logits x Wᵀ:
-models that add a score bias or group-limited routing (DeepSeek-V3) select from the same
-logits after a monotone map per expert, which this measure does not model.
+them), as far as the installed transformers has them. The inputs of each gate are captured
+by forward hooks while the model runs on the user's tokens. The agreement is on the top-k
+of the raw logits x Wᵀ: models that add a score bias or group-limited routing (DeepSeek-V3)
+select from the same logits after a monotone map per expert, which this measure does not
+model. write_factors makes the model route as its rank-r factorisation does (W replaced by
+R1 R2, the architecture unchanged) and lm_loss measures what that costs.
 Letters: N tokens, h hidden, E (M elsewhere) experts, k active, r rank.
 """
 from __future__ import annotations
@@ -97,6 +99,32 @@ def convert_routers(model, inputs: dict, ranks: list[int], *, method: str = "svd
         bar.update()
     bar.close()
     return {"top_k": k, "method": method, "layers": layers, "factors": factors}
+
+
+@torch.no_grad()
+def lm_loss(model, input_ids: torch.Tensor, *, batch: int = 8) -> float:
+    """The mean next-token cross-entropy of the model over the sequences input_ids (B, T)."""
+    total, count = 0.0, 0
+    model.eval()
+    for b0 in range(0, input_ids.shape[0], batch):
+        ids = input_ids[b0:b0 + batch]
+        n = ids.shape[0] * (ids.shape[1] - 1)
+        total += float(model(input_ids=ids, labels=ids).loss) * n
+        count += n
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def write_factors(model, factors: dict) -> int:
+    """Replace every router's weight W (E, h) with R1 R2 from factors ({name.R1, name.R2},
+    one rank), in W's dtype: the architecture keeps its (E, h) gate, so transformers loads
+    the result with no moremoe code, and it routes as the rank-r router does. Returns the
+    number of routers replaced."""
+    routers = find_routers(model)
+    for name, weight in routers:
+        R1, R2 = factors[f"{name}.R1"], factors[f"{name}.R2"]
+        weight.copy_((R1.double() @ R2.double()).to(weight.dtype))
+    return len(routers)
 
 
 def plot_agreement(result: dict, path: str | Path, title: str) -> Path:
