@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..checks import UserError
-from .args import _add_json, _int_list
+from .args import _add_json, _int_at_least, _int_list
 from ..report import check_output_file, table
 from ..report import emit as _emit
 from ..runtime import eta_text
@@ -169,21 +169,28 @@ def _pair_names():
 
 _layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
 _pairs_arg = _subset_arg("--pairs", _pair_names)
+# `bench model`'s phases and decode modes (moremoe.bench.model.PHASES, DECODE_MODES)
+MODEL_PHASES, DECODE_MODES = ("prefill", "decode"), ("eager", "captured", "compiled")
+_phases_arg = _subset_arg("--phases", lambda: MODEL_PHASES)
+_modes_arg = _subset_arg("--decode-modes", lambda: DECODE_MODES)
 
 
 def _model_table(rows: list[dict]) -> str:
     out = []
     for r in rows:
         shape = f"{r['B']}x{r['T']}" if r["phase"] == "prefill" else f"B={r['B']}"
+        phase = r["phase"] + (f" {r['mode']}" if r.get("mode") else "")
         if r.get("oom"):
-            out.append([r["model"], r["phase"], shape, "OOM", "-", "-", "-", "-", "-"])
+            out.append([r["model"], phase, shape, "OOM", *["-"] * 7])
             continue
-        c = r["components"]
-        out.append([r["model"], r["phase"], shape, f"{r['ms']:.2f}",
-                    f"{r['tokens_per_s']:,.0f}",
-                    *(f"{c[k]:.2f}" for k in ("attention", "router", "experts", "rest"))])
-    return table(out, ["model", "phase", "batch", "ms" + " (per step in decode)", "tokens/s",
-                       "attention", "router", "experts", "rest"])
+        c = r.get("components") or {}
+        floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-"
+        ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
+        out.append([r["model"], phase, shape, f"{r['ms']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                    floor, ratio, *(f"{c[k]:.2f}" if k in c else "-"
+                                    for k in ("attention", "router", "experts", "rest"))])
+    return table(out, ["model", "phase", "batch", "ms (per step in decode)", "tokens/s",
+                       "floor ms", "/floor", "attention", "router", "experts", "rest"])
 
 
 def _model_summary(rows) -> str:
@@ -192,8 +199,10 @@ def _model_summary(rows) -> str:
     for r in ratios(rows):
         shape = f"{r['B']}x{r['T']}" if r["phase"] == "prefill" else f"B={r['B']}"
         comp = ", ".join(f"{k} {v:.2f}x" for k, v in r["components"].items() if v)
-        lines.append(f"{r['pair']} {r['phase']} {shape}: MoRE/MoE {r['ratio']:.3f} "
-                     f"({r['more_ms']:.2f} / {r['moe_ms']:.2f} ms; {comp})")
+        what = r["phase"] + (f" {r['mode']}" if r.get("mode") else "")
+        lines.append(f"{r['pair']} {what} {shape}: MoRE/MoE {r['ratio']:.3f} "
+                     f"({r['more_ms']:.3f} / {r['moe_ms']:.3f} ms" + (f"; {comp})" if comp
+                                                                     else ")"))
     return "\n" + "\n".join(lines) if lines else ""
 
 
@@ -257,7 +266,9 @@ def cmd_bench(args) -> int:
     if args.bench_command == "model":
         from ..bench import model, model_plots
         args.table, args.summarize = _model_table, _model_summary
-        args.runner_kwargs = {**quick, "pairs": _pair_configs(args.pairs, args.quick)}
+        args.runner_kwargs = {**quick, "pairs": _pair_configs(args.pairs, args.quick),
+                              "phases": args.phases, "modes": args.decode_modes,
+                              "batches": args.batches, "new_tokens": args.new_tokens}
         return _run_bench(args, "model", model.run_model, model_plots.render_model)
     spec = {"router": (_router_runner(args), router_plots.render, _bench_table, None),
             "layer": (layer.run_layer, layer_plots.render_layer, _layer_table, _matched),
@@ -298,10 +309,14 @@ def add_bench_parser(sub) -> None:
                     "them"),
         "model": ("whole models: prefill and KV-cache decode by component",
                   "the paper's whole-model tables: prefill of matched MoE / MoRE pairs of "
-                  "12-layer presets at B x T = 64 x 1024 and 256 x 1024 and decode tokens/s "
-                  "with the key/value cache at batch 1, 8, 64 (128 new tokens), each with a "
-                  "breakdown into attention, router, experts and the rest (stacked bars in "
-                  "model.png) and the MoRE/MoE ratio"),
+                  "12-layer presets at B x T = 64 x 1024 and 256 x 1024 and decode "
+                  "milliseconds per step at batch 1, 8, 64 (128 new tokens) eager (the "
+                  "key/value cache and a Python loop), captured (the static cache, one "
+                  "CUDA-graph replay a step) and compiled (torch.compile'd, then captured), "
+                  "each decode row against the step's byte floor (the weights and cache it "
+                  "reads, at the measured copy rate); eager and prefill rows with a breakdown "
+                  "into attention, router, experts and the rest (stacked bars in model.png, "
+                  "the decode modes in model_decode.png) and the MoRE/MoE ratio"),
         "peer": ("PEER vs MoRE and MoE at matched active FLOPs",
                  "the paper's Appendix B table: one layer's forward and forward+backward at "
                  "4,096 ... 262,144 tokens, MoRE-1792, MoE-256 and PEER-388^2 (kappa = 56 as "
@@ -352,6 +367,15 @@ def add_bench_parser(sub) -> None:
                                  "MoRE-1792, the paper's), h512-s128, h512-s64-x8 (MoE-1024 / "
                                  "MoRE-8192), h1024-s32 (default all four; a model that does "
                                  "not fit gives OOM rows)")
+            pb.add_argument("--phases", type=_phases_arg, default=list(MODEL_PHASES),
+                            help="prefill, decode or both (default both)")
+            pb.add_argument("--decode-modes", type=_modes_arg, default=list(DECODE_MODES),
+                            help="eager, captured, compiled, comma-separated (default all; "
+                                 "compiled compiles once per model, tens of seconds)")
+            pb.add_argument("--batches", type=_int_list, default=None, metavar="B,B,...",
+                            help="decode batch sizes (default 1,8,64)")
+            pb.add_argument("--new-tokens", type=_int_at_least(2), default=None,
+                            help="decode steps a row (default 128)")
         pb.add_argument("--quick", action="store_true",
                         help="tiny sizes: checks the code path (also on CPU with "
                              "TRITON_INTERPRET=1)")

@@ -94,11 +94,15 @@ def _head(model, x_BTh, keep_T, head_VH):
 class StaticDecoder:
     """Greedy or sampled decoding of `batch` rows with a cache of max_len positions.
 
-    compile: torch.compile the blocks and the head (backend, default inductor); cuda_graph:
-    capture the decode step (default: on CUDA). replays counts the steps a graph ran."""
+    compile: torch.compile the blocks and the head (backend, default inductor) of the step
+    and (compile_prefill, default: compile) of the prefill; like: a decoder of the same model
+    whose compiled functions to share (a new batch size then recompiles them once with the
+    batch dynamic, not from nothing); cuda_graph: capture the decode step (default: on CUDA).
+    replays counts the steps a graph ran."""
 
     def __init__(self, model, batch: int, max_len: int, *, compile: bool = False,
-                 backend: str = "inductor", cuda_graph: bool | None = None):
+                 backend: str = "inductor", compile_prefill: bool | None = None,
+                 like: "StaticDecoder | None" = None, cuda_graph: bool | None = None):
         check_int("batch", batch)
         self.model, cfg = model, model.config
         self.device = model.embed.weight.device
@@ -111,12 +115,18 @@ class StaticDecoder:
         if self.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph needs the model on a CUDA device, it is on "
                              f"{self.device}")
-        wrap = ((lambda fn, **kw: torch.compile(_own_code(fn), fullgraph=True,
-                                                backend=backend, **kw))
-                if compile else (lambda fn, **kw: fn))
-        self._decode_block, self._head = wrap(_block), wrap(_head)
-        self._prefill_block = wrap(_prefill_block, dynamic=False)
-        self._prefill_head = wrap(_prefill_head, dynamic=False)
+        def wrap(fn, on: bool, **kw):
+            return torch.compile(_own_code(fn), fullgraph=True, backend=backend,
+                                 **kw) if on else fn
+
+        if like is not None and like.model is not model:
+            raise ValueError("like must be a decoder of the same model")
+        pre = compile if compile_prefill is None else compile_prefill
+        self._decode_block, self._head = (like._decode_block, like._head) if like else (
+            wrap(_block, compile), wrap(_head, compile))
+        self._prefill_block, self._prefill_head = (
+            (like._prefill_block, like._prefill_head) if like else
+            (wrap(_prefill_block, pre, dynamic=False), wrap(_prefill_head, pre, dynamic=False)))
         V, pad = cfg.vocab, -cfg.vocab % HEAD_ROWS_MULTIPLE
         weight = model.lm_head.weight
         self.head_VH = (weight.new_zeros(V + pad, cfg.hidden) if weight.is_cuda and pad
