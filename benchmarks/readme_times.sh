@@ -110,6 +110,8 @@ timed 30 "moremoe train --list-presets" train --list-presets
 timed 60 "moremoe train --preset tiny-more --data DIR --out runs/tiny --device cpu" \
     train --preset tiny-more --data data/gpt2 --out runs/tiny --device cpu
 timed 60 "moremoe hf export runs/more/ hf/more (of runs/tiny)" hf export runs/tiny hf/tiny
+timed 60 "moremoe generate runs/more/ --prompt ... --max-new-tokens 100 (of runs/tiny)" \
+    generate runs/tiny --prompt "The history of the Roman Empire" --max-new-tokens 100
 if [ "$GPUS" -lt 2 ]; then
   skip "torchrun --nproc_per_node 2 -m moremoe.cli train ..." "needs 2 GPUs, this machine has $GPUS"
 fi

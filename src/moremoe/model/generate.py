@@ -4,9 +4,9 @@ With the key/value cache each step runs the model on the one new token; without 
 reruns the whole sequence (the reference the cached path is tested against). Greedy unless
 ``temperature > 0`` (then sampled, restricted by top_k / top_p: model/sampling.py). The
 static cache and the captured decode step (model/static.py) give the same tokens faster;
-this loop is their reference. A row stops at eos_id, at the end of any of stop_sequences (token ids),
-or when stop_fn(row's new tokens) says so (lm-eval's stop strings, checked on decoded text);
-decoding ends when every row has stopped.
+this loop is their reference. A row stops at eos_id, at the end of any of stop_sequences
+(token ids), or when stop_fn(row's new tokens) says so (lm-eval's stop strings, checked on
+decoded text); decoding ends when every row has stopped.
 
 Legend: B batch, T prompt length, V vocabulary.
 """
