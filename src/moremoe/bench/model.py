@@ -228,13 +228,14 @@ def _jobs(phases, shapes, batches, modes, new):
     return jobs
 
 
-def _measure(model, job, device, shared: dict):
+def _measure(model, job, device, shared: dict, runs: int):
     phase, B, n, mode = job
     if phase == "prefill":
         return prefill(model, B, n, device)
     if mode == "eager":
-        return dict(decode(model, B, n, device), mode="eager")
-    row, shared[mode] = decode_static(model, B, n, device, mode, like=shared.get(mode))
+        return dict(decode(model, B, n, device, runs=runs), mode="eager")
+    row, shared[mode] = decode_static(model, B, n, device, mode, like=shared.get(mode),
+                                      runs=runs)
     return row
 
 
@@ -267,7 +268,7 @@ def run_model(device, *, pairs, quick=False, progress=None, phases=PHASES,
                     row.update(oom=True, ms=None)
                 else:
                     try:
-                        row.update(_measure(model, job, device, shared))
+                        row.update(_measure(model, job, device, shared, 1 if quick else 3))
                     except torch.OutOfMemoryError:
                         row.update(oom=True, ms=None)
                     free(device)
