@@ -102,3 +102,20 @@ def test_static_decoder_refuses_what_does_not_fit():
         StaticKVCache.for_model(model.config, 1, 8, dtype=torch.float32,
                                 device="cpu").update(torch.zeros(1, 4, 1, 8),
                                                      torch.zeros(1, 4, 1, 8), 0)
+
+
+def test_a_decoder_like_another_shares_its_compiled_functions():
+    """A new batch size through like= reuses the compiled step (recompiled with the batch
+    dynamic) and still gives the reference tokens; a like of other settings is refused."""
+    model = tiny(MoEConfig.moe(8, 2, 32, 8))
+    first = StaticDecoder(model, 2, 40, compile=True, backend="aot_eager")
+    prompt = torch.randint(0, V, (3, 7))
+    second = StaticDecoder(model, 3, 40, compile=True, backend="aot_eager", like=first)
+    assert second.fns is first.fns
+    assert second.generate(prompt, 8) == generate(model, prompt, 8)
+    assert first.generate(prompt[:2], 8) == generate(model, prompt[:2], 8)
+    with pytest.raises(ValueError, match=r"like was built with .*True, True, 'aot_eager'"):
+        StaticDecoder(model, 3, 40, like=first)
+    with pytest.raises(ValueError, match="same model"):
+        StaticDecoder(tiny(MoEConfig.moe(8, 2, 32, 8)), 3, 40, compile=True,
+                      backend="aot_eager", like=first)

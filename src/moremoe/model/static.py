@@ -91,14 +91,25 @@ def _head(model, x_BTh, keep_T, head_VH):
     return F.linear(model.norm(x_BTh), head_VH)[..., :model.config.vocab]
 
 
+def _functions(step: bool, prefill: bool, backend: str) -> dict:
+    """The block and head functions of the decode step and of the prefill, torch.compile'd
+    (fullgraph) where asked: the prefill's with static shapes (one graph per bucket)."""
+    def wrap(fn, on: bool, **kw):
+        return torch.compile(_own_code(fn), fullgraph=True, backend=backend, **kw) if on else fn
+    return {"block": wrap(_block, step), "head": wrap(_head, step),
+            "prefill_block": wrap(_prefill_block, prefill, dynamic=False),
+            "prefill_head": wrap(_prefill_head, prefill, dynamic=False)}
+
+
 class StaticDecoder:
     """Greedy or sampled decoding of `batch` rows with a cache of max_len positions.
 
     compile: torch.compile the blocks and the head (backend, default inductor) of the step
     and (compile_prefill, default: compile) of the prefill; like: a decoder of the same model
-    whose compiled functions to share (a new batch size then recompiles them once with the
-    batch dynamic, not from nothing); cuda_graph: capture the decode step (default: on CUDA).
-    replays counts the steps a graph ran."""
+    and the same compile settings whose compiled functions to share (a new batch size then
+    recompiles them once with the batch dynamic, not from nothing; settings that differ are
+    refused rather than silently taken from like); cuda_graph: capture the decode step
+    (default: on CUDA). replays counts the steps a graph ran."""
 
     def __init__(self, model, batch: int, max_len: int, *, compile: bool = False,
                  backend: str = "inductor", compile_prefill: bool | None = None,
@@ -115,21 +126,16 @@ class StaticDecoder:
         if self.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph needs the model on a CUDA device, it is on "
                              f"{self.device}")
-        def wrap(fn, on: bool, **kw):
-            return torch.compile(_own_code(fn), fullgraph=True, backend=backend,
-                                 **kw) if on else fn
-
+        self.compiled = (compile, compile if compile_prefill is None else compile_prefill,
+                         backend)
         if like is not None and like.model is not model:
             raise ValueError("like must be a decoder of the same model")
-        pre = compile if compile_prefill is None else compile_prefill
-        self._decode_block, self._head = (like._decode_block, like._head) if like else (
-            wrap(_block, compile), wrap(_head, compile))
-        self._prefill_block, self._prefill_head = (
-            (like._prefill_block, like._prefill_head) if like else
-            (wrap(_prefill_block, pre, dynamic=False), wrap(_prefill_head, pre, dynamic=False)))
-        V, pad = cfg.vocab, -cfg.vocab % HEAD_ROWS_MULTIPLE
-        weight = model.lm_head.weight
-        self.head_VH = (weight.new_zeros(V + pad, cfg.hidden) if weight.is_cuda and pad
+        if like is not None and like.compiled != self.compiled:
+            raise ValueError(f"like was built with (compile, compile_prefill, backend) = "
+                             f"{like.compiled}, this decoder asks {self.compiled}")
+        self.fns = like.fns if like is not None else _functions(*self.compiled)
+        weight, pad = model.lm_head.weight, -cfg.vocab % HEAD_ROWS_MULTIPLE
+        self.head_VH = (weight.new_zeros(cfg.vocab + pad, cfg.hidden) if weight.is_cuda and pad
                         else weight)
         self.graph, self._graph_key, self._out_B = None, None, None
         self.replays = 0
@@ -147,7 +153,7 @@ class StaticDecoder:
     def _step(self, sampling: Sampling, generator) -> torch.Tensor:
         """One token for every row: reads tokens_B1 and pos, writes the cache at pos, then
         the new token into tokens_B1 and pos + 1 into pos."""
-        logits_BV = self._forward(self._decode_block, self._head, self.tokens_B1,
+        logits_BV = self._forward(self.fns["block"], self.fns["head"], self.tokens_B1,
                                   self.pos.view(1), None)
         next_B = sample(logits_BV[:, -1], sampling, generator)
         self.tokens_B1.copy_(next_B[:, None])
@@ -199,8 +205,8 @@ class StaticDecoder:
         tokens_BT[:, :T] = prompt_BT
         positions_T = torch.arange(Tb, device=self.device)
         keep_T = torch.full((1,), T - 1, dtype=torch.int64, device=self.device)
-        logits_BV = self._forward(self._prefill_block, self._prefill_head, tokens_BT,
-                                  positions_T, keep_T)
+        logits_BV = self._forward(self.fns["prefill_block"], self.fns["prefill_head"],
+                                  tokens_BT, positions_T, keep_T)
         next_B = sample(logits_BV[:, -1], sampling, generator)
         self.tokens_B1.copy_(next_B[:, None])
         self.pos.fill_(T)
