@@ -101,6 +101,21 @@ def test_generate_until_stops_at_the_stop_string(lm):
     assert len(lm.tok_encode(two)) <= 2 and free.startswith(two)
 
 
+def test_generate_until_takes_the_static_path_with_the_eager_tokens(lm):
+    """One StaticDecoder (one row, max_seq_len positions) serves every request, and its text
+    is the eager loop's, for contexts on both sides of a prefill bucket's edge."""
+    from moremoe.model import generate
+    eot, decoders = lm.tok_decode([EOT_ID]), []
+    for ctx in ("Question: Which planet is known as the Red Planet?\nAnswer:", "Hi", "x " * 20):
+        ids = lm.tok_encode(ctx)
+        want = lm.tok_decode(generate(lm.model, torch.tensor([ids]), 12, eos_id=EOT_ID)[0])
+        got, = lm.generate_until([req("generate_until", ctx, {"until": [], "max_gen_toks": 12})])
+        assert got == want.split(eot)[0], ctx
+        decoders.append(lm.decoder)
+    assert decoders[0] is decoders[1] is decoders[2] is not None
+    assert (decoders[0].batch, decoders[0].max_len) == (1, lm.max_length)
+
+
 EXPECTED = {"triviaqa": {"exact_match", "f1"}, "nq_open": {"exact_match", "f1"},
             "hellaswag": {"acc", "acc_norm"}, "arc_easy": {"acc", "acc_norm"},
             "sciq": {"acc", "acc_norm"}, "winogrande": {"acc"}}

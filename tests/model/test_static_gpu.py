@@ -78,3 +78,25 @@ def test_compiled_captured_bf16_agrees_with_eager_bf16():
     # it: the first tokens agree in (almost) every row
     assert sum(a[:4] == b[:4] for a, b in zip(got, want)) >= 3, (got, want)
     assert decoder.replays == 23
+
+
+def test_captured_under_autocast_agrees_with_eager_under_autocast():
+    """fp32 weights under bf16 autocast, as lm-eval's adapter decodes: the cache takes bf16,
+    and with autocast's weight cache off the graph replays its own casts, so a decoder built
+    in one autocast context still decodes in the next ones."""
+    model = model_on_gpu(MoEConfig.more(256, 4, 128, 32, 16), 2)
+    prompt = torch.randint(0, V, (4, 17), device="cuda")
+
+    def bf16():
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+    with bf16():
+        decoder = StaticDecoder(model, 4, 128)
+    assert decoder.cache.layers[0].k_BGLD.dtype == torch.bfloat16
+    for T in (9, 17):
+        with bf16():
+            got = decoder.generate(prompt[:, :T], 16)
+        with bf16():
+            want = generate(model, prompt[:, :T], 16)
+        # bf16 sums in another order can flip a near tie: the first tokens agree in most rows
+        assert sum(a[:4] == b[:4] for a, b in zip(got, want)) >= 3, (T, got, want)
+    assert decoder.replays == 30

@@ -164,7 +164,8 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=8,
                    help="sequences per forward pass (default 8)")
     p.add_argument("--max-gen-toks", type=_positive_int, default=256,
-                   help="most tokens a generation task may produce (default 256)")
+                   help="most tokens a generation task may produce (default 256), decoded "
+                        "greedily with a static cache (one CUDA-graph replay a token on a GPU)")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
     p.add_argument("--include-path", default=None, metavar="DIR",
                    help="extra folder of lm-eval task YAMLs (e.g. local copies of the tasks)")

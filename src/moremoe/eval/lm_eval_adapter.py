@@ -7,8 +7,11 @@
   (padding after the last real token changes no earlier logit of a causal model).
 - loglikelihood_rolling: disjoint windows of max_seq_len (lm-eval's
   get_rolling_token_windows / make_disjoint_window), each token predicted once.
-- generate_until: greedy decoding with the key/value cache, one request at a time, until a
-  stop string appears in the decoded text, <|endoftext|>, or max_gen_toks.
+- generate_until: greedy decoding through the fast path of model/static.py, one request at
+  a time, until a stop string appears in the decoded text, <|endoftext|>, or max_gen_toks:
+  one StaticDecoder of one row and max_seq_len positions serves every request, so on a GPU
+  the decode step is captured once as a CUDA graph and each token of every request is one
+  replay. Its tokens are those of model/generate.py's eager loop (tests/eval).
 
 The tokenizer is GPT-2's (tiktoken). lm_eval is imported here at module level: import this
 module lazily (the ``eval`` extra).
@@ -25,7 +28,7 @@ try:
 except ImportError as err:
     raise ImportError(f"lm-eval is needed: pip install 'moremoe[eval]' ({err})") from err
 
-from ..model.generate import generate
+from ..model.static import StaticDecoder
 from ..tasks.tokenizer import EOT_ID, gpt2_encoding
 from ..runtime import autocast_dtype, progress_bar, resolve_device
 from .zero_shot import load_eval_model
@@ -49,6 +52,7 @@ class MoremoeLM(TemplateLM):
         self.batch_size = 8 if batch_size in (None, "auto") else int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.tokenizer = gpt2_encoding()
+        self.decoder: StaticDecoder | None = None     # built at the first generate_until
         if model.config.vocab < self.tokenizer.n_vocab:
             raise ValueError(f"the model's vocab={model.config.vocab} is smaller than the GPT-2 "
                              f"tokenizer's {self.tokenizer.n_vocab}")
@@ -68,8 +72,12 @@ class MoremoeLM(TemplateLM):
         return self.tokenizer.decode(list(tokens))
 
     def _autocast(self):
+        """bf16 autocast on a GPU, without autocast's cache of cast weights: a cast weight
+        cached while the step is captured would be freed when the context exits, under the
+        graph that replays it (a forward uses each weight once, so nothing is lost)."""
         dtype = autocast_dtype(self._device)
-        return torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None)
+        return torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None,
+                              cache_enabled=False)
 
     def _logits(self, tokens_BT: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self._autocast():
@@ -138,9 +146,11 @@ class MoremoeLM(TemplateLM):
             max_gen = min(max_gen, self.max_length - 1)
             ctx = self.tok_encode(context)[-(self.max_length - max_gen):] or [EOT_ID]
             with self._autocast():
-                new = generate(self.model, torch.tensor([ctx], device=self._device), max_gen,
-                               eos_id=EOT_ID, stop_fn=lambda row: any(
-                                   s in self.tok_decode(row) for s in until))[0]
+                if self.decoder is None:       # under autocast: the cache in its dtype
+                    self.decoder = StaticDecoder(self.model, 1, self.max_length)
+                new = self.decoder.generate(
+                    torch.tensor([ctx], device=self._device), max_gen, eos_id=EOT_ID,
+                    stop_fn=lambda row: any(s in self.tok_decode(row) for s in until))[0]
             text = self.tok_decode(new)
             for s in until:
                 text = text.split(s)[0]
