@@ -97,3 +97,17 @@ def test_mistakes_are_one_line(capsys, gpt2_run, text_data, tmp_path):
     fails(capsys, ["generate", str(byte_run), "--prompt", "a"],
           r"has a vocabulary of 256 tokens, not GPT-2's 50,257: generate reads the prompt "
           r"with the GPT-2 tokenizer")
+
+
+@pytest.mark.parametrize("report,command", [("demo.json", "demo"),
+                                            ("phonebook_train.json", "phonebook"),
+                                            ("sweep.json", "phonebook")])
+def test_a_folder_of_the_demo_or_phonebook_is_named_as_no_language_model(capsys, tmp_path,
+                                                                       report, command):
+    """`moremoe demo` writes a report and a plot, and keeps no model: generate says so and
+    what it needs, rather than 'not a checkpoint'."""
+    (tmp_path / report).write_text(json.dumps({"command": command}))
+    (tmp_path / report.replace(".json", ".png")).write_bytes(b"")
+    fails(capsys, ["generate", str(tmp_path), "--prompt", "a"],
+          rf"holds the report of `moremoe {command}` \({report}\) and no checkpoint: its "
+          rf"phonebook models are not kept.*generate needs a language model of `moremoe train`")

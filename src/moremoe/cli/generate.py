@@ -51,6 +51,25 @@ def _sampling(args):
     return Sampling(args.temperature, args.top_k, args.top_p)
 
 
+# the reports of the phonebook commands: their models read names and digits, and none is kept
+PHONEBOOK_REPORTS = ("demo.json", "phonebook_train.json", "capacity.json", "sweep.json")
+
+
+def _refuse_phonebook_report(path: Path) -> None:
+    """A folder of `moremoe demo` or `moremoe phonebook` holds a report and a plot, no model:
+    say so, and what generate needs, instead of 'not a checkpoint'."""
+    if not path.is_dir() or (path / "checkpoints").is_dir():
+        return
+    for name in PHONEBOOK_REPORTS:
+        if (path / name).is_file():
+            command = "demo" if name == "demo.json" else "phonebook"
+            raise ValueError(f"MODEL {path} holds the report of `moremoe {command}` ({name}) "
+                             f"and no checkpoint: its phonebook models are not kept, and they "
+                             f"read names and digits, not text; generate needs a language model "
+                             f"of `moremoe train` on GPT-2 tokens (e.g. --preset tiny-more on "
+                             f"data of `moremoe data prepare`)")
+
+
 def _load(args):
     """(model in eval mode on its device and dtype, {"path", "step"} or None)."""
     import torch
@@ -60,6 +79,7 @@ def _load(args):
     from ..runtime import resolve_device
     from ..tasks.tokenizer import VOCAB_SIZE
     device = resolve_device(args.device)
+    _refuse_phonebook_report(Path(args.model))
     path, checkpoint, passed = resolve_eval_model(args.model)
     if passed:
         print(f"{args.prog}: warning: the newest checkpoint of {args.model} is incomplete: "
@@ -229,7 +249,10 @@ def add_generate_parser(sub) -> None:
         "value cache is static and, on a GPU, each new token is one CUDA-graph replay of the "
         "whole step. One prompt streams its text; with --prompt-file each line is a prompt, "
         "prompts of one token length decode as one batch (rows are never padded), and each "
-        "prompt is printed with its continuation when its batch finishes.")
+        "prompt is printed with its continuation when its batch finishes. The phonebook "
+        "models of `moremoe demo` and `moremoe phonebook` are not language models and are not "
+        "kept: train one with `moremoe train` (e.g. --preset tiny-more) on data of `moremoe "
+        "data prepare`.")
     p.add_argument("model", metavar="RUN_OR_CHECKPOINT",
                    help="a run directory, a checkpoint, or a `moremoe hf export` folder")
     which = p.add_mutually_exclusive_group(required=True)
