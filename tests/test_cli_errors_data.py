@@ -418,15 +418,22 @@ def test_train_seed_and_a_model_that_cannot_fit_are_refused_up_front(capsys, tex
 
 def test_footprint_counts_16_bytes_a_parameter_shared_by_fsdp_ranks():
     import torch
-    from moremoe.training.footprint import check_model_fits as check_fits
+    from moremoe.training.compose import build_run_config
+    from moremoe.training.footprint import check_fits, memory_plan, shrink_options
     gpu = torch.device("cuda", 0)
-    check_fits(10**9, gpu, have=16 * 10**9)                               # exactly fits
-    with pytest.raises(ValueError, match=r"need 14.9 GiB on cuda:0, which has 14.9 GiB; .*"
+
+    def check(sets, world):
+        cfg = build_run_config(preset="h512-s64-moe256", overrides=sets)
+        mc = cfg.model.transformer_config()
+        have = 16 * mc.total_params() // 2 + 16
+        plan = memory_plan(cfg, mc, gpu, world=world, have=have)
+        check_fits(plan, mc.total_params(), gpu, world, options=shrink_options(cfg, gpu, world))
+    with pytest.raises(ValueError, match=r"need 5.4 GiB on cuda:0, which has 2.7 GiB; .*"
                                          r"--set parallel.data=fsdp"):
-        check_fits(10**9 + 1, gpu, have=16 * 10**9)
-    check_fits(2 * 10**9, gpu, world=2, sharded=True, have=16 * 10**9)
+        check([], 1)
+    check(["parallel.data=fsdp"], 2)                                # fits on 2 ranks
     with pytest.raises(ValueError, match="on each of the 2 ranks"):
-        check_fits(3 * 10**9, gpu, world=2, sharded=True, have=16 * 10**9)
+        check([], 2)
 
 
 def test_eval_of_another_kind_of_transformers_model_names_it(capsys, tmp_path, text_data):
