@@ -12,7 +12,10 @@ The wrappers move between the two (Megatron's convention):
   gather_from_group  all-gather forward, own slice backward (a replicated consumer);
   sum_replicated     all-reduce (sum) forward; backward the SUM over ranks of the gradient,
                      computed as E · grad because its consumer is replicated (see there);
-  all_to_all         uneven all_to_all_single, backward the reverse exchange.
+  all_to_all         uneven all_to_all_single, backward the reverse exchange;
+  PendingSum         reduce_from_group of a tensor in pieces, each all-reduced in place
+                     (asynchronously) as soon as it is final, so that the communication of
+                     one piece overlaps the computation of the next.
 
 Ordering: ranks must issue collectives in one order, and autograd's order among
 independent branches depends on the graph, which differs between ranks (which experts hold
@@ -179,3 +182,33 @@ def all_to_all(t: Tensor, send: list[int], recv: list[int], group=None) -> Tenso
     if not t.requires_grad:
         return _exchange(t, send, recv, group)
     return _AllToAll.apply(t, send, recv, group)
+
+
+class PendingSum:
+    """The in-place sums over the group of pieces of one tensor, started as each piece is
+    final (``start``, an async all-reduce) and waited for by ``settle``, which returns the
+    summed tensor with reduce_from_group's gradient (passed unchanged). Every rank must
+    start the same pieces in the same order (shapes agree across ranks)."""
+
+    def __init__(self, group=None):
+        self.group, self.works = group, []
+
+    def start(self, _chunk: int, piece: Tensor) -> None:
+        if piece.numel():
+            self.works.append(dist.all_reduce(piece, group=self.group, async_op=True))
+
+    def settle(self, t: Tensor) -> Tensor:
+        return _Settled.apply(t, self)
+
+
+class _Settled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, pending):
+        for work in pending.works:
+            work.wait()
+        ctx.mark_dirty(t)                  # the all-reduces summed t in place
+        return t
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
