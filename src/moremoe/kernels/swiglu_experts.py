@@ -12,8 +12,8 @@ Forward
                               [+ xg, xu (P, s) kept for the backward]
   _down_kernel     (B, h/BH)  act, w_down, gates -> out (P, h) in pair order (row n·k + j),
                               out = gate · act W_downᵀ
-  _combine_kernel  (N/BN, h/BH) out -> y (N, h) = Σ_j out[n·k + j]: the k rows of a token
-                              are summed in a fixed order, so y is deterministic (no atomics)
+  token_rows.combine_pairs    out -> y (N, h) = Σ_j out[n·k + j]: the k rows of a token are
+                              summed in a fixed order, so y is deterministic (no atomics)
 Backward
   _down_bwd_kernel (B, s/BS)  dy (gathered), w_down, act, xg, xu, gates -> dxg, dxu (P, s) and
                               the gate gradient partials (s/BS, P): t = dy W_down,
@@ -21,6 +21,12 @@ Backward
   _dx_kernel       (B, h/BH)  dxg, dxu, w_gate, w_up -> dx pair rows (P, h), combined as above
   _dw_kernel       (M, C/BC, D/BD)  per expert: Σ over its rows of Aᵀ B (dW_gate = dgᵀ x,
                               dW_up = duᵀ x, dW_down = (gate dy)ᵀ act), rows in a fixed order
+
+An expert-parallel shard (first_expert; its weights are experts [first_expert, + M) of a
+larger layer): routing_meta gives the other shards' slots no block, so they are never read
+or written, and the combine skips them. Chunks of tokens (bounds, with callbacks before and
+after each): one launch per chunk over its blocks (routing_meta's slots), so that a caller
+overlaps communication with the next chunk; the backward runs once over every chunk.
 
 The (P, s) intermediates are the same size as the activations a plain implementation keeps;
 the (P, h) pair rows are the price of a deterministic combine (see benchmarks/NOTES.md).
@@ -38,6 +44,7 @@ import triton.language as tl
 from . import DTYPES
 from ._common import load_rows, next_pow2
 from .routing_meta import RoutingMeta, routing_meta
+from .token_rows import combine_pairs
 
 
 @triton.jit
@@ -170,26 +177,6 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
                 tl.atomic_add(ptr, out, mask=mask, sem="relaxed")
             else:
                 tl.store(ptr, out.to(OUT.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _combine_kernel(IN, Y, IDX, N0, N1, H, FIRST, M, K: tl.constexpr, SHARD: tl.constexpr,
-                    BN: tl.constexpr, BH: tl.constexpr):
-    """y[n] = Σ_j IN[n·K + j] for the tokens n in [N0, N1); SHARD: only the slots j whose
-    expert id IDX[n·K + j] is in [FIRST, FIRST + M) (the others' rows were never written)."""
-    n = N0 + tl.program_id(0) * BN + tl.arange(0, BN).to(tl.int64)
-    n_ok = n < N1
-    hh = tl.program_id(1) * BH + tl.arange(0, BH)
-    h_ok = hh < H
-    acc = tl.zeros((BN, BH), tl.float32)
-    for j in tl.static_range(K):
-        ok = n_ok
-        if SHARD:
-            e = tl.load(IDX + n * K + j, mask=n_ok, other=0).to(tl.int64) - FIRST
-            ok = n_ok & (e >= 0) & (e < M)
-        acc += load_rows(IN, n * K + j, ok, H, hh, h_ok, 1).to(tl.float32)
-    tl.store(Y + n[:, None] * H + hh[None, :], acc.to(Y.dtype.element_ty),
-             mask=n_ok[:, None] & h_ok[None, :])
 
 
 @triton.jit
@@ -329,17 +316,6 @@ def _launch(c: dict) -> dict:
                 num_stages=c["num_stages"])
 
 
-def _combine(y, pair_rows, idx, n0: int, n1: int, first_expert, M: int) -> None:
-    """y[n0:n1] = the sums of the tokens' pair rows (the shard's slots only when
-    first_expert is not None)."""
-    N, h = y.shape
-    if n1 > n0:
-        BN, BH = 32, min(128, next_pow2(h))
-        _combine_kernel[(triton.cdiv(n1 - n0, BN), triton.cdiv(h, BH))](
-            pair_rows, y, idx, n0, n1, h, first_expert or 0, M, K=idx.shape[1],
-            SHARD=first_expert is not None, BN=BN, BH=BH)
-
-
 def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, first_expert, **kw) -> RoutingMeta:
     first = first_expert or 0
     if meta is None:
@@ -370,33 +346,21 @@ FEW_BLOCKS_MAX_H = 512
 SPLIT_PROGRAMS = 264
 
 
-def _atomic_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, k, c):
-    N, h = x.shape
-    s = w_gate.shape[1]
-    out = torch.zeros(N, h, device=x.device, dtype=torch.float32)
-    if N * k:
-        B = meta.max_blocks
-        split = 1 if B >= FILL_BLOCKS else triton.cdiv(h, c["BH"])
-        _fused_kernel[(B, split)](
-            x, w_gate, w_up, w_down, gates_flat, out, *args, 0, w_gate.shape[0], h, s, k,
-            x.stride(0), *w_gate.stride(), *w_down.stride(), ATOMIC=True, **_launch(c))
-    return out.to(x.dtype)
-
-
-def _launcher(x, gates_flat, w_gate, w_up, w_down, meta, k, c, *, save, fused):
-    """(launch(first slot, slots), pair rows (P, h), act, xg, xu): the kernels that write the
-    gated pair rows of the blocks in the given slots."""
+def _launcher(x, gates_flat, w_gate, w_up, w_down, meta, k, c, *, save, fused, atomic):
+    """(launch(first slot, slots), out, act, xg, xu): the kernels that write the gated pair
+    rows (P, h) of the blocks in the given slots, or (atomic) add them into out (N, h) fp32."""
     (N, h), (M, s, _) = x.shape, w_gate.shape
     P, dev, dt, B = N * k, x.device, x.dtype, meta.max_blocks
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
-    out = torch.empty(P, h, device=dev, dtype=dt)
+    out = (torch.zeros(N, h, device=dev, dtype=torch.float32) if atomic
+           else torch.empty(P, h, device=dev, dtype=dt))
     if fused:
         split = 1 if B >= FILL_BLOCKS else triton.cdiv(h, c["BH"])
 
         def launch(b0, nb):
             _fused_kernel[(nb, split)](
                 x, w_gate, w_up, w_down, gates_flat, out, *args, b0, M, h, s, k, x.stride(0),
-                *w_gate.stride(), *w_down.stride(), ATOMIC=False, **_launch(c))
+                *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, **_launch(c))
         return launch, out, None, None, None
     act = torch.empty(P, s, device=dev, dtype=dt)
     n_s, n_h = triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"])
@@ -451,18 +415,19 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     gates_flat = gates.reshape(-1).contiguous()
     B = meta.max_blocks
     one_kernel = not save and s <= c["BS"]
-    if combine == "atomic" and not (one_kernel and meta.chunks == 1 and first_expert is None):
+    atomic = combine == "atomic"
+    if atomic and not (one_kernel and meta.chunks == 1 and first_expert is None):
         raise ValueError(f"combine='atomic' needs inference (save=False) with s <= BS "
                          f"({c['BS']}) in one chunk of the whole layer; got save={save}, "
                          f"s={s}, {meta.chunks} chunks, first_expert={first_expert}")
-    if combine == "atomic":
-        return _atomic_forward(x, gates_flat, w_gate, w_up, w_down, meta,
-                               (meta.block_expert, meta.block_start, meta.offsets, meta.order),
-                               k, c)
-    fused = c["fused"] if c["fused"] is not None else (
-        B >= FILL_BLOCKS or (B <= FEW_BLOCKS and h <= FEW_BLOCKS_MAX_H))
+    fused = atomic or (c["fused"] if c["fused"] is not None else (
+        B >= FILL_BLOCKS or (B <= FEW_BLOCKS and h <= FEW_BLOCKS_MAX_H)))
     launch, out, act, xg, xu = _launcher(x, gates_flat, w_gate, w_up, w_down, meta, k, c,
-                                         save=save, fused=one_kernel and fused)
+                                         save=save, fused=one_kernel and fused, atomic=atomic)
+    if atomic:
+        if N * k:
+            launch(0, B)
+        return out.to(x.dtype)
     y = torch.empty(N, h, device=x.device, dtype=x.dtype)
     bounds = meta.bounds or (0, N)
     for chunk, (b0, nb) in enumerate(meta.slots):
@@ -470,7 +435,7 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
             before(chunk)
         if nb and N * k:
             launch(b0, nb)
-        _combine(y, out, idx, bounds[chunk], bounds[chunk + 1], first_expert, M)
+        combine_pairs(y, out, idx, bounds[chunk], bounds[chunk + 1], first_expert, M)
         if after is not None:
             after(chunk, y[bounds[chunk]:bounds[chunk + 1]])
     return (y, act, xg, xu) if save else y
@@ -488,7 +453,7 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
     c = config(h, s, cfg)
     meta = _meta(meta, idx, M, c, first_expert)
     P, dev, dt = N * k, x.device, x.dtype
-    B = meta.max_blocks
+    B, chunks = meta.max_blocks, (meta.offsets.numel() - 1) // M   # offsets: C·M + 1
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
     gates_flat = gates.reshape(-1).contiguous()
     n_s = triton.cdiv(s, c["BS"])
@@ -510,16 +475,16 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
         dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"])
         for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
             _dw_kernel[(M, triton.cdiv(s, bs), triton.cdiv(h, bh))](
-                a, x, gates_flat, dw, meta.offsets, meta.order, meta.chunks, M, s, h, k, s,
+                a, x, gates_flat, dw, meta.offsets, meta.order, chunks, M, s, h, k, s,
                 x.stride(0),
                 *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, BC=bs, BD=bh,
                 **dwk)
         _dw_kernel[(M, triton.cdiv(h, bh), triton.cdiv(s, bs))](   # (gate dy)ᵀ act: (h, s)
-            dy, act, gates_flat, dws[2], meta.offsets, meta.order, meta.chunks, M, h, s, k,
+            dy, act, gates_flat, dws[2], meta.offsets, meta.order, chunks, M, h, s, k,
             dy.stride(0), s,
             *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False, SCALE_A=True, BC=bh, BD=bs,
             **dwk)
     dx = torch.empty(N, h, device=dev, dtype=dt)
-    _combine(dx, dx_pairs, idx, 0, N, first_expert, M)
+    combine_pairs(dx, dx_pairs, idx, 0, N, first_expert, M)
     dgates = dgate.sum(0)[:P].reshape(N, k)
     return (dx, dgates, *dws)
