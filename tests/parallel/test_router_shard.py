@@ -12,15 +12,20 @@ from moremoe.parallel.sharded_router import expert_range
 from numerics import reduction_tol
 
 
-def split_topk(logits_NM, E, k):
-    """Each shard's select_topk (global indices), merged."""
+def shard_lists(logits_NM, E, k):
+    """Each shard's select_topk (values, global indices), stacked (E, N, k_e)."""
     N, M = logits_NM.shape
     vals, idxs = [], []
     for lo in range(0, M, M // E):
         v, i = ref.select_topk(logits_NM[:, lo:lo + M // E], min(k, M // E))
         vals.append(v)
         idxs.append(i + lo)
-    return rs.merge_topk(torch.stack(vals), torch.stack(idxs), k)
+    return torch.stack(vals), torch.stack(idxs)
+
+
+def split_topk(logits_NM, E, k, impl="reference"):
+    """Each shard's select_topk (global indices), merged."""
+    return rs.merge_topk(*shard_lists(logits_NM, E, k), k, impl=impl)
 
 
 def spoiled_logits(N=40, M=12, seed=0):
@@ -38,14 +43,28 @@ def spoiled_logits(N=40, M=12, seed=0):
     return logits
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
 @pytest.mark.parametrize("E", [1, 2, 3, 4, 6])
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_merge_of_shard_lists_is_the_whole_row_selection(E, k):
+def test_merge_of_shard_lists_is_the_whole_row_selection(E, k, impl):
+    """The torch merge and the merge kernel (Triton's interpreter here)."""
     logits = spoiled_logits()
-    val, idx = split_topk(logits, E, k)
+    val, idx = split_topk(logits, E, k, impl)
     want_val, want_idx = ref.select_topk(logits, k)
     assert idx.dtype == torch.int32 and torch.equal(idx, want_idx)
     torch.testing.assert_close(val, want_val, equal_nan=True, rtol=0, atol=0)
+
+
+def test_the_merge_kernels_gradient_reaches_the_chosen_candidates():
+    g = torch.Generator().manual_seed(3)
+    val, idx = shard_lists(torch.randn(33, 12, generator=g), 3, 3)
+    dval = torch.randn(33, 3, generator=g)
+    grads = []
+    for impl in ("reference", "triton"):
+        v = val.clone().requires_grad_()
+        out, _ = rs.merge_topk(v, idx, 3, impl=impl)
+        grads.append(torch.autograd.grad((out * dval).sum(), v)[0])
+    assert torch.equal(grads[0], grads[1])
 
 
 def test_combine_lse_is_the_logsumexp_of_the_row_and_its_gradient_finite():
