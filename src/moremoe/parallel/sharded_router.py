@@ -91,7 +91,7 @@ class ShardedRouter(nn.Module):
         """Names of the parameters split by rows over the group (the others are replicated)."""
         return {"R1"} if self.lowrank else {"weight"}
 
-    def _scored(self, x_NH):
+    def scored(self, x_NH):
         """(a, w): the matrix the shard's rows score, in the kernels' dtype, and those rows
         (cast where they are read)."""
         dt = kernel_dtype(x_NH)
@@ -104,7 +104,7 @@ class ShardedRouter(nn.Module):
         scored matrix as this rank's copy (its gradient summed over the group), and in
         training the global row log-sum-exp (N,) for ``global_psum`` (else None)."""
         check_tensor("x", x_NH, ndim=2, floating=True, last=self.hidden, last_name="hidden")
-        a, w = self._scored(x_NH)
+        a, w = self.scored(x_NH)
         a, = copy_to_group([a], self.group)
         val_e, idx_e, lse_e = shard_topk(a, w, self.local_k, lowrank=self.lowrank,
                                          impl=self.impl)
