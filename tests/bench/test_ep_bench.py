@@ -45,13 +45,16 @@ def test_quick_run_on_two_gloo_ranks(tmp_path):
     assert len(out.read_text().splitlines()) == len(rows) == len(list(plan_points(QUICK)))
     assert {(r["flow"], r["variant"], r["phase"]) for r in rows} == {
         (f, v, p) for f in ("a", "b", "one_gpu") for v in VARIANTS
-        for p in ("forward", "forward+backward") if v != "more_sharded" or f == "a"}
+        for p in ("forward", "forward+backward") if (v != "more_sharded" or f == "a") and (
+            v != "more_one_chunk" or (f != "one_gpu" and p == "forward"))}
     for r in rows:
         assert r["bench"] == "ep" and r["E"] == 2 and r["ms"] > 0 and not r["oom"]
         for key in ("device", "torch", "triton", "commit", "date", "router_ms",
                     "experts_ms", "comm_ms", "wire_bytes", "N", "M", "h", "s", "k"):
             assert key in r, key
         assert (r["comm_ms"] == 0) == (r["flow"] == "one_gpu")
+        assert r["chunks"] == (None if r["flow"] == "one_gpu" else
+                               1 if r["variant"] == "more_one_chunk" else 2)
     sharded = [r for r in rows if r["variant"] == "more_sharded"]
     assert all(r["merge_ms"] > 0 for r in sharded)
     assert data["plots"] == [str(tmp_path / "ep.png")] and (tmp_path / "ep.png").exists()

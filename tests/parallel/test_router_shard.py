@@ -138,3 +138,14 @@ def test_a_mesh_that_does_not_divide_the_experts_is_one_line():
     with pytest.raises(ValueError, match=r"^experts M=10 must be divisible by the "
                                          r"expert-parallel size E=4[^\n]*$"):
         expert_range(10, 4, 0)
+
+
+def test_the_overlap_keeps_a_block_of_rows_per_expert_in_each_chunk():
+    """auto_chunks at the paper's point (N = 262,144, k = 4): 4 chunks at M = 2,048 (512 rows
+    an expert), 2 at 8,192 (128), 1 at 16,384 (64: one block each already); chunk_bounds
+    cover the tokens in near-equal runs."""
+    from moremoe.parallel.collectives import auto_chunks
+    from moremoe.parallel.expert import chunk_bounds
+    assert [auto_chunks(262144, 4, M) for M in (2048, 8192, 16384)] == [4, 2, 1]
+    assert auto_chunks(10, 2, 8) == 1 and auto_chunks(10 ** 9, 8, 8, most=2) == 2
+    assert chunk_bounds(10, 4) == (0, 2, 5, 7, 10) and chunk_bounds(0, 2) == (0, 0, 0)

@@ -6,7 +6,9 @@ dispatch, communication, total.
 
 Variants: moe_torch (MoE with the plain-torch router, logits materialised and torch.topk:
 the paper's baseline), moe_fused (our fused standard router), more (MoRE, the fused
-low-rank router), more_sharded (MoRE with its router sharded over the ranks; flow a only).
+low-rank router), more_sharded (MoRE with its router sharded over the ranks; flow a only),
+more_one_chunk (MoRE with its communication in one piece, not overlapped with the experts:
+what the overlap gains; forward, flows a and b).
 Flows (parallel/expert.py): a (tokens replicated), b (tokens local, N/E a rank), one_gpu
 (the whole single-process layer on one GPU, in the same run: every rank alone, rank 0's
 row kept). Passes: forward (bf16 weights, training mode: the balancing statistics are
@@ -40,13 +42,13 @@ import torch.distributed as dist
 
 from ..nn.moe import MoEConfig, MoELayer
 from ..ops.token_rows import combine_rows, gather_rows
-from ..parallel.collectives import all_reduce_many
+from ..parallel.collectives import all_reduce_many, auto_chunks
 from ..parallel.exchange import RowExchange, plan_rows
-from ..parallel.expert import CHUNKS, ExpertParallelMoE
+from ..parallel.expert import ExpertParallelMoE
 from ..runtime import environment
 from .harness import bf16_on, ceilings, free, time_fixed_ms
 
-VARIANTS = ("moe_torch", "moe_fused", "more", "more_sharded")
+VARIANTS = ("moe_torch", "moe_fused", "more", "more_sharded", "more_one_chunk")
 FLOWS = ("a", "b", "one_gpu")
 PHASES = ("forward", "forward+backward")
 
@@ -59,7 +61,7 @@ class EPSetup:
     r: int = 64
     N: int = 262144
     experts: tuple = (2048, 8192, 16384)
-    chunks: int = CHUNKS        # of the overlap (parallel/expert.py)
+    chunks: int | None = None   # of the overlap (None: the layer's choice)
     warmup: int = 3
     reps: int = 10
 
@@ -284,10 +286,12 @@ def measure(setup, cfg, flow, variant, phase, device, base) -> dict:
     row = {**base, "flow": flow, "variant": variant, "phase": phase, "M": cfg.experts,
            "r": cfg.rank, "N": setup.N, "E": world, "oom": False}
     try:
-        layer = _build(cfg, flow, variant, phase, device, setup.chunks)
+        chunks = 1 if variant == "more_one_chunk" else setup.chunks
+        layer = _build(cfg, flow, variant, phase, device, chunks)
         x = inputs(setup, flow, device, rank, world)
         ph = Phases(layer, flow, x, phase, device)
-        row["chunks"] = getattr(layer, "chunks", None)
+        row["chunks"] = None if flow == "one_gpu" else (
+            chunks or auto_chunks(setup.N, cfg.top_k, cfg.experts))
         row["wire_bytes"] = wire_bytes(layer, flow, ph.routed, x)
         local = {"router": ph.route(), "experts": ph.experts()} if (
             flow != "a" or variant != "more_sharded") else {"experts": ph.experts()}
@@ -322,7 +326,9 @@ def plan_points(setup: EPSetup):
         for M in setup.experts:
             for flow in FLOWS:
                 for variant in VARIANTS:
-                    if variant == "more_sharded" and flow != "a":
+                    if (variant == "more_sharded" and flow != "a") or (
+                            variant == "more_one_chunk" and (flow == "one_gpu"
+                                                             or phase != "forward")):
                         continue
                     yield flow, variant, M, phase
 

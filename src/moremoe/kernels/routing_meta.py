@@ -112,10 +112,9 @@ def _virtual_keys(topk_idx_NK, experts: int, first_expert: int, bounds) -> torch
     dt = torch.int32 if (C + 1) * experts + abs(first_expert) < 2 ** 31 else torch.int64
     local = topk_idx_NK.reshape(-1).to(dt) - first_expert
     keep = (local >= 0) & (local < experts)
-    if C > 1:
+    if C > 1:        # + c·M, c the chunk of the pair's token (C - 1 compares: no host copy)
         tok = torch.arange(N * k, device=local.device) // k
-        inner = torch.tensor(bounds[1:-1], device=local.device)
-        local = local + torch.searchsorted(inner, tok, right=True).to(dt) * experts
+        local = local + sum((tok >= b).to(dt) for b in bounds[1:-1]) * experts
     return torch.where(keep, local, C * experts)
 
 
@@ -161,11 +160,11 @@ def _schedule(order, offsets, counts, experts: int, block_rows: int, bounds, k: 
     block_end = torch.cumsum(blocks, 0)                       # (V,) blocks up to v
     # G[c]: chunk c's first block in the order of virtual experts
     G = torch.cat([block_end.new_zeros(1), block_end.view(C, experts)[:, -1]])
-    b = torch.arange(sum(sizes), device=dev)
-    chunk = torch.searchsorted(torch.tensor(firsts[1:], device=dev), b, right=True)
-    g = G[chunk] + b - torch.tensor(firsts, device=dev, dtype=torch.long)[chunk]
-    valid = g < G[chunk + 1]
-    v = torch.searchsorted(block_end, g, right=True).clamp(max=max(C * experts - 1, 0))
+    # slot S_c + j holds block G[c] + j of the order of virtual experts, while j is within
+    # chunk c's (device arithmetic only: the schedule needs no host sync)
+    g = torch.cat([G[c] + torch.arange(sizes[c], device=dev) for c in range(C)])
+    valid = torch.cat([g_c < G[c + 1] for c, g_c in enumerate(g.split(sizes))])
+    v = torch.searchsorted(block_end, g, right=True).clamp(max=C * experts - 1)
     start = offsets[v] + (g - (block_end[v] - blocks[v])) * block_rows
     return RoutingMeta(order=order, offsets=offsets,
                        block_expert=torch.where(valid, v, -1).to(torch.int32),

@@ -184,6 +184,22 @@ def all_to_all(t: Tensor, send: list[int], recv: list[int], group=None) -> Tenso
     return _AllToAll.apply(t, send, recv, group)
 
 
+CHUNKS = 4          # the most chunks (rounds) a layer's communication is cut into
+BLOCK_ROWS = 64     # rows of an expert-kernel block (kernels/swiglu_experts.config, "BM")
+
+
+def auto_chunks(tokens: int, top_k: int, experts: int, most: int = CHUNKS) -> int:
+    """The chunks of a layer's overlap of communication with its experts: the largest power
+    of two up to `most` that leaves each expert about a block of rows in each chunk
+    (N k / (M C) >= BM). More chunks hide more of the communication, but each cuts every
+    expert's rows into one more, emptier block, and each block reads its expert's weights
+    again (benchmarks/NOTES.md, issue 26)."""
+    chunks = 1
+    while chunks * 2 <= most and tokens * top_k >= chunks * 2 * experts * BLOCK_ROWS:
+        chunks *= 2
+    return chunks
+
+
 class PendingSum:
     """The in-place sums over the group of pieces of one tensor, started as each piece is
     final (``start``, an async all-reduce) and waited for by ``settle``, which returns the

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .collectives import CHUNKS, auto_chunks
+
 
 @dataclass
 class RowPlan:
@@ -56,33 +58,47 @@ class RowPlan:
         return self._bounds(self.recv)
 
 
-def plan_rows(topk_idx_NK: Tensor, per_rank: int, rounds: int, group=None) -> RowPlan:
-    """The RowPlan of a routing: rank d holds experts [d·per_rank, (d+1)·per_rank)."""
+def plan_rows(topk_idx_NK: Tensor, per_rank: int, rounds: int | None = None,
+              group=None) -> RowPlan:
+    """The RowPlan of a routing: rank d holds experts [d·per_rank, (d+1)·per_rank). rounds:
+    C, or None for the group's choice from the global batch (every rank must agree):
+    the counts are exchanged for ROUNDS sub-rounds, with each rank's token count, and C is
+    chosen from the group's tokens (expert.auto_chunks), a divisor of ROUNDS whose rounds
+    are runs of sub-rounds."""
     E = dist.get_world_size(group)
-    N, dev = topk_idx_NK.shape[0], topk_idx_NK.device
+    (N, k), dev = topk_idx_NK.shape, topk_idx_NK.device
+    G = rounds or CHUNKS
     dest_NK = topk_idx_NK.long() // per_rank
     mask_NE = torch.zeros(N, E, dtype=torch.long, device=dev).scatter_(1, dest_NK, 1)
     cum = torch.cat([mask_NE.new_zeros(1, E), mask_NE.cumsum(0)])       # (N + 1, E)
-    bounds = torch.tensor([c * N // rounds for c in range(rounds + 1)], device=dev)
-    send_CE = cum[bounds[1:]] - cum[bounds[:-1]]
-    # row d of the exchange goes to rank d: its rows per round, and this rank's tokens
-    out_EC = torch.cat([send_CE.T, torch.full((E, 1), N, device=dev)], 1).contiguous()
-    got_EC = torch.empty_like(out_EC)
-    dist.all_to_all_single(got_EC, out_EC, group=group)
-    host = torch.cat([send_CE.reshape(-1), got_EC.reshape(-1)]).tolist()   # the one sync
-    send = [host[c * E:(c + 1) * E] for c in range(rounds)]
-    got = [host[rounds * E + s * (rounds + 1):rounds * E + (s + 1) * (rounds + 1)]
-           for s in range(E)]
-    recv = [[got[s][c] for s in range(E)] for c in range(rounds)]
-    base_CE = (send_CE.reshape(-1).cumsum(0) - send_CE.reshape(-1)).view(rounds, E)
-    rnd_N = torch.searchsorted(bounds[1:-1], torch.arange(N, device=dev), right=True)
-    pos_NE = base_CE[rnd_N] + cum[1:] - cum[bounds[rnd_N]] - 1
+    sub = [g * N // G for g in range(G + 1)]
+    cum_b = torch.stack([cum[b] for b in sub])                           # (G + 1, E)
+    send_GE = cum_b[1:] - cum_b[:-1]
+    # row d of the exchange goes to rank d: its rows per sub-round, and this rank's tokens
+    out_EG = torch.cat([send_GE.T, torch.full((E, 1), N, device=dev)], 1).contiguous()
+    got_EG = torch.empty_like(out_EG)
+    dist.all_to_all_single(got_EG, out_EG, group=group)
+    host = torch.cat([send_GE.reshape(-1), got_EG.reshape(-1)]).tolist()   # the one sync
+    got = [host[G * E + s * (G + 1):G * E + (s + 1) * (G + 1)] for s in range(E)]
+    tokens = sum(g[G] for g in got)
+    C = rounds or auto_chunks(tokens, k, per_rank * E, most=G)
+    step = G // C
+    send = [[sum(host[(c * step + j) * E + d] for j in range(step)) for d in range(E)]
+            for c in range(C)]
+    recv = [[sum(got[s][c * step + j] for j in range(step)) for s in range(E)]
+            for c in range(C)]
+    bounds = sub[::step]
+    send_CE = cum_b[::step][1:] - cum_b[::step][:-1]
+    base_CE = (send_CE.reshape(-1).cumsum(0) - send_CE.reshape(-1)).view(C, E)
+    n = torch.arange(N, device=dev)
+    rnd_N = sum((n >= b).long() for b in bounds[1:-1]) if C > 1 else torch.zeros_like(n)
+    pos_NE = base_CE[rnd_N] + cum[1:] - cum_b[::step][rnd_N] - 1
     pos_NE = torch.where(mask_NE.bool(), pos_NE, -1)
     R = sum(map(sum, send))
     tok = torch.empty(R + 1, dtype=torch.long, device=dev)   # row R: a sink for the -1s
     tok.scatter_(0, torch.where(pos_NE >= 0, pos_NE, R).reshape(-1),
                  torch.arange(N, device=dev).repeat_interleave(E))
-    return RowPlan(tok[:R], pos_NE, send, recv, sum(g[rounds] for g in got))
+    return RowPlan(tok[:R], pos_NE, send, recv, tokens)
 
 
 def _rounds(dst: Tensor, src: Tensor, dst_bounds, src_bounds, dst_counts, src_counts,

@@ -62,13 +62,13 @@ from ..ops.balance import expert_counts, switch_loss
 from ..ops.dispatch import kernel_dtype
 from ..ops.swiglu_experts import RowChunks, swiglu_experts
 from ..ops.token_rows import combine_rows, gather_rows
-from .collectives import (PendingSum, all_gather_stack, all_reduce_many, copy_to_group,
-                          group_rank, group_size, reduce_from_group, sum_replicated)
+from .collectives import (PendingSum, all_gather_stack, all_reduce_many, auto_chunks,
+                          copy_to_group, group_rank, group_size, reduce_from_group,
+                          sum_replicated)
 from .exchange import RowExchange, plan_rows
 from .sharded_router import ShardedRouter, expert_range
 
 TOKENS = ("replicated", "local")
-CHUNKS = 4      # chunks of the overlap (benchmarks/NOTES.md, issue 26)
 
 
 def _full_router(c: MoEConfig) -> LinearRouter | LowRankRouter:
@@ -104,9 +104,10 @@ class ExpertParallelMoE(nn.Module):
     ``shard_moe_layer`` instead takes each rank's slice of a single-process layer."""
 
     def __init__(self, config: MoEConfig, group=None, *, tokens: str = "replicated",
-                 shard_router: bool = False, chunks: int = CHUNKS):
+                 shard_router: bool = False, chunks: int | None = None):
         """chunks: C, the chunks of tokens (replicated) or rounds (local) whose
-        communication overlaps the experts of the next; 1 sends everything at once."""
+        communication overlaps the experts of the next; 1 sends everything at once; None
+        (default) chooses from the batch (collectives.auto_chunks)."""
         super().__init__()
         if tokens not in TOKENS:
             raise ValueError(f"tokens must be one of {TOKENS}, got {tokens!r}")
@@ -114,7 +115,7 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"shard_router=True needs tokens='replicated' (each rank scores "
                              f"every token against its experts), got tokens={tokens!r}")
         self.config, self.group, self.tokens = config, group, tokens
-        self.chunks = check_int("chunks", chunks)
+        self.chunks = None if chunks is None else check_int("chunks", chunks)
         self.shard, self.shards = group_rank(group), group_size(group)
         self.lo, self.hi = expert_range(config.experts, self.shards, self.shard)
         self.router = ShardedRouter(config, group) if shard_router else _full_router(config)
@@ -176,8 +177,10 @@ class ExpertParallelMoE(nn.Module):
         x_in, gates_in, lse_in = copy_to_group([x_NH, routed.gates, lse], self.group)
         if lse is not None:
             routed.psum = self.router.global_psum(a, lse_in)
+        N, c = x_NH.shape[0], self.config
         pending = PendingSum(self.group)
-        chunks = RowChunks(chunk_bounds(x_NH.shape[0], self.chunks), after=pending.start)
+        C = self.chunks or auto_chunks(N, c.top_k, c.experts)
+        chunks = RowChunks(chunk_bounds(N, C), after=pending.start)
         y_NH = pending.settle(self.run_experts(x_in, gates_in, routed.topk_idx, chunks))
         return _anchored(y_NH, x_in, gates_in, *self.experts.parameters()), routed
 
@@ -253,7 +256,8 @@ class ExpertParallelMoE(nn.Module):
 
 
 def shard_moe_layer(layer: MoELayer, group=None, *, tokens: str = "replicated",
-                    shard_router: bool = False, chunks: int = CHUNKS) -> ExpertParallelMoE:
+                    shard_router: bool = False,
+                    chunks: int | None = None) -> ExpertParallelMoE:
     """This rank's ExpertParallelMoE holding its slice of `layer` (built alike on every
     rank, e.g. from one seed): the same function as `layer`, spread over the group, with
     the layer's device and dtype."""
