@@ -149,3 +149,19 @@ def test_the_overlap_keeps_a_block_of_rows_per_expert_in_each_chunk():
     assert [auto_chunks(262144, 4, M) for M in (2048, 8192, 16384)] == [4, 2, 1]
     assert auto_chunks(10, 2, 8) == 1 and auto_chunks(10 ** 9, 8, 8, most=2) == 2
     assert chunk_bounds(10, 4) == (0, 2, 5, 7, 10) and chunk_bounds(0, 2) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("lowrank", [True, False])
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_inference_selects_as_training_does(lowrank, impl):
+    """shard_select (the routers' inference kernels, z formed on chip) picks the training
+    sweep's experts with its values: the sharded router routes alike in eval and train."""
+    g = torch.Generator().manual_seed(4)
+    N, h, r, Me, k = 19, 32, 8, 10, 3
+    x, w = torch.randn(N, h, generator=g), torch.randn(Me, r if lowrank else h, generator=g)
+    R2 = torch.randn(r, h, generator=g) if lowrank else None
+    val, idx = rs.shard_select(x, w, R2, k, impl=impl)
+    a = x @ R2.T if lowrank else x
+    want_val, want_idx, _ = rs._topk_forward(a, w, k, lowrank, "reference")
+    assert idx.dtype == torch.int32 and torch.equal(idx, want_idx)
+    torch.testing.assert_close(val, want_val, **reduction_tol(torch.float32, h + r))

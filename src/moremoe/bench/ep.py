@@ -11,14 +11,16 @@ more_one_chunk (MoRE with its communication in one piece, not overlapped with th
 what the overlap gains; forward, flows a and b).
 Flows (parallel/expert.py): a (tokens replicated), b (tokens local, N/E a rank), one_gpu
 (the whole single-process layer on one GPU, in the same run: every rank alone, rank 0's
-row kept). Passes: forward (bf16 weights, training mode: the balancing statistics are
-computed as in the paper's runs, no autograd) and forward+backward (fp32 master weights
-under bf16 autocast, y and the aux loss backpropagated).
+row kept). Passes: forward (bf16 weights, eval mode, no autograd: the point of the issue's
+one-GPU 4.79 ms and its targets) and forward+backward (training mode, the Switch balancing
+loss included as in the paper's runs, fp32 master weights under bf16 autocast, y and the
+aux loss backpropagated).
 
 Phases, each timed alone with the same calls on every rank (harness.time_fixed_ms: device
 events, median after warm-up), so that the ranks' collectives pair up:
-  router   the router on the rank's tokens (all N in a, N/E in b); the sharded router
-           with its all-gather and merge (``merge``: those alone) and, in training, psum
+  router   the router on the rank's tokens (all N in a, N/E in b), psum included in
+           training; the sharded router with its all-gather and merge (``merge``: those
+           alone)
   experts  the rank's experts with the local dispatch bookkeeping that moves nothing
            between ranks: a, the restricted kernels on the routed batch; b, gathering the
            rows to send, the kernels on the rows received, the sum of the rows back
@@ -79,14 +81,15 @@ def config(setup: EPSetup, variant: str, M: int) -> MoEConfig:
 
 
 def _build(cfg, flow: str, variant: str, phase: str, device, chunks: int):
-    """bf16 weights for the forward, fp32 (master) weights for forward + backward; the
-    replicated parameters are rank 0's on every rank."""
-    with bf16_on(device) if phase == "forward" else torch.device(device):
+    """The forward's layer in eval mode with bf16 weights; forward + backward's in training
+    mode with fp32 (master) weights; the replicated parameters are rank 0's on every rank."""
+    train = phase != "forward"
+    with torch.device(device) if train else bf16_on(device):
         if flow == "one_gpu":
-            return MoELayer(cfg).train()
+            return MoELayer(cfg).train(train)
         layer = ExpertParallelMoE(cfg, tokens="replicated" if flow == "a" else "local",
                                   shard_router=variant == "more_sharded",
-                                  chunks=chunks).train()
+                                  chunks=chunks).train(train)
     layer.broadcast_replicated()
     return layer
 
@@ -125,18 +128,22 @@ class Phases:
 
     def route(self):
         def fn():
-            routed = self.router(_leaf(self.x, self.train))    # psum included (training)
+            routed = self.router(_leaf(self.x, self.train))    # psum included in training
             if self.train:
                 _backward([routed.gates, routed.psum],
                           [self.dgates, torch.ones_like(routed.psum)])
         return self._run(fn)
 
     def merge(self):
-        from ..ops.router_shard import shard_topk
+        """The sharded router's all-gather and merge alone, on its local lists."""
+        from ..ops.router_shard import shard_select, shard_topk
         r = self.router
         with torch.no_grad(), self.cast:
-            a, w = r.scored(self.x)
-            lists = shard_topk(a, w, r.local_k, lowrank=r.lowrank, impl=r.impl)
+            if self.train:
+                a, w = r.scored(self.x)
+                lists = shard_topk(a, w, r.local_k, lowrank=r.lowrank, impl=r.impl)
+            else:
+                lists = shard_select(self.x, *r.select_args(), r.local_k, impl=r.impl)
         return self._run(lambda: r.merge(*lists))
 
     def experts(self):

@@ -126,22 +126,22 @@ def render_ep(rows: list[dict], out_dir) -> list[Path]:
                 for key, name, color in STACK:
                     v = r.get(key) or 0.0
                     ax.bar(x, v, bottom=bottom, color=color, width=0.8,
-                           hatch="//" if variant.startswith("moe") else None,
-                           label=name if not ticks else None)
+                           hatch="//" if variant.startswith("moe") else None)
                     bottom += v
-                ax.plot([x - 0.4, x + 0.4], [r["ms"]] * 2, color="k", lw=1.5,
-                        label="total (measured)" if not ticks else None)
+                ax.plot([x - 0.4, x + 0.4], [r["ms"]] * 2, color="k", lw=1.5)
                 ax.text(x, max(bottom, r["ms"]), _ms(r["ms"]), ha="center", va="bottom",
                         fontsize=6)
-                ticks.append((x, f"{VARIANT_NAMES[variant]}\n{FLOW_NAMES[flow]} E={E}\n"
-                                 f"M={M:,}"))
+                where = FLOW_NAMES[flow] + (f" E={E}" if flow != "one_gpu" else "")
+                ticks.append((x, f"{VARIANT_NAMES[variant]}\n{where}\nM={M:,}"))
                 x += 1
             x += 0.7
         ax.set_xticks([p for p, _ in ticks], [t for _, t in ticks], fontsize=5, rotation=90)
         ax.set_ylabel("ms")
         ax.set_title(f"one layer, {phase} (hatched: MoE; {rows[-1].get('device', '')})",
                      fontsize=9)
-        ax.legend(fontsize=7)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in STACK]
+        handles.append(plt.Line2D([], [], color="k", lw=1.5))
+        ax.legend(handles, [n for _, n, _ in STACK] + ["total (measured)"], fontsize=7)
     path = Path(out_dir) / "ep.png"
     save_figure(fig, path)
     return [path]

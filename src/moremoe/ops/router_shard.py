@@ -5,6 +5,8 @@ tensors between ranks): each of E ranks scores only its M_e = M/E experts, ℓ_e
   selection semantics of ``reference.select_topk``, and its row log-sum-exp lse_e (N,) over
   the finite logits (−inf for a row with none); the fused training sweep on CUDA, the
   reference elsewhere.
+- ``shard_select``: inference, the same selection without statistics or autograd (the
+  routers' inference kernels on CUDA, which form z = x R2ᵀ on chip).
 - ``merge_topk``: the exact global top-k from the E local lists (a Triton kernel on CUDA,
   kernels/router_shard.py; a torch sort elsewhere).
 - ``combine_lse``: the global lse (N,) from the E local ones, differentiable.
@@ -142,6 +144,23 @@ def shard_topk(a_NR: Tensor, w_MR: Tensor, k: int, *, lowrank: bool, impl: str =
     """(val (N, k) fp32 descending, idx (N, k) int32 in [0, M_e), lse (N,) fp32) of the
     shard's logits a w_eᵀ; val and lse are differentiable in a and w."""
     return _ShardTopk.apply(a_NR, w_MR, k, lowrank, impl)
+
+
+def shard_select(x_NH: Tensor, w_MR: Tensor, R2_RH: Tensor | None, k: int, *,
+                 impl: str = "auto"):
+    """Inference: (val (N, k) fp32, idx (N, k) int32 in [0, M_e)) of the shard's logits,
+    (x R2ᵀ) w_eᵀ (low-rank, R2 given) or x w_eᵀ, in the kernels' dtype."""
+    rank = None if R2_RH is None else R2_RH.shape[0]
+    if resolve_impl(impl, x_NH, k, rank=rank) == "reference":
+        logits = (ref.router_logits_linear(x_NH, w_MR) if R2_RH is None
+                  else ref.router_logits_lowrank(x_NH, w_MR, R2_RH))
+        return ref.select_topk(logits, k)
+    from ..kernels import router_linear, router_lowrank
+    dt = kernel_dtype(x_NH)
+    x, w = x_NH.to(dt), w_MR.to(dt)
+    val, idx, _ = (router_linear.infer(x, w, k) if R2_RH is None
+                   else router_lowrank.infer(x, w, R2_RH.to(dt), k))
+    return val, idx
 
 
 def shard_psum(a_NR: Tensor, w_MR: Tensor, lse_N: Tensor, *, lowrank: bool,
