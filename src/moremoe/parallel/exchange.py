@@ -61,10 +61,10 @@ class RowPlan:
 def plan_rows(topk_idx_NK: Tensor, per_rank: int, rounds: int | None = None,
               group=None) -> RowPlan:
     """The RowPlan of a routing: rank d holds experts [d·per_rank, (d+1)·per_rank). rounds:
-    C, or None for the group's choice from the global batch (every rank must agree):
-    the counts are exchanged for ROUNDS sub-rounds, with each rank's token count, and C is
-    chosen from the group's tokens (expert.auto_chunks), a divisor of ROUNDS whose rounds
-    are runs of sub-rounds."""
+    C, or None for the group's choice from the global batch (every rank must agree on it):
+    the counts are then exchanged for CHUNKS sub-rounds, with each rank's token count, and
+    C is chosen from the group's tokens (collectives.auto_chunks), a power of two dividing
+    CHUNKS, each round a run of sub-rounds."""
     E = dist.get_world_size(group)
     (N, k), dev = topk_idx_NK.shape, topk_idx_NK.device
     G = rounds or CHUNKS
@@ -165,7 +165,7 @@ class _Dispatch(torch.autograd.Function):
         ex.arriving = ex._out(x_recv, x_rows, async_op=True)
         for work in meta_works:
             work.wait()
-        ctx.ex, ctx.x_dtype = ex, x_rows.dtype
+        ctx.ex = ex
         ids_recv = meta_recv[:, :k].contiguous()
         ctx.mark_non_differentiable(ids_recv)
         return x_recv, meta_recv[:, k:].contiguous().view(torch.float32), ids_recv
