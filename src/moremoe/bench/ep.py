@@ -30,8 +30,9 @@ events, median after warm-up), so that the ranks' collectives pair up:
            gradients' way)
   total    the layer as a trainer calls it; its communication overlaps the experts
            (chunks), so total may be below router + experts + comm
-A point that does not fit on some rank is an "oom" row on every rank (agreed before the
-collectives run).
+A point that does not fit on some rank is an "oom" row on every rank (agreed after each
+part: the parts without collectives run alone first, so a rank out of memory leaves no
+other waiting in a collective).
 Legend: N tokens, h hidden, s expert width, M experts, k active, r rank, E ranks.
 """
 from __future__ import annotations
@@ -319,9 +320,15 @@ def measure(setup, cfg, flow, variant, phase, device, base) -> dict:
             row[f"{name}_ms"] = 0.0
             continue
         dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
-        row[f"{name}_ms"] = time_fixed_ms(fn, device=device, warmup=setup.warmup,
-                                          reps=setup.reps)
-    row["ms"] = row.pop("total_ms")
+        try:        # the layer holds the router's and the experts' memory at once
+            row[f"{name}_ms"] = time_fixed_ms(fn, device=device, warmup=setup.warmup,
+                                              reps=setup.reps)
+        except torch.OutOfMemoryError:
+            row[f"{name}_ms"] = None
+        if not _agree(row[f"{name}_ms"] is not None, device):
+            row.update(oom=True, total_ms=None)
+            break
+    row["ms"] = row.pop("total_ms", None)
     del ph, layer
     free(device)
     return row
