@@ -333,7 +333,9 @@ def test_train_out_of_memory_says_what_to_change(capsys, text_data, tmp_path, mo
           r"model.seq_len=64 per device and micro-step does not fit; lower the micro-batch "
           r"\(--set train.batch_size=2 --set train.grad_accum=2 keeps the global batch\), the "
           r"sequence length \(--set model.seq_len\) .* more GPUs \(torchrun --nproc_per_node N\)"
-          r" and shard the model over them \(--set parallel.data=fsdp\)$")
+          r" and shard the model over them \(--set parallel.data=fsdp\) and split its experts "
+          r"over them \(--set parallel.expert=E, a divisor of model.experts=8\), or keep less "
+          r"per GPU \(--set train.activation_checkpointing=true, --set optim.moments=bf16\)$")
 
 
 def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_data, tmp_path,
@@ -341,7 +343,8 @@ def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_d
     import moremoe.training.lm as lm
     monkeypatch.setattr(lm, "train", _raise_oom)
     argv = ["train", "--data", str(text_data), "--out", str(tmp_path / "run"), *TRAIN,
-            "--set", "parallel.data=fsdp"]
+            "--set", "parallel.data=fsdp", "--set", "parallel.expert=2",
+            "--set", "train.activation_checkpointing=true", "--set", "optim.moments=bf16"]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     capsys.readouterr()
@@ -350,7 +353,8 @@ def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_d
     monkeypatch.setenv("RANK", "0")
     line = fails(capsys, argv, r"GPU 0 ran out of memory .* more GPUs \(torchrun "
                                r"--nproc_per_node N\)$")
-    assert "parallel.data=fsdp" not in line                      # already sharded
+    for already_set in ("parallel.", "activation_checkpointing", "optim.moments"):
+        assert already_set not in line
 
 
 def test_eval_and_convert_router_out_of_memory_name_their_options(capsys, run4, text_data,
