@@ -14,7 +14,8 @@ The activation estimate counts what autograd keeps per token of a micro-batch, e
 block the fp32 residual stream at both RMSNorms (input and output, 16h bytes), attention's
 projections' inputs, q, k, v and output (8h in the activation dtype), the MoE layer's input
 (h), router (r + 4k) and experts (3ks), with expert parallelism the rows sent and received
-(2kh); the head keeps the logits and the log-probabilities, and its backward their gradients
+(each token's row goes once to each rank holding one of its experts: at most min(k, E) rows
+each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, and its backward their gradients
 ((2a + 4)V). Activation checkpointing keeps each block's input (4h) and one block at a time.
 torch.compile fuses some of these away: read the estimate as an upper bound.
 """
@@ -110,22 +111,22 @@ def memory_plan(cfg, model_config: TransformerConfig, device: torch.device, *,
     where = f"{device}, {world} rank{'s' if world > 1 else ''}" + (
         f", parallel.expert={E} x data {world // E}" if E > 1 else "")
     return MemoryPlan(tuple(parts), cfg.optim.moments, 16 * block if fsdp else 0,
-                      tokens * activation_bytes(model_config, a, E > 1,
+                      tokens * activation_bytes(model_config, a, E,
                                                 cfg.train.activation_checkpointing),
                       tokens, cfg.train.activation_checkpointing,
                       memory_bytes(device) if have is None else have, where)
 
 
-def activation_bytes(c: TransformerConfig, a: int, expert_parallel: bool,
+def activation_bytes(c: TransformerConfig, a: int, expert: int,
                      checkpointing: bool) -> int:
     """The module docstring's estimate per token; a: bytes of an activation (2 under bf16
-    autocast, else 4)."""
+    autocast, else 4); expert: E, the ranks sharing each layer's experts."""
     h, m = c.hidden, c.moe
     k, s = m.top_k, getattr(m, "width", 1)
     r = getattr(m, "rank", None) or 0
     block = 16 * h + 8 * a * h + a * h + 4 * r + 4 * k + 3 * a * k * s
-    if expert_parallel:
-        block += 2 * a * k * h
+    if expert > 1:
+        block += 2 * a * min(k, expert) * h
     head = (2 * a + 4) * c.vocab + 8 * h
     kept = c.layers * 4 * h + block if checkpointing else c.layers * block
     return kept + head
