@@ -1,8 +1,10 @@
 """Expert parallelism in the trainer (parallel.expert, parallel/expert_plan.py) over gloo CPU
 processes launched by torchrun, against one process at the same global batch: E = 2 on 2
-ranks (DDP for the rest) and E = 2 x data 2 on 4 ranks (FSDP2 for the rest, activation
-checkpointing), with gradient accumulation, clipping and bf16 AdamW moments; whole-model
-checkpoints that resume on 1, 2 and 4 ranks and export to transformers; the layout errors."""
+ranks (DDP for the rest), E = 2 x data 2 on 4 ranks (FSDP2 for the rest, activation
+checkpointing) and E = 4 on 4 ranks, with gradient accumulation, clipping on the global norm
+and bf16 AdamW moments; whole-model checkpoints that resume on 1, 2 and 4 ranks (E = 1, 2,
+4) and export to transformers; the layout errors. (The layers' own tests, uneven and empty
+ranks and bf16 included, are tests/parallel/test_expert_parallel.py.)"""
 import json
 import os
 import shutil
@@ -31,10 +33,11 @@ EP2 = ["train.batch_size=2", "train.grad_accum=4", "train.eval_batches=2",
 ONE = ["train.batch_size=4", "train.grad_accum=4", "train.eval_batches=2"]   # same val rows
 
 
-def torchrun(data, out, sets, nproc=2, flags=(), codes=(0,), preset="tiny-more"):
+def torchrun(data, out, sets, nproc=2, flags=(), codes=(0,), preset="tiny-more",
+             device="cpu"):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", "-m", "moremoe.cli", "train", "--preset", preset,
-            "--data", str(data), "--out", str(out), "--device", "cpu", "--json", *flags]
+            "--data", str(data), "--out", str(out), "--device", device, "--json", *flags]
     for s in COMMON + sets:
         argv += ["--set", s]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
@@ -43,12 +46,12 @@ def torchrun(data, out, sets, nproc=2, flags=(), codes=(0,), preset="tiny-more")
     return done
 
 
-def one_process(data, out, sets, resume=False):
+def one_process(data, out, sets, resume=False, device="cpu"):
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         return train(build_run_config(preset="tiny-more", data=str(data), out=str(out),
-                                      device="cpu", overrides=COMMON + sets), resume=resume,
+                                      device=device, overrides=COMMON + sets), resume=resume,
                      echo=quiet)
     finally:
         torch.set_num_threads(old)
@@ -143,6 +146,27 @@ def test_expert_parallel_with_fsdp_on_four_ranks_resumes_and_equals_one_process(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world"] == 4 and summary["step"] == 6
     assert_close_runs(run, one_ref, from_step=3)
+
+
+def test_four_expert_ranks_resume_from_two_and_equal_one_process(text_data, tmp_path,
+                                                                  ep_stopped):
+    """E = 4 on 4 ranks (16 of the 64 experts each, DDP for the rest), resumed from the
+    checkpoint of E = 2: the checkpoint is cut into four shards, and the last 3 steps (each
+    rank's 2-row micro-batch sent to up to 3 other ranks; the balancing loss of the group's
+    8 rows) and the weights are one process's resumed at 8 rows x 2 micro-steps."""
+    run, ref = tmp_path / "e4", tmp_path / "one"
+    shutil.copytree(ep_stopped, run)
+    shutil.copytree(ep_stopped, ref)
+    torchrun(text_data, run, ["train.batch_size=2", "train.grad_accum=2",
+                              "train.eval_batches=2", "parallel.expert=4"],
+             nproc=4, flags=["--resume"])
+    one_process(text_data, ref, ["train.batch_size=8", "train.grad_accum=2",
+                                 "train.eval_batches=2"], resume=True)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world"] == 4 and summary["step"] == 6
+    resumed = events(run, "resume")[-1]
+    assert resumed["world"] == 4 and resumed["memory"]["parts"][0]["share"] == 4
+    assert_close_runs(run, ref, from_step=3)
 
 
 def test_expert_parallel_checkpoint_exports_to_transformers(tmp_path, capsys, ep_stopped):

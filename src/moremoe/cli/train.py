@@ -76,6 +76,8 @@ def _summary_table(s: dict) -> str:
             ["tokens/s", fmt(s["tokens_per_s"], ",.0f")],
             ["MFU", "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}% of "
                                                 f"{s['peak_tflops']:g} TFLOP/s per GPU"],
+            ["peak memory per GPU", "-" if not s.get("peak_memory_gib_per_rank") else
+             ", ".join(f"{g:.1f}" for g in s["peak_memory_gib_per_rank"]) + " GiB"],
             ["val loss / ppl", "-" if s["val_loss"] is None else
              f"{s['val_loss']:.4f} / {s['val_ppl']:.2f}"],
             ["H_norm per layer", ", ".join(f"{h:.3f}" for h in hn) or "-"],

@@ -218,7 +218,8 @@ class LMTrainer:
         self.log.truncate_after(self.step)
         before = planned_steps(saved, self.batches.global_batch)
         self.log.write("resume", step=self.step, checkpoint=str(path),
-                       planned_steps_before=before, planned_steps=self.total)
+                       planned_steps_before=before, planned_steps=self.total,
+                       world=self.info.world, memory=self.memory.to_dict())
         self.echo(f"resumed from {path} at step {self.step}/{self.total}")
         if before != self.total:
             self.echo(f"warning: the schedule now has {self.total} steps, the checkpoint's "
@@ -441,6 +442,10 @@ class LMTrainer:
     def _finish(self, clock: StepClock, reason: str, last_eval: dict | None) -> dict:
         step_s = clock.mean_step_seconds()
         tok_s = self.tokens_per_step / step_s if step_s else None
+        peak = (torch.cuda.max_memory_allocated(self.dev) / 2**30
+                if self.dev.type == "cuda" else None)
+        # every rank's, unless an error may have left the others inside a collective
+        peaks = ([peak] if reason.startswith("error") else ddp.gather_objects(peak, self.info))
         summary = {
             "name": self.cfg.model.name, "preset": self.cfg.preset, "out": str(self.out),
             "device": str(self.dev), "world": self.info.world, "stopped": reason,
@@ -460,8 +465,8 @@ class LMTrainer:
             "val_ppl": last_eval["val_ppl"] if last_eval else None,
             "hnorm": last_eval["hnorm"] if last_eval else None,
             "expert_coverage": last_eval["expert_coverage"] if last_eval else None,
-            "peak_memory_gib": (torch.cuda.max_memory_allocated(self.dev) / 2**30
-                                if self.dev.type == "cuda" else None),
+            "peak_memory_gib": peaks[0],
+            "peak_memory_gib_per_rank": peaks if peaks[0] is not None else None,
             **{f"env_{k}": v for k, v in environment(self.dev).items()},
         }
         if self.main:
