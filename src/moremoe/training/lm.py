@@ -123,7 +123,8 @@ class LMTrainer:
         self.echo(self.memory.table())
         footprint.check_fits(self.memory, self.model_config.total_params(), self.dev, world,
                              options=footprint.shrink_options(cfg, self.dev, world))
-        self.model = Transformer(self.model_config).to(self.dev)
+        with torch.device(self.dev):   # a CPU core takes over a minute for 7.9B weights
+            self.model = Transformer(self.model_config)
         self._pending = None        # a checkpoint's optimizer and scheduler, once they exist
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
         self.flops_per_token = self.model_config.training_flops_per_token(cfg.model.seq_len)
