@@ -37,8 +37,8 @@
 # Time: the script stays under LIMIT_S seconds (385) whatever happens. Planned: data and
 # plans ~20 s; (a) ~15 s of set-up, MINUTES of training (its first steps compile), ~50 s
 # to write the checkpoint; (b) ~45 s to load it and RESUME_MINUTES of steps, shortened when
-# (a) took longer; (c) only with 90 s to spare. A step past its share is stopped (TERM, KILL
-# 20 s later) with its log kept. Exit status: 0 when (a) and (b) both ran and stopped as
+# (a) took longer; (c) only with 100 s to spare. A step past its share is stopped (TERM, KILL
+# 10 s later, inside the share) with its log kept. Exit status: 0 when (a) and (b) both ran and stopped as
 # planned; 1 when a step failed or ran out of time (the report covers what finished); 2
 # when the machine lacks the GPUs.
 set -uo pipefail
@@ -69,7 +69,7 @@ finish() {        # the report of what finished, the logs into OUT, the exit sta
     [ -f "$WORK/ep2_log.jsonl" ] && cp "$WORK/ep2_log.jsonl" "$OUT/"
     [ -f "$WORK/resumed_log.jsonl" ] && cp "$WORK/resumed_log.jsonl" "$OUT/"
     say "report"
-    timeout 60 "$PY" benchmarks/ep_train_report.py report "$WORK" "$OUT" || rc=1
+    timeout 30 "$PY" benchmarks/ep_train_report.py report "$WORK" "$OUT" || rc=1
     [ "${KEEP_RUNS:-0}" = 1 ] || rm -rf "$RUNS/ep2" "$RUNS/moe1024"
     say "done, exit $rc, files in $OUT"
     exit "$rc"
@@ -77,12 +77,12 @@ finish() {        # the report of what finished, the logs into OUT, the exit sta
 
 fail() { echo "ep_train_gpu.sh: error: $*" >&2; finish 1; }
 
-# SECONDS LOG CMD...: CMD, its output in LOG, stopped past SECONDS: timeout signals its whole
-# process group (torchrun's workers included), TERM first and KILL 20 s later
+# SECONDS LOG CMD...: CMD, its output in LOG, stopped 10 s before SECONDS are out: timeout
+# signals its whole process group (torchrun's workers included), TERM first, KILL at SECONDS
 limited() {
-    local limit=$1 log=$2 rc
+    local limit=$(($1 - 10)) log=$2 rc
     shift 2
-    timeout --kill-after=20 "$limit" "$@" >"$log" 2>&1
+    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
     rc=$?
     [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "ep_train_gpu.sh: stopped after $limit s" >>"$log"
     return "$rc"
@@ -93,7 +93,7 @@ train() {         # NAME LIMIT ARGS...: torchrun ... train, its output in OUT/NA
     shift 2
     local sets=()
     for s in $SETS; do sets+=(--set "$s"); done      # first: each run's own --set win
-    [ "$limit" -ge 30 ] || fail "no time left for $name ($limit s of LIMIT_S=$LIMIT_S)"
+    [ "$limit" -ge 40 ] || fail "no time left for $name ($limit s of LIMIT_S=$LIMIT_S)"
     limited "$limit" "$OUT/$name.log" "$PY" -m torch.distributed.run --standalone \
         --nproc_per_node 2 -m moremoe.cli train --data "$DATA" --device "$DEVICE" \
         --max-steps "$SCHEDULE_STEPS" "${sets[@]}" "$@"
@@ -152,12 +152,12 @@ keep ep2 "$RUNS/ep2" "max_minutes max_steps"
 ls -d "$RUNS"/ep2/checkpoints/step_* >/dev/null 2>&1 || fail "(a) left no checkpoint"
 
 # (b): its steps get what is left after its set-up and the report, RESUME_MINUTES at most
-steps_s=$(($(left) - RESUME_SETUP_S - 10))
+steps_s=$(($(left) - RESUME_SETUP_S - 15))
 [ "$steps_s" -ge 10 ] || fail "no time left for the resume ($(left) s of LIMIT_S=$LIMIT_S)"
 resume_min=$("$PY" -c 'import sys; print(round(min(float(sys.argv[1]), int(sys.argv[2]) / 60), 3))' \
     "$RESUME_MINUTES" "$steps_s")
 say "(b) resumed with E = 1 under FSDP2, $resume_min min"
-train resumed $(($(left) - 10)) --preset "$PRESET" --out "$RUNS/ep2" --resume \
+train resumed $(($(left) - 15)) --preset "$PRESET" --out "$RUNS/ep2" --resume \
     --max-minutes "$resume_min" --set parallel.expert=1 --set parallel.data=fsdp \
     --set optim.moments=bf16 --set train.log_every=1 "${LOGGING[@]}" \
     --set train.compile=false --set train.save_on_stop=false
@@ -167,7 +167,7 @@ keep resumed "$RUNS/ep2" "max_minutes max_steps"
 if [ "$(left)" -ge 100 ]; then
     say "(c) $PRESET2, E = 2, 0.5 min"
     rm -rf "$RUNS/moe1024"
-    train moe1024 $(($(left) - 10)) --preset "$PRESET2" --out "$RUNS/moe1024" \
+    train moe1024 $(($(left) - 15)) --preset "$PRESET2" --out "$RUNS/moe1024" \
         --max-minutes 0.5 --set parallel.expert=2 --set train.log_every=5 "${LOGGING[@]}" \
         --set train.compile=false --set train.save_on_stop=false
     keep moe1024 "$RUNS/moe1024" "max_minutes max_steps"
