@@ -38,9 +38,9 @@
 # plans ~20 s; (a) ~15 s of set-up, MINUTES of training (its first steps compile), ~50 s
 # to write the checkpoint; (b) ~45 s to load it and RESUME_MINUTES of steps, shortened when
 # (a) took longer; (c) only with 100 s to spare. A step past its share is stopped (TERM, KILL
-# 10 s later, inside the share) with its log kept. Exit status: 0 when (a) and (b) both ran and stopped as
-# planned; 1 when a step failed or ran out of time (the report covers what finished); 2
-# when the machine lacks the GPUs.
+# 10 s later, inside the share) with its log kept. Exit status: 0 when (a) and (b) both ran
+# and stopped as planned; 1 when a step failed or ran out of time (the report covers what
+# finished); 2 when the machine lacks the GPUs.
 set -uo pipefail
 START=$SECONDS
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -84,7 +84,9 @@ limited() {
     shift 2
     timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
     rc=$?
-    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "ep_train_gpu.sh: stopped after $limit s" >>"$log"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "ep_train_gpu.sh: stopped after $limit s" >>"$log"
+    fi
     return "$rc"
 }
 
@@ -154,7 +156,7 @@ ls -d "$RUNS"/ep2/checkpoints/step_* >/dev/null 2>&1 || fail "(a) left no checkp
 # (b): its steps get what is left after its set-up and the report, RESUME_MINUTES at most
 steps_s=$(($(left) - RESUME_SETUP_S - 15))
 [ "$steps_s" -ge 10 ] || fail "no time left for the resume ($(left) s of LIMIT_S=$LIMIT_S)"
-resume_min=$("$PY" -c 'import sys; print(round(min(float(sys.argv[1]), int(sys.argv[2]) / 60), 3))' \
+resume_min=$("$PY" -c 'import sys; a, b = sys.argv[1:]; print(min(float(a), int(b) // 6 / 10))' \
     "$RESUME_MINUTES" "$steps_s")
 say "(b) resumed with E = 1 under FSDP2, $resume_min min"
 train resumed $(($(left) - 15)) --preset "$PRESET" --out "$RUNS/ep2" --resume \

@@ -15,8 +15,8 @@ block the fp32 residual stream at both RMSNorms (input and output, 16h bytes), a
 projections' inputs, q, k, v and output (8h in the activation dtype), the MoE layer's input
 (h), router (r + 4k) and experts (3ks), with expert parallelism the rows sent and received
 (each token's row goes once to each rank holding one of its experts: at most min(k, E) rows
-each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, and its backward their gradients
-((2a + 4)V). Activation checkpointing keeps each block's input (4h) and one block at a time.
+each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, and its
+backward their gradients ((2a + 4)V). Activation checkpointing keeps each block's input (4h) and one block at a time.
 torch.compile fuses some of these away: read the estimate as an upper bound.
 """
 from __future__ import annotations
