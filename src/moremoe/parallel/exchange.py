@@ -70,7 +70,9 @@ def plan_rows(topk_idx_NK: Tensor, per_rank: int, rounds: int | None = None,
     G = rounds or CHUNKS
     dest_NK = topk_idx_NK.long() // per_rank
     mask_NE = torch.zeros(N, E, dtype=torch.long, device=dev).scatter_(1, dest_NK, 1)
-    cum = torch.cat([mask_NE.new_zeros(1, E), mask_NE.cumsum(0)])       # (N + 1, E)
+    # (N + 1, E), scanned along N as the contiguous dimension: a scan over dim 0 of an
+    # (N, E) tensor runs one thread a column on CUDA (12 ms at N = 131,072, E = 2; 10 us so)
+    cum = torch.cat([mask_NE.new_zeros(E, 1), mask_NE.T.contiguous().cumsum(1)], 1).T
     sub = [g * N // G for g in range(G + 1)]
     cum_b = torch.stack([cum[b] for b in sub])                           # (G + 1, E)
     send_GE = cum_b[1:] - cum_b[:-1]
