@@ -377,12 +377,42 @@ def check_fused_kernels(rank, world):
     close(got.y, want.y, 11, "y")
 
 
+def check_local_frees_each_steps_exchange(rank, world):
+    """(b): once a step's outputs are gone, its exchange (the rows sent, received and
+    returned) is freed by reference counting alone: a cycle through the collectives' work
+    objects is never collected and held every step's rows on the GPU until it filled."""
+    import gc
+    import weakref
+
+    from moremoe.parallel import exchange
+    made, init = [], exchange.RowExchange.__init__
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+    exchange.RowExchange.__init__ = tracked
+    gc.disable()
+    try:
+        for cfg in configs().values():
+            layer, x, wy = case(cfg, world, n=4 * world)
+            ep = shard_moe_layer(layer, tokens="local", chunks=2).train()
+            for _ in range(2):
+                out, dx = run_shard(ep, x[4 * rank:4 * rank + 4], wy[4 * rank:4 * rank + 4])
+                del out, dx
+        alive = sum(ref() is not None for ref in made)
+        assert made and not alive, f"{alive} of {len(made)} exchanges still alive"
+    finally:
+        gc.enable()
+        exchange.RowExchange.__init__ = init
+
+
 CHECKS = [check_replicated_router, check_sharded_router, check_local_uneven,
           check_local_rank_without_tokens_and_cold_experts, check_replicated_cold_experts,
           check_empty_batch, check_exact_ties_in_the_merge, check_standalone_sharded_router,
           check_eval_mode, check_state_round_trip, check_construction_errors,
           check_broadcast_replicated, check_bf16_every_flow, check_bf16_sharded_router_inference,
-          check_chunks_from_one_to_more_than_tokens, check_fused_kernels]
+          check_chunks_from_one_to_more_than_tokens, check_fused_kernels,
+          check_local_frees_each_steps_exchange]
 
 
 def main(rank, world, port, out_dir):

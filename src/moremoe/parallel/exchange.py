@@ -126,6 +126,13 @@ class RowExchange:
         self.plan, self.group = plan, group
         self.arriving, self.leaving, self.back = [], [], None
 
+    def _for_backward(self) -> "RowExchange":
+        """What a backward keeps: the plan and the group, none of this forward's buffers or
+        collectives. Keeping ``self`` would close a cycle that refcounting never frees (the
+        output's grad_fn -> ctx -> self -> the collectives' work objects, which hold the
+        output in C++): every step's rows would stay allocated (a GPU fills in ~20 steps)."""
+        return RowExchange(self.plan, self.group)
+
     def _out(self, dst, src, async_op=False):          # the sender's order -> the receiver's
         p = self.plan
         return _rounds(dst, src, p.recv_bounds, p.send_bounds, p.recv, p.send, self.group,
@@ -167,7 +174,7 @@ class _Dispatch(torch.autograd.Function):
         ex.arriving = ex._out(x_recv, x_rows, async_op=True)
         for work in meta_works:
             work.wait()
-        ctx.ex = ex
+        ctx.ex = ex._for_backward()
         ids_recv = meta_recv[:, :k].contiguous()
         ctx.mark_non_differentiable(ids_recv)
         return x_recv, meta_recv[:, k:].contiguous().view(torch.float32), ids_recv
@@ -189,8 +196,9 @@ class _Return(torch.autograd.Function):
     def forward(ctx, y_recv, ex: RowExchange):
         for work in ex.leaving:
             work.wait()
-        ctx.ex = ex
-        return ex.back
+        back, ex.back, ex.leaving = ex.back, None, []
+        ctx.ex = ex._for_backward()
+        return back
 
     @staticmethod
     def backward(ctx, dy_back):
