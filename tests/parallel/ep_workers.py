@@ -399,6 +399,11 @@ def check_local_frees_each_steps_exchange(rank, world):
             for _ in range(2):
                 out, dx = run_shard(ep, x[4 * rank:4 * rank + 4], wy[4 * rank:4 * rank + 4])
                 del out, dx
+            ep = shard_moe_layer(layer, tokens="replicated", chunks=2).train()
+            out, dx = run_shard(ep, x, wy)
+            y = weakref.ref(out.y)
+            del out, dx
+            assert y() is None, "(a): the output y outlives the step"
         alive = sum(ref() is not None for ref in made)
         assert made and not alive, f"{alive} of {len(made)} exchanges still alive"
     finally:

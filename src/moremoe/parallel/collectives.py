@@ -185,6 +185,7 @@ class _Settled(torch.autograd.Function):
     def forward(ctx, t, pending):
         for work in pending.works:
             work.wait()
+        pending.works = []      # they hold views of t: no cycle through t's graph to them
         ctx.mark_dirty(t)                  # the all-reduces summed t in place
         return t
 
