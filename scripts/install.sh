@@ -7,7 +7,7 @@
 #           the test suite passed with (regenerate it with `make lock`)
 #   latest  make test-latest, make lock: the newest versions pyproject.toml allows
 #   lowest  make test-lowest: every direct dependency at its lower bound in pyproject.toml
-#           (requirements/lowest.txt; tests/test_layout.py keeps the two equal)
+#           (requirements/lowest.txt; tests/test_install.py keeps the two equal)
 #
 # PyTorch comes first and never as the multi-gigabyte CUDA build on a machine without an
 # NVIDIA GPU: without one, the CPU build of the lock's version (latest: the newest CPU
@@ -84,4 +84,21 @@ for name in names:
     except md.PackageNotFoundError:
         pass
 print(f"install.sh ({sys.argv[1]}): " + ", ".join(got))
+# installed is not enough: a package whose own dependencies came out incompatible (pyarrow
+# built for numpy 2 beside numpy 1) fails on import, and the tests that need it would skip
+broken = []
+for name, module in (("numpy", "numpy"), ("pyarrow", "pyarrow"), ("datasets", "datasets"),
+                     ("transformers", "transformers"), ("lm_eval", "lm_eval"),
+                     ("triton", "triton"), ("safetensors", "safetensors.torch")):
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        continue
+    try:
+        __import__(module)
+    except Exception as err:  # noqa: BLE001 - ImportError, or whatever the import raised
+        broken.append(f"{module} ({type(err).__name__}: {' '.join(str(err).split())[:160]})")
+if broken:
+    sys.exit(f"install.sh ({sys.argv[1]}): installed but cannot be imported: "
+             + "; ".join(broken) + "; the constraints of this mode do not fit together")
 PY

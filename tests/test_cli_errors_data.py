@@ -333,7 +333,9 @@ def test_train_out_of_memory_says_what_to_change(capsys, text_data, tmp_path, mo
           r"model.seq_len=64 per device and micro-step does not fit; lower the micro-batch "
           r"\(--set train.batch_size=2 --set train.grad_accum=2 keeps the global batch\), the "
           r"sequence length \(--set model.seq_len\) .* more GPUs \(torchrun --nproc_per_node N\)"
-          r" and shard the model over them \(--set parallel.data=fsdp\)$")
+          r" and shard the model over them \(--set parallel.data=fsdp\) and split its experts "
+          r"over them \(--set parallel.expert=E, a divisor of model.experts=8\), or keep less "
+          r"per GPU \(--set train.activation_checkpointing=true, --set optim.moments=bf16\)$")
 
 
 def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_data, tmp_path,
@@ -341,7 +343,8 @@ def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_d
     import moremoe.training.lm as lm
     monkeypatch.setattr(lm, "train", _raise_oom)
     argv = ["train", "--data", str(text_data), "--out", str(tmp_path / "run"), *TRAIN,
-            "--set", "parallel.data=fsdp"]
+            "--set", "parallel.data=fsdp", "--set", "parallel.expert=2",
+            "--set", "train.activation_checkpointing=true", "--set", "optim.moments=bf16"]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     capsys.readouterr()
@@ -350,7 +353,8 @@ def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_d
     monkeypatch.setenv("RANK", "0")
     line = fails(capsys, argv, r"GPU 0 ran out of memory .* more GPUs \(torchrun "
                                r"--nproc_per_node N\)$")
-    assert "parallel.data=fsdp" not in line                      # already sharded
+    for already_set in ("parallel.", "activation_checkpointing", "optim.moments"):
+        assert already_set not in line
 
 
 def test_eval_and_convert_router_out_of_memory_name_their_options(capsys, run4, text_data,
@@ -418,15 +422,22 @@ def test_train_seed_and_a_model_that_cannot_fit_are_refused_up_front(capsys, tex
 
 def test_footprint_counts_16_bytes_a_parameter_shared_by_fsdp_ranks():
     import torch
-    from moremoe.training.footprint import check_model_fits as check_fits
+    from moremoe.training.compose import build_run_config
+    from moremoe.training.footprint import check_fits, memory_plan, shrink_options
     gpu = torch.device("cuda", 0)
-    check_fits(10**9, gpu, have=16 * 10**9)                               # exactly fits
-    with pytest.raises(ValueError, match=r"need 14.9 GiB on cuda:0, which has 14.9 GiB; .*"
+
+    def check(sets, world):
+        cfg = build_run_config(preset="h512-s64-moe256", overrides=sets)
+        mc = cfg.model.transformer_config()
+        have = 16 * mc.total_params() // 2 + 16
+        plan = memory_plan(cfg, mc, gpu, world=world, have=have)
+        check_fits(plan, mc.total_params(), gpu, world, options=shrink_options(cfg, gpu, world))
+    with pytest.raises(ValueError, match=r"need 5.4 GiB on cuda:0, which has 2.7 GiB; .*"
                                          r"--set parallel.data=fsdp"):
-        check_fits(10**9 + 1, gpu, have=16 * 10**9)
-    check_fits(2 * 10**9, gpu, world=2, sharded=True, have=16 * 10**9)
+        check([], 1)
+    check(["parallel.data=fsdp"], 2)                                # fits on 2 ranks
     with pytest.raises(ValueError, match="on each of the 2 ranks"):
-        check_fits(3 * 10**9, gpu, world=2, sharded=True, have=16 * 10**9)
+        check([], 2)
 
 
 def test_eval_of_another_kind_of_transformers_model_names_it(capsys, tmp_path, text_data):

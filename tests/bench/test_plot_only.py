@@ -10,7 +10,7 @@ import pytest
 from moremoe.cli import main
 from cli_checks import fails
 
-BENCHES = ("router", "layer", "decode", "experts", "model", "peer")
+BENCHES = ("router", "layer", "decode", "experts", "model", "peer", "ep")
 
 
 def _write(path, rows):

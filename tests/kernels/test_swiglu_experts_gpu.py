@@ -146,3 +146,28 @@ def test_fp32_weights_with_bf16_x_equal_the_cast_weights_at_training_size():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     for dw32, dw16 in zip(got[2:], want[2:]):
         assert dw32.dtype == torch.float32 and torch.equal(dw32.bfloat16(), dw16)
+
+
+def test_a_shard_in_chunks_equals_the_whole_layers_slots_bf16():
+    """An expert-parallel shard (experts [2048, 6144) of 8,192) run in 4 chunks on the GPU:
+    y and every gradient as the reference's on the shard's slots."""
+    from moremoe.kernels import swiglu_experts as mg
+    from moremoe.kernels.routing_meta import routing_meta
+    from moremoe.ops.reference import swiglu_experts_ref
+    x, gates, idx, ws = _setup(16384, 512, 64, 8192, 4, seed=1)
+    lo, hi = 2048, 6144
+    shard = [w[lo:hi].contiguous() for w in ws]
+    bounds = (0, 4096, 8192, 12288, 16384)
+    meta = routing_meta(idx, hi - lo, mg.config(512, 64)["BM"], first_expert=lo,
+                        bounds=bounds)
+    y, act, xg, xu = mg.forward(x, gates, idx, *shard, save=True, meta=meta,
+                                first_expert=lo)
+    ref = swiglu_experts_ref(x, gates, idx, *shard, upcast=True, first_expert=lo)
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
+    dy = torch.randn_like(y)
+    got = mg.backward(dy, x, gates, idx, *shard, act, xg, xu, meta=meta, first_expert=lo)
+    xr, gr = x.float().requires_grad_(), gates.clone().requires_grad_()
+    wr = [w.float().requires_grad_() for w in shard]
+    (swiglu_experts_ref(xr, gr, idx, *wr, first_expert=lo) * dy.float()).sum().backward()
+    for a, b in zip(got, (xr.grad, gr.grad, *[w.grad for w in wr])):
+        assert ((a.float() - b).norm() / b.norm()).item() < 2e-2

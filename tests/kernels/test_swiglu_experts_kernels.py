@@ -254,3 +254,124 @@ def test_split_h_gate_up_matches_the_reference(N, h, s, M, k, split_h):
     y = mg.forward(x, gates, idx, *ws, cfg=cfg)
     torch.testing.assert_close(y, swiglu_experts_ref(x, gates, idx, *ws), atol=1e-4 * h,
                                rtol=1e-4)
+
+
+def shard_reference_grads(x, gates, idx, ws, lo, dy):
+    """fp64 autograd of the reference on the shard's weights (its slots only)."""
+    x64, g64 = x.double().requires_grad_(), gates.double().requires_grad_()
+    w64 = [w.double().requires_grad_() for w in ws]
+    y = swiglu_experts_ref(x64, g64, idx, *w64, first_expert=lo)
+    y = y + sum(t.sum() for t in (x64, g64, *w64)) * 0    # no slot here: zero gradients
+    (y * dy.double()).sum().backward()
+    return y.detach(), [x64.grad, g64.grad, *(w.grad for w in w64)]
+
+
+@pytest.mark.parametrize("N,h,s,M,k,lo,hi", [
+    (23, 40, 24, 9, 3, 3, 7), (5, 16, 16, 4, 4, 0, 1), (37, 48, 56, 11, 2, 6, 11),
+    (9, 24, 8, 200, 2, 150, 157), (1, 16, 16, 3, 1, 2, 3), (7, 32, 16, 6, 2, 6, 9)])
+def test_an_expert_shard_runs_only_its_slots(N, h, s, M, k, lo, hi):
+    """Weights of experts [lo, hi) (first_expert=lo): y sums the gated outputs of the slots
+    with those ids only (zero rows for tokens with none: a range that holds no slot, odd
+    sizes, the last experts, a range past M), every gradient as the reference's on those
+    slots, zero gate gradients for the others."""
+    x, gates, idx, ws = make(N, h, s, M, k)
+    shard = [torch.cat([w, torch.randn_like(w[:1]).expand(max(hi - M, 0), *w.shape[1:])])
+             [lo:hi].contiguous() for w in ws]
+    dy = torch.randn(N, h, device=DEV)
+    want, want_grads = shard_reference_grads(x, gates, idx, shard, lo, dy)
+    y, act, xg, xu = mg.forward(x, gates, idx, *shard, save=True, first_expert=lo)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+    mine = ((idx >= lo) & (idx < hi))
+    assert torch.equal(y[~mine.any(1)], torch.zeros_like(y[~mine.any(1)]))
+    got = mg.backward(dy, x, gates, idx, *shard, act, xg, xu, first_expert=lo)
+    for a, b in zip(got, want_grads):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+    assert torch.equal(got[1][~mine], torch.zeros_like(got[1][~mine]))
+
+
+def test_the_shards_of_a_partition_add_up_to_the_whole_layer():
+    x, gates, idx, ws = make(31, 32, 16, 10, 3)
+    parts = [mg.forward(x, gates, idx, *(w[a:b].contiguous() for w in ws), first_expert=a)
+             for a, b in [(0, 3), (3, 4), (4, 10)]]
+    torch.testing.assert_close(sum(parts), mg.forward(x, gates, idx, *ws), rtol=1e-5,
+                               atol=1e-5)
+    ref = sum(swiglu_experts_ref(x, gates, idx, *(w[a:b] for w in ws), first_expert=a)
+              for a, b in [(0, 3), (3, 4), (4, 10)])
+    torch.testing.assert_close(ref, swiglu_experts_ref(x, gates, idx, *ws), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("save", [True, False])
+@pytest.mark.parametrize("first_expert", [None, 2])
+def test_chunks_give_the_whole_result_and_call_back_in_order(save, first_expert):
+    """Chunks of tokens (one empty, one of a single token) launched one by one: the same y
+    and gradients as one launch, the callbacks called before and after each chunk with its
+    rows of y final."""
+    x, gates, idx, ws = make(29, 40, 24, 7, 3)
+    lo = first_expert or 0
+    shard = [w[lo:lo + 4].contiguous() for w in ws] if first_expert is not None else ws
+    bounds, calls = (0, 9, 9, 10, 29), []
+    whole = mg.forward(x, gates, idx, *shard, save=save, first_expert=first_expert)
+    meta = routing_meta(idx, shard[0].shape[0], mg.config(40, 24)["BM"], first_expert=lo,
+                        bounds=bounds)
+    got = mg.forward(x, gates, idx, *shard, save=save, first_expert=first_expert, meta=meta,
+                     before=lambda c: calls.append(("before", c)),
+                     after=lambda c, y_c: calls.append(("after", c, y_c.clone())))
+    y, y_whole = (got[0], whole[0]) if save else (got, whole)
+    torch.testing.assert_close(y, y_whole, rtol=1e-6, atol=1e-6)
+    assert [c[:2] for c in calls] == [(w, c) for c in range(4) for w in ("before", "after")]
+    for (_, c, y_c) in calls[1::2]:
+        assert torch.equal(y_c, y[bounds[c]:bounds[c + 1]])
+    if save:
+        dy = torch.randn_like(y)
+        chunked = mg.backward(dy, x, gates, idx, *shard, *got[1:], meta=meta,
+                              first_expert=first_expert)
+        for a, b in zip(chunked, mg.backward(dy, x, gates, idx, *shard, *whole[1:],
+                                             first_expert=first_expert)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_metadata_keeps_each_chunks_pairs_in_its_slots():
+    """Chunk c's slots hold blocks of its own tokens' pairs only, each block one expert of
+    the shard [3, 7) (virtual expert c·M + e); together every pair of the shard once."""
+    idx = torch.tensor([[3, 0], [5, 1], [3, 4], [7, 3], [0, 6], [4, 4]], device=DEV)
+    bounds = (0, 2, 2, 6)
+    meta = routing_meta(idx, 4, 2, first_expert=3, bounds=bounds)
+    assert meta.offsets.numel() == 3 * 4 + 1 and meta.chunks == 3
+    flat, seen = idx.reshape(-1).tolist(), []
+    for c, (first, n) in enumerate(meta.slots):
+        for v, start in zip(meta.block_expert[first:first + n].tolist(),
+                            meta.block_start[first:first + n].tolist()):
+            if v < 0:
+                continue
+            assert v // 4 == c
+            for pair in meta.order[start:min(start + 2, int(meta.offsets[v + 1]))].tolist():
+                assert bounds[c] <= pair // 2 < bounds[c + 1] and flat[pair] - 3 == v % 4
+                seen.append(pair)
+    assert sorted(seen) == [p for p, e in enumerate(flat) if 3 <= e < 7]
+
+
+@pytest.mark.parametrize("N,k,M,first", [(5, 2, 3, 2), (37, 4, 9, 100), (64, 4, 8, 0),
+                                         (SMALL_PAIRS // 4, 4, 300, 150), (3, 1, 1, 0)])
+def test_one_launch_metadata_of_a_shard_equals_the_torch_ops(N, k, M, first):
+    g = torch.Generator().manual_seed(N + M)
+    idx = torch.randint(0, 2 * M + first, (N, k), generator=g).to(DEV, torch.int32)
+    a = routing_meta(idx, M, 16, first_expert=first)
+    b = routing_meta_torch(idx, M, 16, first_expert=first)
+    for field in ("order", "offsets", "block_expert", "block_start"):
+        ta, tb = getattr(a, field), getattr(b, field)
+        assert ta.dtype == tb.dtype and torch.equal(ta, tb), field
+    assert int(a.offsets[-1]) == int(((idx >= first) & (idx < first + M)).sum())
+
+
+def test_a_shards_custom_ops_opcheck():
+    """The ops with first_expert: schema, fake tensors and autograd. (The saved act, xg, xu
+    rows past the shard's pairs are never written, so the comparison of two runs' outputs,
+    test_aot_dispatch, does not apply to the training op.)"""
+    x, gates, idx, ws = make(20, 16, 16, 6, 2)
+    args = (x.requires_grad_(), gates.requires_grad_(), idx, *[w[2:5].contiguous()
+                                                              .requires_grad_() for w in ws], 2)
+    torch.library.opcheck(ose.train_op, args, test_utils=(
+        "test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(ose.infer_op, tuple(t.detach() if torch.is_tensor(t) else t
+                                              for t in args))

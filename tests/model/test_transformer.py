@@ -134,3 +134,39 @@ def test_compiled_blocks_and_loss_match_eager():
     torch.testing.assert_close(got.logits, want.logits)
     for a, b in zip(got_g, want_g):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_checkpointed_blocks_keep_less_and_give_the_same_loss_and_gradients(full):
+    """Activation checkpointing (train.activation_checkpointing): the blocks keep only their
+    inputs for the backward; what it computes is the same, to the bit on one CPU thread."""
+    torch.manual_seed(0)
+    model = Transformer(tiny(kv_heads=2)).train()
+    tokens = torch.randint(0, 50, (2, 9))
+
+    def run():
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                      lambda t: t):
+            out = model(tokens, tokens.roll(-1, 1))
+        return out, torch.autograd.grad(out.loss, list(model.parameters())), len(saved)
+    want, want_g, want_n = run()
+    names = [n for n, _ in model.named_parameters()]
+    model.checkpoint_blocks(full=full)
+    got, got_g, got_n = run()
+    assert [n for n, _ in model.named_parameters()] == names
+    assert got_n < want_n / 2
+    assert torch.equal(got.loss, want.loss)
+    assert all(torch.equal(a, b) for a, b in zip(got_g, want_g))
+    with torch.no_grad():                         # inference: no recomputation to arrange
+        assert torch.equal(model(tokens).logits, want.logits.detach())
+
+
+def test_compiled_blocks_without_the_moe_layers_leave_them_eager():
+    model = Transformer(tiny())
+    model.compile_blocks(backend="aot_eager", moe=False)
+    block = model.blocks[0]
+    assert all(hasattr(m, "_compiled_call_impl") and m._compiled_call_impl is not None
+               for m in (block.attn_norm, block.attn, block.moe_norm))
+    assert getattr(block, "_compiled_call_impl", None) is None
+    assert getattr(block.moe, "_compiled_call_impl", None) is None

@@ -4,8 +4,10 @@ seed on every rank, runs it on the global batch, shards it, runs the shards on t
 inputs and compares outputs, routing (indices exactly) and every gradient. A check's
 collectives all happen before its comparisons, so a failed comparison on one rank leaves
 the ranks in step for the next check."""
+import copy
 import json
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -66,6 +68,7 @@ def grad_of(p):
 
 
 def run_single(layer, x, wy, aux_weight=1.0):
+    layer.zero_grad(set_to_none=True)           # a layer may serve several comparisons
     x = x.clone().requires_grad_()
     out = layer(x)
     out.router.gates.retain_grad()
@@ -83,57 +86,79 @@ def run_shard(ep, x, wy):
     return out, grad_of(x)
 
 
-def compare_param_grads(ep, ref_grads, n_tokens, scale=1.0):
-    sharded = ep.sharded_names()
-    for name, p in ep.named_parameters():
-        want = ref_grads[name][ep.lo:ep.hi] if name in sharded else ref_grads[name]
-        close(grad_of(p), want * scale, n_tokens, f"grad {name}")
-
-
 def case(cfg, world, n=13, seed=0, cold=False):
     """(layer, x, wy): the single-process layer and a global batch of n tokens."""
     layer = build(cfg, seed, cold_last_rank=cold, world=world)
     return (layer, *inputs(n, seed + 1, cold))
 
 
-def compare_replicated(layer, x, wy, shard_router=False):
-    """(a): the whole batch on every rank against one process."""
-    n = x.shape[0]
+def close_bf16(got, want, world, what):
+    """bf16 against one bf16 process: the ranks' partial sums add one rounding each, so
+    the tolerance is that of a world-term reduction in bf16, relative to the largest
+    value (tests/numerics.py)."""
+    tol = reduction_tol(torch.bfloat16, world)["rtol"]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol,
+                               atol=tol * float(want.float().abs().max()) if want.numel() else tol,
+                               msg=lambda m: f"{what} (bf16): {m}")
+
+
+def compare_param_grads(ep, ref_grads, n_tokens, scale=1.0, check=None):
+    sharded = ep.sharded_names()
+    for name, p in ep.named_parameters():
+        want = ref_grads[name][ep.lo:ep.hi] if name in sharded else ref_grads[name]
+        assert p.dtype == want.dtype, f"{name}: {p.dtype}, one process's {want.dtype}"
+        (check or close)(grad_of(p), want * scale, n_tokens, f"grad {name}")
+
+
+def _checker(dtype, world):
+    if dtype == torch.bfloat16:
+        return lambda got, want, _n, what: close_bf16(got, want, world, what)
+    return close
+
+
+def compare_replicated(layer, x, wy, shard_router=False, chunks=4):
+    """(a): the whole batch on every rank against one process (in the layer's dtype)."""
+    n, dtype = x.shape[0], next(layer.parameters()).dtype
+    check = _checker(dtype, dist.get_world_size())
     ref, ref_dx, ref_grads = run_single(layer, x, wy)
-    ep = shard_moe_layer(layer, tokens="replicated", shard_router=shard_router).train()
+    ep = shard_moe_layer(layer, tokens="replicated", shard_router=shard_router,
+                         chunks=chunks).train()
     out, dx = run_shard(ep, x, wy)
     assert torch.equal(out.router.topk_idx, ref.router.topk_idx), "topk_idx"
     assert torch.equal(out.counts, ref.counts), "counts"
+    assert out.y.dtype == ref.y.dtype == x.dtype, (out.y.dtype, ref.y.dtype)
     for what, got, want in [("y", out.y, ref.y), ("switch", out.switch_loss, ref.switch_loss),
                             ("aux", out.aux_loss, ref.aux_loss),
                             ("topk_val", out.router.topk_val, ref.router.topk_val),
                             ("gates", out.router.gates, ref.router.gates),
                             ("psum", out.router.psum, ref.router.psum), ("dx", dx, ref_dx),
                             ("dgates", out.router.gates.grad, ref.router.gates.grad)]:
-        close(got, want, n, what)
-    compare_param_grads(ep, ref_grads, n)
+        check(got, want, n, what)
+    compare_param_grads(ep, ref_grads, n, check=check)
     return ep
 
 
-def compare_local(layer, x, wy, rank, world, sizes):
+def compare_local(layer, x, wy, rank, world, sizes, chunks=4):
     """(b): rank e holds rows [off_e, off_e + sizes[e]) of the global batch. Each rank's
     backward gives its share of the gradient of S = Σ_e loss_e = (y · wy).sum() + E · aux;
     after sync_gradients every parameter holds one process's gradient of S / E."""
-    n = x.shape[0]
+    n, dtype = x.shape[0], next(layer.parameters()).dtype
+    check = _checker(dtype, world)
     ref, ref_dx, ref_grads = run_single(layer, x, wy, aux_weight=world)
-    ep = shard_moe_layer(layer, tokens="local").train()
+    ep = shard_moe_layer(layer, tokens="local", chunks=chunks).train()
     lo = sum(sizes[:rank])
     rows = slice(lo, lo + sizes[rank])
     out, dx = run_shard(ep, x[rows], wy[rows])
     ep.sync_gradients()
     assert torch.equal(out.router.topk_idx, ref.router.topk_idx[rows]), "topk_idx"
     assert torch.equal(out.counts, ref.counts), "counts"
+    assert out.y.dtype == x.dtype, out.y.dtype
     for what, got, want in [("y", out.y, ref.y[rows]),
                             ("switch", out.switch_loss, ref.switch_loss),
                             ("aux", out.aux_loss, ref.aux_loss), ("dx", dx, ref_dx[rows]),
                             ("dgates", out.router.gates.grad, ref.router.gates.grad[rows])]:
-        close(got, want, n, what)
-    compare_param_grads(ep, ref_grads, n, scale=1.0 / world)
+        check(got, want, n, what)
+    compare_param_grads(ep, ref_grads, n, scale=1.0 / world, check=check)
 
 
 def check_replicated_router(rank, world):
@@ -294,11 +319,105 @@ def check_broadcast_replicated(rank, world):
     assert all(torch.equal(p, parts[0]) for p in parts)
 
 
+def check_bf16_every_flow(rank, world):
+    """bf16 weights and inputs (the sharded router included, which failed on bf16
+    weights), uneven ranks and one without tokens: equal to one bf16 process."""
+    sizes = {2: [0, 17], 4: [6, 0, 4, 7]}[world]
+    for cfg in configs().values():
+        layer, x, wy = case(cfg, world, n=17, seed=3)
+        layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
+        compare_replicated(layer, x, wy)
+        compare_replicated(layer, x, wy, shard_router=True)
+        compare_local(layer, x, wy, rank, world, sizes)
+
+
+def check_bf16_sharded_router_inference(rank, world):
+    """The sharded router on bf16 weights in eval mode, and under autocast on fp32 ones."""
+    for cfg in configs().values():
+        layer, x, _ = case(cfg, world, n=9, seed=21)
+        low = copy.deepcopy(layer).to(torch.bfloat16).eval()
+        with torch.no_grad():
+            want = low(x.bfloat16())
+            got = shard_moe_layer(low, shard_router=True).eval()(x.bfloat16())
+            assert torch.equal(got.router.topk_idx, want.router.topk_idx)
+            close_bf16(got.y, want.y, world, "y")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                auto = shard_moe_layer(layer.eval(), shard_router=True).eval()(x)
+            assert auto.y.dtype == torch.float32
+            assert torch.equal(auto.router.topk_idx, want.router.topk_idx)
+
+
+def check_chunks_from_one_to_more_than_tokens(rank, world):
+    """The overlap's chunks (rounds in (b)) change when rows move, not the result: one
+    chunk, and more chunks than tokens (empty chunks still run their collectives)."""
+    sizes = {2: [2, 3], 4: [1, 0, 3, 1]}[world]
+    for chunks in (1, 7):
+        for cfg in configs().values():
+            layer, x, wy = case(cfg, world, n=sum(sizes), seed=23)
+            compare_replicated(layer, x, wy, chunks=chunks)
+            compare_local(layer, x, wy, rank, world, sizes, chunks=chunks)
+
+
+def check_fused_kernels(rank, world):
+    """The expert kernels restricted to a rank's experts and chunked, the row combine and
+    the sharded router's merge kernel (Triton's interpreter; 2 ranks, it is slow): each
+    flow equal to one process running the same kernels."""
+    if world != 2:
+        return
+    cfg = replace(configs()["more"], experts_impl="triton")
+    layer, x, wy = case(cfg, world, n=11, seed=25)
+    compare_replicated(layer, x, wy, chunks=3)
+    compare_local(layer, x, wy, rank, world, [4, 7], chunks=2)
+    layer = build(replace(cfg, router_impl="triton"), seed=27).eval()
+    x = inputs(11, seed=28)[0]
+    with torch.no_grad():
+        want = layer(x)
+        got = shard_moe_layer(layer, shard_router=True).eval()(x)
+    assert torch.equal(got.router.topk_idx, want.router.topk_idx)
+    close(got.y, want.y, 11, "y")
+
+
+def check_local_frees_each_steps_exchange(rank, world):
+    """(b): once a step's outputs are gone, its exchange (the rows sent, received and
+    returned) is freed by reference counting alone: a cycle through the collectives' work
+    objects is never collected and held every step's rows on the GPU until it filled."""
+    import gc
+    import weakref
+
+    from moremoe.parallel import exchange
+    made, init = [], exchange.RowExchange.__init__
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+    exchange.RowExchange.__init__ = tracked
+    gc.disable()
+    try:
+        for cfg in configs().values():
+            layer, x, wy = case(cfg, world, n=4 * world)
+            ep = shard_moe_layer(layer, tokens="local", chunks=2).train()
+            for _ in range(2):
+                out, dx = run_shard(ep, x[4 * rank:4 * rank + 4], wy[4 * rank:4 * rank + 4])
+                del out, dx
+            ep = shard_moe_layer(layer, tokens="replicated", chunks=2).train()
+            out, dx = run_shard(ep, x, wy)
+            y = weakref.ref(out.y)
+            del out, dx
+            assert y() is None, "(a): the output y outlives the step"
+        alive = sum(ref() is not None for ref in made)
+        assert made and not alive, f"{alive} of {len(made)} exchanges still alive"
+    finally:
+        gc.enable()
+        exchange.RowExchange.__init__ = init
+
+
 CHECKS = [check_replicated_router, check_sharded_router, check_local_uneven,
           check_local_rank_without_tokens_and_cold_experts, check_replicated_cold_experts,
           check_empty_batch, check_exact_ties_in_the_merge, check_standalone_sharded_router,
           check_eval_mode, check_state_round_trip, check_construction_errors,
-          check_broadcast_replicated]
+          check_broadcast_replicated, check_bf16_every_flow, check_bf16_sharded_router_inference,
+          check_chunks_from_one_to_more_than_tokens, check_fused_kernels,
+          check_local_frees_each_steps_exchange]
 
 
 def main(rank, world, port, out_dir):

@@ -12,15 +12,20 @@ from moremoe.parallel.sharded_router import expert_range
 from numerics import reduction_tol
 
 
-def split_topk(logits_NM, E, k):
-    """Each shard's select_topk (global indices), merged."""
+def shard_lists(logits_NM, E, k):
+    """Each shard's select_topk (values, global indices), stacked (E, N, k_e)."""
     N, M = logits_NM.shape
     vals, idxs = [], []
     for lo in range(0, M, M // E):
         v, i = ref.select_topk(logits_NM[:, lo:lo + M // E], min(k, M // E))
         vals.append(v)
         idxs.append(i + lo)
-    return rs.merge_topk(torch.stack(vals), torch.stack(idxs), k)
+    return torch.stack(vals), torch.stack(idxs)
+
+
+def split_topk(logits_NM, E, k, impl="reference"):
+    """Each shard's select_topk (global indices), merged."""
+    return rs.merge_topk(*shard_lists(logits_NM, E, k), k, impl=impl)
 
 
 def spoiled_logits(N=40, M=12, seed=0):
@@ -38,14 +43,28 @@ def spoiled_logits(N=40, M=12, seed=0):
     return logits
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
 @pytest.mark.parametrize("E", [1, 2, 3, 4, 6])
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_merge_of_shard_lists_is_the_whole_row_selection(E, k):
+def test_merge_of_shard_lists_is_the_whole_row_selection(E, k, impl):
+    """The torch merge and the merge kernel (Triton's interpreter here)."""
     logits = spoiled_logits()
-    val, idx = split_topk(logits, E, k)
+    val, idx = split_topk(logits, E, k, impl)
     want_val, want_idx = ref.select_topk(logits, k)
     assert idx.dtype == torch.int32 and torch.equal(idx, want_idx)
     torch.testing.assert_close(val, want_val, equal_nan=True, rtol=0, atol=0)
+
+
+def test_the_merge_kernels_gradient_reaches_the_chosen_candidates():
+    g = torch.Generator().manual_seed(3)
+    val, idx = shard_lists(torch.randn(33, 12, generator=g), 3, 3)
+    dval = torch.randn(33, 3, generator=g)
+    grads = []
+    for impl in ("reference", "triton"):
+        v = val.clone().requires_grad_()
+        out, _ = rs.merge_topk(v, idx, 3, impl=impl)
+        grads.append(torch.autograd.grad((out * dval).sum(), v)[0])
+    assert torch.equal(grads[0], grads[1])
 
 
 def test_combine_lse_is_the_logsumexp_of_the_row_and_its_gradient_finite():
@@ -119,3 +138,30 @@ def test_a_mesh_that_does_not_divide_the_experts_is_one_line():
     with pytest.raises(ValueError, match=r"^experts M=10 must be divisible by the "
                                          r"expert-parallel size E=4[^\n]*$"):
         expert_range(10, 4, 0)
+
+
+def test_the_overlap_keeps_a_block_of_rows_per_expert_in_each_chunk():
+    """auto_chunks at the paper's point (N = 262,144, k = 4): 4 chunks at M = 2,048 (512 rows
+    an expert), 2 at 8,192 (128), 1 at 16,384 (64: one block each already); chunk_bounds
+    cover the tokens in near-equal runs."""
+    from moremoe.parallel.collectives import auto_chunks
+    from moremoe.parallel.expert import chunk_bounds
+    assert [auto_chunks(262144, 4, M) for M in (2048, 8192, 16384)] == [4, 2, 1]
+    assert auto_chunks(10, 2, 8) == 1 and auto_chunks(10 ** 9, 8, 8, most=2) == 2
+    assert chunk_bounds(10, 4) == (0, 2, 5, 7, 10) and chunk_bounds(0, 2) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("lowrank", [True, False])
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_inference_selects_as_training_does(lowrank, impl):
+    """shard_select (the routers' inference kernels, z formed on chip) picks the training
+    sweep's experts with its values: the sharded router routes alike in eval and train."""
+    g = torch.Generator().manual_seed(4)
+    N, h, r, Me, k = 19, 32, 8, 10, 3
+    x, w = torch.randn(N, h, generator=g), torch.randn(Me, r if lowrank else h, generator=g)
+    R2 = torch.randn(r, h, generator=g) if lowrank else None
+    val, idx = rs.shard_select(x, w, R2, k, impl=impl)
+    a = x @ R2.T if lowrank else x
+    want_val, want_idx, _ = rs._topk_forward(a, w, k, lowrank, "reference")
+    assert idx.dtype == torch.int32 and torch.equal(idx, want_idx)
+    torch.testing.assert_close(val, want_val, **reduction_tol(torch.float32, h + r))

@@ -325,7 +325,8 @@ def test_a_missing_network_names_the_sources_to_download(sources, tmp_path, monk
     import datasets
     import huggingface_hub.constants as hub
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):      # datasets < 2.21: the second
+        monkeypatch.setattr(datasets.config, name, False, raising=False)
     monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")   # nothing listens there
     with pytest.raises(ValueError, match=r"out of reach \(http://127\.0\.0\.1:9: .+\) and 15 "
                                          r"sources have no local copy: fineweb_edu=HuggingFaceTB"

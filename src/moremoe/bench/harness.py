@@ -66,6 +66,31 @@ def time_ms(fn, *, device: torch.device, warmup_ms: float = 25, rep_ms: float = 
     return statistics.median(times)
 
 
+def time_fixed_ms(fn, *, device: torch.device, warmup: int, reps: int) -> float:
+    """Median milliseconds of fn() over `reps` calls after `warmup` calls, a fixed count (not
+    do_bench's estimate from the first calls): ranks that time a collective together must
+    make the same calls. Each call between two device events (CUDA), or the host clock."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        import time
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    torch.cuda.synchronize(device)
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
 def peak_bytes(fn, *, device: torch.device) -> int | None:
     """Peak device memory fn() allocates above what was allocated before it."""
     if device.type != "cuda":

@@ -10,14 +10,21 @@ from ..report import emit, human, table
 
 DESCRIPTION = """\
 Pretrain the MoE / MoRE transformer on a prepared token directory (`moremoe data prepare`).
-The run is a preset or a YAML file (sections model, optim, train; see
+The run is a preset or a YAML file (sections model, optim, train, parallel; see
 moremoe/training/config.py for every key), changed by --set section.key=value and the flags
 below. Writes RUN/log.jsonl (loss, lr, grad norm, tokens/s, MFU; validation loss,
 perplexity and H_norm per layer), RUN/summary.json and RUN/checkpoints/step_N
 (model.safetensors + optimizer, scheduler, data position and RNG states).
 
 Several GPUs:  torchrun --nproc_per_node 2 -m moremoe.cli train --preset ... (DDP; the
-global batch is batch_size x GPUs x grad_accum).
+global batch is batch_size x GPUs x grad_accum). --set parallel.data=fsdp shards weights,
+gradients and AdamW states over the GPUs (FSDP2); --set parallel.expert=E splits every
+layer's experts over groups of E GPUs (expert parallelism: each GPU keeps its micro-batch
+and sends the tokens to their experts' GPUs by all-to-all; E divides model.experts and the
+GPUs), with DDP or FSDP2 for the rest. Either way a step equals one process on the global
+batch, and checkpoints hold the whole model, so a run resumes on another layout. The memory
+plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
+block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments) keep less.
 
 A run directory that already holds a run is continued with --resume (from its newest
 complete checkpoint; incomplete ones are named and skipped) or started over with --force.
@@ -36,6 +43,9 @@ examples:
   moremoe train --preset h512-s64-moe256 --data data/fw --max-minutes 10 \\
       --set train.grad_accum=1 --set model.experts_impl=triton --set train.save_on_stop=false
   moremoe train --preset h512-s64-more1792 --data data/fw --out runs/more --resume
+  torchrun --nproc_per_node 2 -m moremoe.cli train --preset h512-s64-more8192 --data data/fw \\
+      --set parallel.expert=2 --set parallel.data=fsdp \\
+      --set train.activation_checkpointing=true --set optim.moments=bf16   # 2 x 80 GB
   moremoe train --config my.yaml --set optim.lr=3e-4 --set optim.router_lr=1e-3
   moremoe train --preset h512-s64-more1792 --data data/fw --set train.profile_steps=10 \\
       --set train.compile=false      # the paper presets compile the model, CUDA graphs on 1 GPU"""
@@ -66,6 +76,8 @@ def _summary_table(s: dict) -> str:
             ["tokens/s", fmt(s["tokens_per_s"], ",.0f")],
             ["MFU", "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}% of "
                                                 f"{s['peak_tflops']:g} TFLOP/s per GPU"],
+            ["peak memory per GPU", "-" if not s.get("peak_memory_gib_per_rank") else
+             ", ".join(f"{g:.1f}" for g in s["peak_memory_gib_per_rank"]) + " GiB"],
             ["val loss / ppl", "-" if s["val_loss"] is None else
              f"{s['val_loss']:.4f} / {s['val_ppl']:.2f}"],
             ["H_norm per layer", ", ".join(f"{h:.3f}" for h in hn) or "-"],
@@ -120,6 +132,13 @@ def _sizing(cfg) -> tuple[str, str]:
               f"or use more GPUs (torchrun --nproc_per_node N)")
     if cfg.parallel.data != "fsdp":
         change += " and shard the model over them (--set parallel.data=fsdp)"
+    if cfg.parallel.expert == 1 and m.kind != "peer":
+        change += (f" and split its experts over them (--set parallel.expert=E, a divisor of "
+                   f"model.experts={m.experts})")
+    less = ([] if t.activation_checkpointing else ["--set train.activation_checkpointing=true"])
+    less += ["--set optim.moments=bf16"] if cfg.optim.moments == "fp32" else []
+    if less:
+        change += f", or keep less per GPU ({', '.join(less)})"
     return what, change
 
 

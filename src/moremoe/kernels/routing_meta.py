@@ -15,6 +15,18 @@ on B programs and the ones past the last block return at once. Experts with no t
 no block, so decoding (few tokens, many experts) touches only the experts present and no
 loop walks the range of expert ids.
 
+An expert shard (first_expert = lo, M = the shard's experts): only the slots whose id is in
+[lo, lo + M) get rows (as local expert id - lo); the others sort last, past offsets[M], and
+no block holds them, so the kernels never read or write them.
+
+Chunks of tokens (bounds b_0 = 0 < ... < b_C = N, for a caller that overlaps communication
+with the experts chunk by chunk): the pairs are sorted by (chunk, expert), each (chunk,
+expert) a "virtual expert" v = c·M + e with its own offsets (C·M + 1 of them) and blocks,
+and chunk c's blocks sit in their own slots [S_c, S_c + B_c) of the schedule, B_c the bound
+above for the chunk's pairs: one launch of B_c programs at S_c runs chunk c, one of all
+Σ B_c slots runs every chunk (the backward). block_expert holds v; a kernel takes its
+weights from expert v mod M.
+
 For small N (N·k <= SMALL_PAIRS, decoding) the same metadata comes from one kernel launch
 (_small_meta_kernel) instead of ~15 small torch ops: program 0 sorts the pair keys
 (expert · PP + pair id, so the sort is stable) in one tile, finds where each expert's run
@@ -40,47 +52,88 @@ SMALL_PAIRS = 1024      # N·k up to which one kernel launch builds the metadata
 @dataclass
 class RoutingMeta:
     order: torch.Tensor          # (N·k,) int64
-    offsets: torch.Tensor        # (M+1,) int64
-    block_expert: torch.Tensor   # (B,) int32
+    offsets: torch.Tensor        # (C·M+1,) int64
+    block_expert: torch.Tensor   # (B,) int32: the virtual expert c·M + e, -1 for none
     block_start: torch.Tensor    # (B,) int64
     block_rows: int              # BM
     tokens: int                  # N
     top_k: int                   # k
+    first_expert: int = 0        # the id of local expert 0
+    chunk_slots: tuple = ()      # ((S_c, B_c), ...) per chunk; () for one chunk of all B
+    bounds: tuple = ()           # the chunks' token bounds (b_0, ..., b_C); () for one chunk
 
     @property
     def max_blocks(self) -> int:
         return self.block_expert.shape[0]
+
+    @property
+    def slots(self) -> tuple:
+        """((first slot, slots), ...) of each chunk's blocks."""
+        return self.chunk_slots or ((0, self.max_blocks),)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.slots)
 
 
 def max_blocks(pairs: int, experts: int, block_rows: int) -> int:
     return min(pairs, experts) + -(-pairs // block_rows)
 
 
+def check_bounds(bounds, tokens: int) -> tuple[int, ...]:
+    """Chunk bounds 0 = b_0 <= b_1 <= ... <= b_C = N (host ints; empty chunks allowed)."""
+    bounds = tuple(int(b) for b in bounds)
+    if (len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != tokens
+            or any(a > b for a, b in zip(bounds, bounds[1:]))):
+        raise ValueError(f"chunk bounds must rise from 0 to N={tokens}, got {list(bounds)}")
+    return bounds
+
+
 def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
-                 walk_experts: bool = False) -> RoutingMeta:
+                 walk_experts: bool = False, first_expert: int = 0,
+                 bounds=None) -> RoutingMeta:
     """The metadata of topk_idx: one kernel launch for N·k <= SMALL_PAIRS where the kernels
     run (CUDA, or the interpreter), the torch ops otherwise; the two are equal field by
-    field. walk_experts: see routing_meta_torch."""
+    field. walk_experts: see routing_meta_torch; first_expert, bounds: the module header."""
     from . import usable_on
     N, k = topk_idx_NK.shape
-    if (not walk_experts and 0 < N * k <= SMALL_PAIRS and triton is not None
+    one_chunk = bounds is None or len(check_bounds(bounds, N)) == 2
+    if (not walk_experts and one_chunk and 0 < N * k <= SMALL_PAIRS and triton is not None
             and usable_on(topk_idx_NK.device)):
-        return _routing_meta_small(topk_idx_NK, experts, block_rows)
-    return routing_meta_torch(topk_idx_NK, experts, block_rows, walk_experts=walk_experts)
+        return _routing_meta_small(topk_idx_NK, experts, block_rows, first_expert)
+    return routing_meta_torch(topk_idx_NK, experts, block_rows, walk_experts=walk_experts,
+                              first_expert=first_expert, bounds=bounds)
+
+
+def _virtual_keys(topk_idx_NK, experts: int, first_expert: int, bounds) -> torch.Tensor:
+    """(N·k,) sort keys: c·M + (id - first_expert) of the pairs in range, C·M the others."""
+    N, k = topk_idx_NK.shape
+    C = len(bounds) - 1
+    dt = torch.int32 if (C + 1) * experts + abs(first_expert) < 2 ** 31 else torch.int64
+    local = topk_idx_NK.reshape(-1).to(dt) - first_expert
+    keep = (local >= 0) & (local < experts)
+    if C > 1:        # + c·M, c the chunk of the pair's token (C - 1 compares: no host copy)
+        tok = torch.arange(N * k, device=local.device) // k
+        local = local + sum((tok >= b).to(dt) for b in bounds[1:-1]) * experts
+    return torch.where(keep, local, C * experts)
 
 
 def routing_meta_torch(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
-                       walk_experts: bool = False) -> RoutingMeta:
+                       walk_experts: bool = False, first_expert: int = 0,
+                       bounds=None) -> RoutingMeta:
     """walk_experts (benchmarks only): one program per expert id and row block whether the
     expert has rows or not, the cost of a schedule that walks the range of expert ids."""
     N, k = topk_idx_NK.shape
     dev = topk_idx_NK.device
+    bounds = check_bounds((0, N) if bounds is None else bounds, N)
+    if walk_experts and len(bounds) > 2:
+        raise ValueError("walk_experts takes one chunk")
     # 32-bit sort keys where the ids fit: a radix sort of half the key bits
-    keys = topk_idx_NK.reshape(-1)
-    keys = keys.to(torch.int32 if experts < 2 ** 31 else torch.int64)
+    keys = _virtual_keys(topk_idx_NK, experts, first_expert, bounds)
     sorted_keys, order = torch.sort(keys, stable=True)
-    # offsets[e] = first sorted row of expert >= e: M + 1 binary searches, no atomics
-    offsets = torch.searchsorted(sorted_keys, torch.arange(experts + 1, device=dev,
+    V = (len(bounds) - 1) * experts                           # virtual experts
+    # offsets[v] = first sorted row of key >= v: V + 1 binary searches, no atomics
+    offsets = torch.searchsorted(sorted_keys, torch.arange(V + 1, device=dev,
                                                            dtype=keys.dtype))
     counts = offsets[1:] - offsets[:-1]
     if walk_experts:
@@ -92,20 +145,33 @@ def routing_meta_torch(topk_idx_NK: torch.Tensor, experts: int, block_rows: int,
         return RoutingMeta(order=order, offsets=offsets,
                            block_expert=torch.where(valid, e, -1).to(torch.int32),
                            block_start=torch.where(valid, start, 0), block_rows=block_rows,
-                           tokens=N, top_k=k)
+                           tokens=N, top_k=k, first_expert=first_expert)
+    return _schedule(order, offsets, counts, experts, block_rows, bounds, k, first_expert)
+
+
+def _schedule(order, offsets, counts, experts: int, block_rows: int, bounds, k: int,
+              first_expert: int) -> RoutingMeta:
+    """Blocks of at most BM rows per virtual expert, chunk c's in its slots [S_c, S_c + B_c)."""
+    dev = order.device
+    C = len(bounds) - 1
+    sizes = [max_blocks((b1 - b0) * k, experts, block_rows) for b0, b1 in zip(bounds, bounds[1:])]
+    firsts = [sum(sizes[:c]) for c in range(C)]
     blocks = (counts + block_rows - 1) // block_rows
-    block_end = torch.cumsum(blocks, 0)                       # (M,) blocks up to expert e
-    B = max_blocks(N * k, experts, block_rows)
-    b = torch.arange(B, device=dev)
-    expert = torch.searchsorted(block_end, b, right=True)     # first e with block_end > b
-    valid = expert < experts
-    e_safe = expert.clamp(max=experts - 1)
-    first_block = block_end[e_safe] - blocks[e_safe]
-    start = offsets[e_safe] + (b - first_block) * block_rows
+    block_end = torch.cumsum(blocks, 0)                       # (V,) blocks up to v
+    # G[c]: chunk c's first block in the order of virtual experts
+    G = torch.cat([block_end.new_zeros(1), block_end.view(C, experts)[:, -1]])
+    # slot S_c + j holds block G[c] + j of the order of virtual experts, while j is within
+    # chunk c's (device arithmetic only: the schedule needs no host sync)
+    g = torch.cat([G[c] + torch.arange(sizes[c], device=dev) for c in range(C)])
+    valid = torch.cat([g_c < G[c + 1] for c, g_c in enumerate(g.split(sizes))])
+    v = torch.searchsorted(block_end, g, right=True).clamp(max=C * experts - 1)
+    start = offsets[v] + (g - (block_end[v] - blocks[v])) * block_rows
     return RoutingMeta(order=order, offsets=offsets,
-                       block_expert=torch.where(valid, expert, -1).to(torch.int32),
+                       block_expert=torch.where(valid, v, -1).to(torch.int32),
                        block_start=torch.where(valid, start, 0), block_rows=block_rows,
-                       tokens=N, top_k=k)
+                       tokens=bounds[-1], top_k=k, first_expert=first_expert,
+                       chunk_slots=tuple(zip(firsts, sizes)) if C > 1 else (),
+                       bounds=tuple(bounds) if C > 1 else ())
 
 
 if triton is not None:
@@ -115,25 +181,32 @@ if triton is not None:
         return b_e, tl.where(a_e == b_e, a_f, b_f)
 
     @triton.jit
-    def _small_meta_kernel(IDX, ORDER, OFFSETS, BLOCK_EXPERT, BLOCK_START, P, M, B,
+    def _local_ids(IDX, q, ok, FIRST, M):
+        """Local expert ids of pairs q, M for a pad or an id outside [FIRST, FIRST + M)."""
+        ids = tl.load(IDX + q, mask=ok, other=0).to(tl.int64) - FIRST
+        return tl.where(ok & (ids >= 0) & (ids < M), ids, M)
+
+    @triton.jit
+    def _small_meta_kernel(IDX, ORDER, OFFSETS, BLOCK_EXPERT, BLOCK_START, P, M, B, FIRST,
                            BM: tl.constexpr, PP: tl.constexpr, BB: tl.constexpr,
                            BE: tl.constexpr, BQ: tl.constexpr):
         e = tl.program_id(0) * BE + tl.arange(0, BE)
         less = tl.zeros((BE,), tl.int64)
         for q0 in range(0, P, BQ):
             qq = q0 + tl.arange(0, BQ)
-            ids = tl.load(IDX + qq, mask=qq < P, other=M).to(tl.int64)
+            ids = _local_ids(IDX, qq, qq < P, FIRST, M)
             less += tl.sum((ids[None, :] < e[:, None]).to(tl.int64), axis=1)
         tl.store(OFFSETS + e, less, mask=e <= M)
         if tl.program_id(0) == 0:
             q = tl.arange(0, PP).to(tl.int64)
             ok = q < P
-            ids = tl.load(IDX + q, mask=ok, other=M).to(tl.int64)
-            key = tl.sort(ids * PP + q)                 # pads (expert M) sort last
+            ids = _local_ids(IDX, q, ok, FIRST, M)
+            key = tl.sort(ids * PP + q)                 # pads and other shards' sort last
             ex, pair = key // PP, key % PP
             tl.store(ORDER + q, pair, mask=ok)
             _, first = tl.associative_scan((ex, q), 0, _run_start)
-            start = ok & ((q - first) % BM == 0)        # a block starts every BM rows of a run
+            # a block starts every BM rows of a run of one of the shard's experts
+            start = ok & (ex < M) & ((q - first) % BM == 0)
             block = tl.cumsum(start.to(tl.int32), 0) - 1
             tl.store(BLOCK_EXPERT + block, ex.to(tl.int32), mask=start)
             tl.store(BLOCK_START + block, q, mask=start)
@@ -144,7 +217,8 @@ if triton is not None:
             tl.store(BLOCK_START + b, tl.zeros((BB,), tl.int64), mask=rest)
 
 
-def _routing_meta_small(topk_idx_NK: torch.Tensor, experts: int, block_rows: int) -> RoutingMeta:
+def _routing_meta_small(topk_idx_NK: torch.Tensor, experts: int, block_rows: int,
+                        first_expert: int = 0) -> RoutingMeta:
     N, k = topk_idx_NK.shape
     P, dev = N * k, topk_idx_NK.device
     B = max_blocks(P, experts, block_rows)
@@ -155,7 +229,8 @@ def _routing_meta_small(topk_idx_NK: torch.Tensor, experts: int, block_rows: int
     PP, BE = triton.next_power_of_2(P), 128
     _small_meta_kernel[(triton.cdiv(experts + 1, BE),)](
         topk_idx_NK.contiguous(), order, offsets, block_expert, block_start, P, experts, B,
-        BM=block_rows, PP=PP, BB=triton.next_power_of_2(B), BE=BE, BQ=min(PP, 64),
+        first_expert, BM=block_rows, PP=PP, BB=triton.next_power_of_2(B), BE=BE, BQ=min(PP, 64),
         num_warps=4)
     return RoutingMeta(order=order, offsets=offsets, block_expert=block_expert,
-                       block_start=block_start, block_rows=block_rows, tokens=N, top_k=k)
+                       block_start=block_start, block_rows=block_rows, tokens=N, top_k=k,
+                       first_expert=first_expert)

@@ -12,8 +12,8 @@ Forward
                               [+ xg, xu (P, s) kept for the backward]
   _down_kernel     (B, h/BH)  act, w_down, gates -> out (P, h) in pair order (row n·k + j),
                               out = gate · act W_downᵀ
-  _combine_kernel  (N/BN, h/BH) out -> y (N, h) = Σ_j out[n·k + j]: the k rows of a token
-                              are summed in a fixed order, so y is deterministic (no atomics)
+  token_rows.combine_pairs    out -> y (N, h) = Σ_j out[n·k + j]: the k rows of a token are
+                              summed in a fixed order, so y is deterministic (no atomics)
 Backward
   _down_bwd_kernel (B, s/BS)  dy (gathered), w_down, act, xg, xu, gates -> dxg, dxu (P, s) and
                               the gate gradient partials (s/BS, P): t = dy W_down,
@@ -21,6 +21,12 @@ Backward
   _dx_kernel       (B, h/BH)  dxg, dxu, w_gate, w_up -> dx pair rows (P, h), combined as above
   _dw_kernel       (M, C/BC, D/BD)  per expert: Σ over its rows of Aᵀ B (dW_gate = dgᵀ x,
                               dW_up = duᵀ x, dW_down = (gate dy)ᵀ act), rows in a fixed order
+
+An expert-parallel shard (first_expert; its weights are experts [first_expert, + M) of a
+larger layer): routing_meta gives the other shards' slots no block, so they are never read
+or written, and the combine skips them. Chunks of tokens (bounds, with callbacks before and
+after each): one launch per chunk over its blocks (routing_meta's slots), so that a caller
+overlaps communication with the next chunk; the backward runs once over every chunk.
 
 The (P, s) intermediates are the same size as the activations a plain implementation keeps;
 the (P, h) pair rows are the price of a deterministic combine (see benchmarks/NOTES.md).
@@ -38,19 +44,22 @@ import triton.language as tl
 from . import DTYPES
 from ._common import load_rows, next_pow2
 from .routing_meta import RoutingMeta, routing_meta
+from .token_rows import combine_pairs
 
 
 @triton.jit
-def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM: tl.constexpr):
-    """Expert, sorted rows, their validity and pair ids of program_id(0)'s block."""
-    b = tl.program_id(0)
-    e = tl.load(BLOCK_EXPERT + b)
+def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM: tl.constexpr):
+    """Expert (-1: none), sorted rows, their validity and pair ids of the block in slot
+    B0 + program_id(0); its rows end where its virtual expert's do, its weights are expert
+    v mod M's (routing_meta)."""
+    b = tl.program_id(0) + B0
+    v = tl.load(BLOCK_EXPERT + b)
     start = tl.load(BLOCK_START + b)
-    end = tl.where(e >= 0, tl.load(OFFSETS + tl.maximum(e, 0) + 1), start)
+    end = tl.where(v >= 0, tl.load(OFFSETS + tl.maximum(v, 0) + 1), start)
     rows = start + tl.arange(0, BM).to(tl.int64)
     ok = rows < end
     pair = tl.load(ORDER + rows, mask=ok, other=0)
-    return e, rows, ok, pair
+    return tl.where(v >= 0, v % M, -1), rows, ok, pair
 
 
 @triton.jit
@@ -74,14 +83,14 @@ def _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
 
 
 @triton.jit
-def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M,
                     H, S, K, P, H_PER, sx_n, sw_e, sw_s, sw_h, SAVE: tl.constexpr,
                     SPLIT: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
                     BH: tl.constexpr):
     """SPLIT (inference with few blocks): program (b, j, q) sums h in [q·H_PER, (q+1)·H_PER)
     only and writes its fp32 partial xg, xu to XG, XU (n_split, P, S); the down kernel adds
     the partials and applies SwiGLU as it loads them."""
-    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         ss = tl.program_id(1) * BS + tl.arange(0, BS)
         s_ok = ss < S
@@ -103,12 +112,12 @@ def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, 
 
 
 @triton.jit
-def _down_kernel(ACT, XG, XU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
-                 H, S, P, N_SPLIT, sw_e, sw_h, sw_s, SPLIT: tl.constexpr,
+def _down_kernel(ACT, XG, XU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0,
+                 M, H, S, P, N_SPLIT, sw_e, sw_h, sw_s, SPLIT: tl.constexpr,
                  BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
     """SPLIT: act = silu(Σ xg) Σ xu from the gate/up kernel's N_SPLIT fp32 partials, rounded
     to ACT's dtype as the stored act would be."""
-    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         hh = tl.program_id(1) * BH + tl.arange(0, BH)
         h_ok = hh < H
@@ -137,7 +146,7 @@ def _down_kernel(ACT, XG, XU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS
 
 
 @triton.jit
-def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M,
                   H, S, K, sx_n, sw_e, sw_s, sw_h, sd_e, sd_h, sd_s,
                   ATOMIC: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
     """Inference with s <= BS: gate/up and down projections in one program, act kept on chip
@@ -146,7 +155,7 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
     fill the GPU, more when few (decoding), each then recomputing the block's act.
     OUT: the pair rows (P, h), or with ATOMIC the fp32 (N, h) sum itself through float
     atomics (order-dependent: opt-in, not deterministic)."""
-    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         tok = pair // K
         ss = tl.arange(0, BS)
@@ -171,23 +180,10 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
 
 
 @triton.jit
-def _combine_kernel(IN, Y, N, H, K: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
-    n = tl.program_id(0) * BN + tl.arange(0, BN).to(tl.int64)
-    n_ok = n < N
-    hh = tl.program_id(1) * BH + tl.arange(0, BH)
-    h_ok = hh < H
-    acc = tl.zeros((BN, BH), tl.float32)
-    for j in tl.static_range(K):
-        acc += load_rows(IN, n * K + j, n_ok, H, hh, h_ok, 1).to(tl.float32)
-    tl.store(Y + n[:, None] * H + hh[None, :], acc.to(Y.dtype.element_ty),
-             mask=n_ok[:, None] & h_ok[None, :])
-
-
-@triton.jit
 def _down_bwd_kernel(DY, WD, ACT, XG, XU, GATES, DXG, DXU, DGATE, BLOCK_EXPERT, BLOCK_START,
-                     OFFSETS, ORDER, H, S, P, K, sdy_n, sw_e, sw_h, sw_s,
+                     OFFSETS, ORDER, B0, M, H, S, P, K, sdy_n, sw_e, sw_h, sw_s,
                      BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
-    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         tok = pair // K
         ss = tl.program_id(1) * BS + tl.arange(0, BS)
@@ -215,9 +211,9 @@ def _down_bwd_kernel(DY, WD, ACT, XG, XU, GATES, DXG, DXU, DGATE, BLOCK_EXPERT, 
 
 
 @triton.jit
-def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
+def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M,
                H, S, sw_e, sw_s, sw_h, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
-    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, BM)
+    e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         hh = tl.program_id(1) * BH + tl.arange(0, BH)
         h_ok = hh < H
@@ -238,36 +234,37 @@ def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
 
 
 @triton.jit
-def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, C, D, K, sa_r, sb_r, sw_e, sw_c, sw_d,
-               A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
+def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, sw_e, sw_c,
+               sw_d, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
                BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
-    """dW[e][c, d] = Σ_rows A[row, c] B[row, d] over expert e's sorted rows; a row of A (or B)
-    is a token's (x, dy: gathered by pair // K) or a sorted row (act, dxg, dxu); SCALE_A
-    multiplies A's rows by their gate."""
+    """dW[e][c, d] = Σ_rows A[row, c] B[row, d] over expert e's sorted rows, chunk by chunk
+    (a fixed order); a row of A (or B) is a token's (x, dy: gathered by pair // K) or a
+    sorted row (act, dxg, dxu); SCALE_A multiplies A's rows by their gate."""
     e = tl.program_id(0)
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     dd = tl.program_id(2) * BD + tl.arange(0, BD)
     c_ok = cc < C
     d_ok = dd < D
-    start = tl.load(OFFSETS + e)
-    end = tl.load(OFFSETS + e + 1)
     acc = tl.zeros((BC, BD), tl.float32)
-    for r0 in range(start, end, BR):
-        rows = r0 + tl.arange(0, BR).to(tl.int64)
-        ok = rows < end
-        pair = tl.load(ORDER + rows, mask=ok, other=0)
-        ra = rows
-        rb = rows
-        if A_BY_TOKEN:
-            ra = pair // K
-        if B_BY_TOKEN:
-            rb = pair // K
-        a = load_rows(A, ra, ok, sa_r, cc, c_ok, 1)
-        if SCALE_A:
-            gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
-            a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
-        b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
-        acc = tl.dot(tl.trans(a), b, acc)
+    for chunk in range(0, CHUNKS):          # expert e is the virtual experts chunk·M + e
+        start = tl.load(OFFSETS + chunk * M + e)
+        end = tl.load(OFFSETS + chunk * M + e + 1)
+        for r0 in range(start, end, BR):
+            rows = r0 + tl.arange(0, BR).to(tl.int64)
+            ok = rows < end
+            pair = tl.load(ORDER + rows, mask=ok, other=0)
+            ra = rows
+            rb = rows
+            if A_BY_TOKEN:
+                ra = pair // K
+            if B_BY_TOKEN:
+                rb = pair // K
+            a = load_rows(A, ra, ok, sa_r, cc, c_ok, 1)
+            if SCALE_A:
+                gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
+                a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
+            b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
+            acc = tl.dot(tl.trans(a), b, acc)
     tl.store(DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d,
              acc.to(DW.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
 
@@ -319,22 +316,17 @@ def _launch(c: dict) -> dict:
                 num_stages=c["num_stages"])
 
 
-def _combine(pair_rows, N, k, h, dtype):
-    y = torch.empty(N, h, device=pair_rows.device, dtype=dtype)
-    if N:
-        BN, BH = 32, min(128, next_pow2(h))
-        _combine_kernel[(triton.cdiv(N, BN), triton.cdiv(h, BH))](pair_rows, y, N, h, K=k,
-                                                                  BN=BN, BH=BH)
-    return y
-
-
-def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, **kw) -> RoutingMeta:
+def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, first_expert, **kw) -> RoutingMeta:
+    first = first_expert or 0
     if meta is None:
-        return routing_meta(idx, M, c["BM"], **kw)
+        return routing_meta(idx, M, c["BM"], first_expert=first, **kw)
     if meta.block_rows != c["BM"] or (meta.tokens, meta.top_k) != tuple(idx.shape):
         raise ValueError(f"meta was built for BM={meta.block_rows} and (N, k) = "
                          f"({meta.tokens}, {meta.top_k}); this call has BM={c['BM']} and "
                          f"{tuple(idx.shape)}")
+    if meta.first_expert != first:
+        raise ValueError(f"meta was built for first_expert={meta.first_expert}; this call "
+                         f"has {first}")
     return meta
 
 
@@ -354,54 +346,23 @@ FEW_BLOCKS_MAX_H = 512
 SPLIT_PROGRAMS = 264
 
 
-def _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c, *, atomic):
-    P, dev, dt = N * k, x.device, x.dtype
+def _launcher(x, gates_flat, w_gate, w_up, w_down, meta, k, c, *, save, fused, atomic):
+    """(launch(first slot, slots), out, act, xg, xu): the kernels that write the gated pair
+    rows (P, h) of the blocks in the given slots, or (atomic) add them into out (N, h) fp32."""
+    (N, h), (M, s, _) = x.shape, w_gate.shape
+    P, dev, dt, B = N * k, x.device, x.dtype, meta.max_blocks
+    args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
     out = (torch.zeros(N, h, device=dev, dtype=torch.float32) if atomic
            else torch.empty(P, h, device=dev, dtype=dt))
-    if P:
-        B = meta.max_blocks
+    if fused:
         split = 1 if B >= FILL_BLOCKS else triton.cdiv(h, c["BH"])
-        _fused_kernel[(B, split)](
-            x, w_gate, w_up, w_down, gates_flat, out, *args, h, s, k, x.stride(0),
-            *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, **_launch(c))
-    return out.to(dt) if atomic else _combine(out, N, k, h, dt)
 
-
-def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
-            cfg: dict | None = None, walk_experts: bool = False,
-            meta: RoutingMeta | None = None, combine: str = "pairs"):
-    """y (N, h) in x's dtype; with save also (act, xg, xu) (P, s) in sorted-row order.
-    meta: routing_meta(idx, M, BM) when the caller has it (the backward reuses the
-    forward's); walk_experts: the benchmarks' baseline schedule (routing_meta).
-    Inference with s <= BS runs gate/up and down in one kernel, act kept on chip, where that
-    is faster (FILL_BLOCKS, FEW_BLOCKS; cfg fused=True / False forces it);
-    combine="atomic" (opt-in, inference with s <= BS, fused) sums each token's k rows
-    through fp32 atomics instead of pair rows: the summation order, hence the last bits of y,
-    may differ between runs."""
-    if combine not in ("pairs", "atomic"):
-        raise ValueError(f"combine must be 'pairs' or 'atomic', got {combine!r}")
-    check_inputs(x, gates, idx, w_gate, w_up, w_down)
-    x = x.contiguous()
-    N, h = x.shape
-    M, s, _ = w_gate.shape
-    k = idx.shape[1]
-    c = config(h, s, cfg)
-    meta = _meta(meta, idx, M, c, walk_experts=walk_experts)
-    P, dev, dt = N * k, x.device, x.dtype
-    gates_flat = gates.reshape(-1).contiguous()
-    B = meta.max_blocks
-    args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
-    one_kernel = not save and s <= c["BS"]
-    if combine == "atomic" and not one_kernel:
-        raise ValueError(f"combine='atomic' needs inference (save=False) with s <= BS "
-                         f"({c['BS']}); got save={save}, s={s}")
-    fused = c["fused"] if c["fused"] is not None else (
-        B >= FILL_BLOCKS or (B <= FEW_BLOCKS and h <= FEW_BLOCKS_MAX_H))
-    if one_kernel and (fused or combine == "atomic"):
-        return _fused_forward(x, gates_flat, w_gate, w_up, w_down, meta, args, N, k, h, s, c,
-                              atomic=combine == "atomic")
+        def launch(b0, nb):
+            _fused_kernel[(nb, split)](
+                x, w_gate, w_up, w_down, gates_flat, out, *args, b0, M, h, s, k, x.stride(0),
+                *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, **_launch(c))
+        return launch, out, None, None, None
     act = torch.empty(P, s, device=dev, dtype=dt)
-    out = torch.empty(P, h, device=dev, dtype=dt)
     n_s, n_h = triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"])
     split = 1 if save else c["split_h"] or (
         1 if B * n_s > FEW_BLOCKS else max(1, min(n_h, SPLIT_PROGRAMS // (B * n_s))))
@@ -412,29 +373,87 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
     else:                   # the saved xg, xu (a placeholder when not saving)
         xg = torch.empty(P if save else 1, s, device=dev, dtype=dt)
     xu = torch.empty_like(xg)
-    if P:
-        _gate_up_kernel[(B, n_s, split)](
-            x, w_gate, w_up, act, xg, xu, *args, h, s, k, P, h_per, x.stride(0),
+
+    def launch(b0, nb):
+        _gate_up_kernel[(nb, n_s, split)](
+            x, w_gate, w_up, act, xg, xu, *args, b0, M, h, s, k, P, h_per, x.stride(0),
             *w_gate.stride(), SAVE=save, SPLIT=split > 1, **_launch(c))
-        _down_kernel[(B, n_h)](
-            act, xg, xu, w_down, gates_flat, out, *args, h, s, P, split, *w_down.stride(),
-            SPLIT=split > 1, **_launch(c))
-    y = _combine(out, N, k, h, dt)
-    return (y, act, xg, xu) if save else y
+        _down_kernel[(nb, n_h)](
+            act, xg, xu, w_down, gates_flat, out, *args, b0, M, h, s, P, split,
+            *w_down.stride(), SPLIT=split > 1, **_launch(c))
+    return launch, out, act, xg, xu
 
 
-def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict | None = None,
-             meta: RoutingMeta | None = None):
-    """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, xg, xu
-    (and the forward's routing metadata when given)."""
-    x, dy = x.contiguous(), dy.contiguous().to(x.dtype)
+def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
+            cfg: dict | None = None, walk_experts: bool = False,
+            meta: RoutingMeta | None = None, combine: str = "pairs", first_expert=None,
+            bounds=None, before=None, after=None):
+    """y (N, h) in x's dtype; with save also (act, xg, xu) (P, s) in sorted-row order.
+    meta: routing_meta(idx, M, BM) when the caller has it (the backward reuses the
+    forward's); walk_experts: the benchmarks' baseline schedule (routing_meta).
+    Inference with s <= BS runs gate/up and down in one kernel, act kept on chip, where that
+    is faster (FILL_BLOCKS, FEW_BLOCKS; cfg fused=True / False forces it);
+    combine="atomic" (opt-in, inference with s <= BS, fused) sums each token's k rows
+    through fp32 atomics instead of pair rows: the summation order, hence the last bits of y,
+    may differ between runs.
+    first_expert: the weights are experts [first_expert, first_expert + M) of a larger layer
+    (an expert-parallel shard): the slots of other ids add nothing (a token with none of
+    the shard's slots gets a zero row) and get no gradient.
+    bounds (b_0 = 0, ..., b_C = N), before, after: run in chunks of tokens [b_c, b_{c+1})
+    (routing_meta's chunks): before(c) is called before chunk c's rows of x are read,
+    after(c, y[b_c:b_{c+1}]) once they are written (enqueued on the current stream), so that
+    a caller can overlap communication with the other chunks' experts."""
+    if combine not in ("pairs", "atomic"):
+        raise ValueError(f"combine must be 'pairs' or 'atomic', got {combine!r}")
+    check_inputs(x, gates, idx, w_gate, w_up, w_down)
+    x, idx = x.contiguous(), idx.contiguous()
     N, h = x.shape
     M, s, _ = w_gate.shape
     k = idx.shape[1]
     c = config(h, s, cfg)
-    meta = _meta(meta, idx, M, c)
-    P, dev, dt = N * k, x.device, x.dtype
+    meta = _meta(meta, idx, M, c, first_expert, walk_experts=walk_experts, bounds=bounds)
+    gates_flat = gates.reshape(-1).contiguous()
     B = meta.max_blocks
+    one_kernel = not save and s <= c["BS"]
+    atomic = combine == "atomic"
+    if atomic and not (one_kernel and meta.chunks == 1 and first_expert is None):
+        raise ValueError(f"combine='atomic' needs inference (save=False) with s <= BS "
+                         f"({c['BS']}) in one chunk of the whole layer; got save={save}, "
+                         f"s={s}, {meta.chunks} chunks, first_expert={first_expert}")
+    fused = atomic or (c["fused"] if c["fused"] is not None else (
+        B >= FILL_BLOCKS or (B <= FEW_BLOCKS and h <= FEW_BLOCKS_MAX_H)))
+    launch, out, act, xg, xu = _launcher(x, gates_flat, w_gate, w_up, w_down, meta, k, c,
+                                         save=save, fused=one_kernel and fused, atomic=atomic)
+    if atomic:
+        if N * k:
+            launch(0, B)
+        return out.to(x.dtype)
+    y = torch.empty(N, h, device=x.device, dtype=x.dtype)
+    bounds = meta.bounds or (0, N)
+    for chunk, (b0, nb) in enumerate(meta.slots):
+        if before is not None:
+            before(chunk)
+        if nb and N * k:
+            launch(b0, nb)
+        combine_pairs(y, out, idx, bounds[chunk], bounds[chunk + 1], first_expert, M)
+        if after is not None:
+            after(chunk, y[bounds[chunk]:bounds[chunk + 1]])
+    return (y, act, xg, xu) if save else y
+
+
+def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict | None = None,
+             meta: RoutingMeta | None = None, first_expert=None):
+    """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, xg, xu
+    and the forward's routing metadata (needed when the forward ran in chunks, whose
+    sorted-row order act, xg and xu follow); first_expert as the forward's."""
+    x, dy, idx = x.contiguous(), dy.contiguous().to(x.dtype), idx.contiguous()
+    N, h = x.shape
+    M, s, _ = w_gate.shape
+    k = idx.shape[1]
+    c = config(h, s, cfg)
+    meta = _meta(meta, idx, M, c, first_expert)
+    P, dev, dt = N * k, x.device, x.dtype
+    B, chunks = meta.max_blocks, (meta.offsets.numel() - 1) // M   # offsets: C·M + 1
     args = (meta.block_expert, meta.block_start, meta.offsets, meta.order)
     gates_flat = gates.reshape(-1).contiguous()
     n_s = triton.cdiv(s, c["BS"])
@@ -449,20 +468,23 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
     if P:
         blk = _launch(c)
         _down_bwd_kernel[(B, n_s)](dy, w_down, act, xg, xu, gates_flat, dxg, dxu, dgate, *args,
-                                   h, s, P, k, dy.stride(0), *w_down.stride(), **blk)
-        _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, h, s,
-                                                 *w_gate.stride(), **blk)
+                                   0, M, h, s, P, k, dy.stride(0), *w_down.stride(), **blk)
+        _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, 0, M,
+                                                 h, s, *w_gate.stride(), **blk)
         bs, bh = c["dw_BS"], c["dw_BH"]
         dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"])
         for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
             _dw_kernel[(M, triton.cdiv(s, bs), triton.cdiv(h, bh))](
-                a, x, gates_flat, dw, meta.offsets, meta.order, s, h, k, s, x.stride(0),
+                a, x, gates_flat, dw, meta.offsets, meta.order, chunks, M, s, h, k, s,
+                x.stride(0),
                 *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, BC=bs, BD=bh,
                 **dwk)
         _dw_kernel[(M, triton.cdiv(h, bh), triton.cdiv(s, bs))](   # (gate dy)ᵀ act: (h, s)
-            dy, act, gates_flat, dws[2], meta.offsets, meta.order, h, s, k, dy.stride(0), s,
+            dy, act, gates_flat, dws[2], meta.offsets, meta.order, chunks, M, h, s, k,
+            dy.stride(0), s,
             *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False, SCALE_A=True, BC=bh, BD=bs,
             **dwk)
-    dx = _combine(dx_pairs, N, k, h, dt)
+    dx = torch.empty(N, h, device=dev, dtype=dt)
+    combine_pairs(dx, dx_pairs, idx, 0, N, first_expert, M)
     dgates = dgate.sum(0)[:P].reshape(N, k)
     return (dx, dgates, *dws)

@@ -14,12 +14,14 @@ H query heads, G key/value heads, D head dim.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from .. import accounting
 from ..checks import check_int, check_tensor
@@ -222,9 +224,19 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer_idx)
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.moe = PEERLayer(cfg.moe) if isinstance(cfg.moe, PEERConfig) else MoELayer(cfg.moe)
+        self.checkpointing: str | None = None     # Transformer.checkpoint_blocks sets it
 
     def forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool, cache=None,
                 positions_T=None):
+        if self.checkpointing is None or not torch.is_grad_enabled():
+            return self._forward(x_BTh, cos_TD, sin_TD, return_counts, cache, positions_T)
+        full = self.checkpointing == "full"
+        with set_checkpoint_early_stop(False) if full else contextlib.nullcontext():
+            return checkpoint(self._forward, x_BTh, cos_TD, sin_TD, return_counts, cache,
+                              positions_T, use_reentrant=False)
+
+    def _forward(self, x_BTh, cos_TD, sin_TD, return_counts: bool, cache=None,
+                 positions_T=None):
         x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD, cache, positions_T)
         out = self.moe(self.moe_norm(x_BTh), return_counts=return_counts)
         return x_BTh + out.y, out
@@ -260,14 +272,29 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
-    def compile_blocks(self, mode: str = "default", backend: str = "inductor") -> None:
+    def compile_blocks(self, mode: str = "default", backend: str = "inductor", *,
+                       moe: bool = True) -> None:
         """torch.compile each block in place (the blocks share one compiled graph; `mode` is
         torch.compile's) and the loss (default mode: the log-softmax reads the bf16 logits
         and needs no fp32 copy of them; CUDA graphs would copy its input). The parameters and
-        their names are unchanged."""
+        their names are unchanged. moe=False: each block's norms and attention only, its
+        feed-forward layer left eager (one that communicates with other ranks, whose
+        collectives and host-side split sizes torch.compile would break its graph on)."""
         for block in self.blocks:
-            block.compile(mode=mode, backend=backend)
+            parts = [block] if moe else [block.attn_norm, block.attn, block.moe_norm]
+            for part in parts:
+                part.compile(mode=mode, backend=backend)
         self._lm_loss = torch.compile(lm_loss, backend=backend)
+
+    def checkpoint_blocks(self, *, full: bool = False) -> None:
+        """Activation checkpointing: in training each block keeps only its input and
+        recomputes the rest in the backward (torch.utils.checkpoint, non-reentrant), the
+        memory of one block's activations instead of L. full=True recomputes each block to
+        its end instead of stopping once the tensors its backward needs are back: a layer
+        that communicates must issue every collective of its forward on every rank, also in
+        the recomputation. Names and parameters are unchanged."""
+        for block in self.blocks:
+            block.checkpointing = "full" if full else "early_stop"
 
     def reset_parameters(self) -> None:
         """N(0, σ²) everywhere; residual output projections σ / sqrt(2 L) (GPT-2)."""

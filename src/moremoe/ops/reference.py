@@ -174,26 +174,34 @@ def _route(logits_NM: torch.Tensor, k: int, with_psum: bool):
 
 
 def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down_MHS, *,
-                       upcast: bool = False):
+                       upcast: bool = False, first_expert: int | None = None):
     """y (N, h) = Σ_j gates[:, j] · f_{idx[:, j]}(x), f_e(x) = W_down,e (silu(W_gate,e x) ⊙ W_up,e x).
 
     Sorts the (token, slot) pairs by expert and runs each expert present on its rows; the
     gated outputs are summed in float32 (float64 when upcast from float64) and returned in
     the compute dtype. Under torch.compile or a CUDA-graph capture, without gradients (a
     decode step), each pair multiplies its expert's gathered weights instead: the sort's
-    per-expert split has shapes that depend on the ids.
+    per-expert split has shapes that depend on the ids. first_expert: the weights are
+    experts [first_expert, first_expert + M) of a larger layer, and the slots of other ids
+    are left out (other shards' work).
     """
     N, k = topk_idx_NK.shape
+    M = w_gate_MSH.shape[0]
     dt = upcast_dtype(x_NH.dtype, upcast)
     acc_dt = torch.float64 if dt == torch.float64 else torch.float32
     weights = (x_NH, gates_NK, w_gate_MSH, w_up_MSH, w_down_MHS)
-    if in_graph() and not (torch.is_grad_enabled() and any(t.requires_grad for t in weights)):
+    if first_expert is None and in_graph() and not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in weights)):
         return _swiglu_experts_gathered(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH,
                                         w_down_MHS, dt, acc_dt)
-    flat_idx = topk_idx_NK.reshape(-1).long()
-    order = torch.argsort(flat_idx, stable=True)
+    flat_idx = topk_idx_NK.reshape(-1).long() - (first_expert or 0)
+    pairs = torch.arange(flat_idx.numel(), device=flat_idx.device)
+    if first_expert is not None:
+        pairs = ((flat_idx >= 0) & (flat_idx < M)).nonzero().squeeze(1)
+        flat_idx = flat_idx.index_select(0, pairs)
+    order = pairs.index_select(0, torch.argsort(flat_idx, stable=True))
     token = order // k
-    counts = torch.bincount(flat_idx, minlength=w_gate_MSH.shape[0]).tolist()
+    counts = torch.bincount(flat_idx, minlength=M).tolist()
     x_sorted = x_NH.to(dt).index_select(0, token)   # backward: index_add, not index_put
     gate_sorted = gates_NK.reshape(-1).index_select(0, order).to(acc_dt)
     # split / unbind once: slicing x or indexing w[e] per expert would make the backward
@@ -229,3 +237,14 @@ def _swiglu_experts_gathered(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, 
         outs.append(torch.bmm(w_down_MHS[e].to(dt), act)[..., 0])        # (p, h)
     y_PH = torch.cat(outs).to(acc_dt) * gates_NK.reshape(-1, 1).to(acc_dt)
     return y_PH.view(N, k, h).sum(1).to(dt)
+
+
+def combine_rows_ref(rows_RH, pos_NE):
+    """y (N, h) in rows' dtype: y[n] = Σ_j rows[pos[n, j]] over pos[n, j] >= 0, summed in
+    float32 (float64 stays float64) in the order of j."""
+    acc_dt = torch.float64 if rows_RH.dtype == torch.float64 else torch.float32
+    y_NH = torch.zeros(pos_NE.shape[0], rows_RH.shape[1], dtype=acc_dt, device=rows_RH.device)
+    for p_N in pos_NE.unbind(1):              # one row per token at most: no index collides
+        hit = (p_N >= 0).nonzero().squeeze(1)
+        y_NH = y_NH.index_add(0, hit, rows_RH.index_select(0, p_N[hit]).to(acc_dt))
+    return y_NH.to(rows_RH.dtype)

@@ -5,7 +5,10 @@ tensors between ranks): each of E ranks scores only its M_e = M/E experts, ℓ_e
   selection semantics of ``reference.select_topk``, and its row log-sum-exp lse_e (N,) over
   the finite logits (−inf for a row with none); the fused training sweep on CUDA, the
   reference elsewhere.
-- ``merge_topk``: the exact global top-k from the E local lists.
+- ``shard_select``: inference, the same selection without statistics or autograd (the
+  routers' inference kernels on CUDA, which form z = x R2ᵀ on chip).
+- ``merge_topk``: the exact global top-k from the E local lists (a Triton kernel on CUDA,
+  kernels/router_shard.py; a torch sort elsewhere).
 - ``combine_lse``: the global lse (N,) from the E local ones, differentiable.
 - ``shard_psum``: the shard's columns of psum = Σ_n softmax over ALL M logits, given the
   global lse (the fused psum kernel with m = lse, Z = 1 on CUDA, the reference elsewhere).
@@ -143,6 +146,23 @@ def shard_topk(a_NR: Tensor, w_MR: Tensor, k: int, *, lowrank: bool, impl: str =
     return _ShardTopk.apply(a_NR, w_MR, k, lowrank, impl)
 
 
+def shard_select(x_NH: Tensor, w_MR: Tensor, R2_RH: Tensor | None, k: int, *,
+                 impl: str = "auto"):
+    """Inference: (val (N, k) fp32, idx (N, k) int32 in [0, M_e)) of the shard's logits,
+    (x R2ᵀ) w_eᵀ (low-rank, R2 given) or x w_eᵀ, in the kernels' dtype."""
+    rank = None if R2_RH is None else R2_RH.shape[0]
+    if resolve_impl(impl, x_NH, k, rank=rank) == "reference":
+        logits = (ref.router_logits_linear(x_NH, w_MR) if R2_RH is None
+                  else ref.router_logits_lowrank(x_NH, w_MR, R2_RH))
+        return ref.select_topk(logits, k)
+    from ..kernels import router_linear, router_lowrank
+    dt = kernel_dtype(x_NH)
+    x, w = x_NH.to(dt), w_MR.to(dt)
+    val, idx, _ = (router_linear.infer(x, w, k) if R2_RH is None
+                   else router_lowrank.infer(x, w, R2_RH.to(dt), k))
+    return val, idx
+
+
 def shard_psum(a_NR: Tensor, w_MR: Tensor, lse_N: Tensor, *, lowrank: bool,
                impl: str = "auto") -> Tensor:
     """(M_e,) fp32: Σ_n exp(ℓ_n − lse_n) over the shard's columns, lse the GLOBAL row
@@ -150,13 +170,38 @@ def shard_psum(a_NR: Tensor, w_MR: Tensor, lse_N: Tensor, *, lowrank: bool,
     return _ShardPsum.apply(a_NR, w_MR, lse_N, lowrank, impl)
 
 
-def merge_topk(val_ENK: Tensor, idx_ENK: Tensor, k: int):
+def merge_topk(val_ENK: Tensor, idx_ENK: Tensor, k: int, *, impl: str = "auto"):
     """The global top-k from E local top-k lists (values, GLOBAL int indices), exactly
     ``reference.select_topk`` of the whole row: the finite values descending, ties and the
     non-finite fillers by the lower index. Exact because each local list holds the shard's
     k_e best under that same order (value descending, index ascending), and a row short of
     k finite logits finds its lowest unchosen indices among the shards' own fillers.
-    Returns (val (N, k), idx (N, k) int32); val is differentiable."""
+    Returns (val (N, k), idx (N, k) int32); val is differentiable. The merge kernel
+    (kernels/router_shard.py) on CUDA, the torch sort elsewhere."""
+    if resolve_impl(impl, val_ENK, k) == "reference":
+        return _merge_torch(val_ENK, idx_ENK, k)
+    return _MergeTopk.apply(val_ENK, idx_ENK, k)
+
+
+class _MergeTopk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, val_ENK, idx_ENK, k):
+        from ..kernels.router_shard import merge
+        val, idx = merge(val_ENK.detach(), idx_ENK, k)
+        ctx.save_for_backward(idx_ENK, idx)
+        ctx.mark_non_differentiable(idx)
+        return val, idx
+
+    @staticmethod
+    def backward(ctx, dval_NK, _didx):
+        cand_ENK, idx_NK = ctx.saved_tensors
+        # each winner's value came from the one candidate of its (distinct) index
+        hit = cand_ENK.long()[:, :, None, :] == idx_NK.long()[None, :, :, None]
+        dval = (hit * dval_NK.float()[None, :, :, None]).sum(dim=2)
+        return dval, None, None
+
+
+def _merge_torch(val_ENK: Tensor, idx_ENK: Tensor, k: int):
     E, N, k_e = val_ENK.shape
     val_NC = val_ENK.permute(1, 0, 2).reshape(N, E * k_e)
     idx_NC = idx_ENK.permute(1, 0, 2).reshape(N, E * k_e).long()

@@ -3,10 +3,19 @@
 ``swiglu_experts(x, gates, topk_idx, w_gate, w_up, w_down, impl=...)`` runs the grouped
 Triton kernels (custom ops moremoe::swiglu_experts[_train[_bwd]], with fake tensors for
 torch.compile and autograd for x, gates and the three weights; outside torch.compile their
-bodies run directly, ops/eager.py) or the plain-torch reference. impl="auto" takes the kernels on CUDA (for the dtypes they cover), the reference
-elsewhere.
+bodies run directly, ops/eager.py) or the plain-torch reference. impl="auto" takes the
+kernels on CUDA (for the dtypes they cover), the reference elsewhere.
+
+An expert-parallel shard passes first_expert (its weights are experts [first_expert,
+first_expert + M) of the whole layer; the slots of other ids add nothing and get no
+gradient) and, to overlap its communication with the experts, chunks (RowChunks: the
+tokens in chunks, with a callback before and after each; eager only).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -17,21 +26,42 @@ from .dispatch import kernel_dtype, needs_grad, resolve_impl
 from .eager import call, call_autograd
 
 
+@dataclass(frozen=True)
+class RowChunks:
+    """The tokens in chunks [bounds[c], bounds[c+1]) (bounds from 0 to N, host ints):
+    before(c) is called before chunk c's rows of x are read, after(c, y_c) once y's rows of
+    chunk c are final (enqueued on the current stream, so that work the callback enqueues
+    on another stream sees them after a wait on this one). Both are called for every chunk,
+    in order, empty ones included, so collectives they issue match across ranks."""
+    bounds: tuple
+    before: Optional[Callable[[int], None]] = None
+    after: Optional[Callable[[int, Tensor], None]] = None
+
+    def kernel_args(self) -> dict:
+        return {"bounds": self.bounds, "before": self.before, "after": self.after}
+
+
 def _kernels():
     from ..kernels import swiglu_experts
     return swiglu_experts
 
 
 def _infer(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-           w_down: Tensor) -> Tensor:
-    return _kernels().forward(x, gates, idx, w_gate, w_up, w_down)
+           w_down: Tensor, first_expert: Optional[int] = None,
+           chunks: RowChunks | None = None) -> Tensor:
+    kw = chunks.kernel_args() if chunks else {}
+    return _kernels().forward(x, gates, idx, w_gate, w_up, w_down, first_expert=first_expert,
+                              **kw)
 
 
-infer_op = torch.library.custom_op("moremoe::swiglu_experts", _infer, mutates_args=())
+infer_op = torch.library.custom_op("moremoe::swiglu_experts", partial(_infer, chunks=None),
+                                   mutates_args=(), schema="(Tensor x, Tensor gates, Tensor "
+                                   "idx, Tensor w_gate, Tensor w_up, Tensor w_down, SymInt? "
+                                   "first_expert=None) -> Tensor")
 
 
 @infer_op.register_fake
-def _(x, gates, idx, w_gate, w_up, w_down):
+def _(x, gates, idx, w_gate, w_up, w_down, first_expert=None):
     return x.new_empty(x.shape)
 
 
@@ -41,22 +71,28 @@ def _block_rows(w_gate: Tensor) -> int:
 
 
 def _train(x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
-           w_down: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                    Tensor]:
+           w_down: Tensor, first_expert: Optional[int] = None,
+           chunks: RowChunks | None = None) -> tuple[Tensor, ...]:
     """y, the saved act, xg, xu, and the routing metadata (order, offsets, block_expert,
     block_start) that the backward reuses."""
     from ..kernels.routing_meta import routing_meta
-    meta = routing_meta(idx, w_gate.shape[0], _block_rows(w_gate))
+    meta = routing_meta(idx, w_gate.shape[0], _block_rows(w_gate),
+                        first_expert=first_expert or 0, bounds=chunks and chunks.bounds)
+    kw = {"before": chunks.before, "after": chunks.after} if chunks else {}
     y, act, xg, xu = _kernels().forward(x, gates, idx, w_gate, w_up, w_down, save=True,
-                                      meta=meta)
+                                        meta=meta, first_expert=first_expert, **kw)
     return y, act, xg, xu, meta.order, meta.offsets, meta.block_expert, meta.block_start
 
 
-train_op = torch.library.custom_op("moremoe::swiglu_experts_train", _train, mutates_args=())
+train_op = torch.library.custom_op(
+    "moremoe::swiglu_experts_train", partial(_train, chunks=None), mutates_args=(),
+    schema="(Tensor x, Tensor gates, Tensor idx, Tensor w_gate, Tensor w_up, Tensor w_down, "
+           "int? first_expert=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+           "Tensor)")
 
 
 @train_op.register_fake
-def _(x, gates, idx, w_gate, w_up, w_down):
+def _(x, gates, idx, w_gate, w_up, w_down, first_expert=None):
     from ..kernels.routing_meta import max_blocks
     P, (M, s, _) = idx.numel(), w_gate.shape
     B = max_blocks(P, M, _block_rows(w_gate))
@@ -69,36 +105,43 @@ def _(x, gates, idx, w_gate, w_up, w_down):
 
 def _bwd(dy: Tensor, x: Tensor, gates: Tensor, idx: Tensor, w_gate: Tensor, w_up: Tensor,
          w_down: Tensor, act: Tensor, xg: Tensor, xu: Tensor, order: Tensor, offsets: Tensor,
-         block_expert: Tensor,
-         block_start: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+         block_expert: Tensor, block_start: Tensor, first_expert: Optional[int] = None
+         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     from ..kernels.routing_meta import RoutingMeta
     meta = RoutingMeta(order=order, offsets=offsets, block_expert=block_expert,
                        block_start=block_start, block_rows=_block_rows(w_gate),
-                       tokens=idx.shape[0], top_k=idx.shape[1])
+                       tokens=idx.shape[0], top_k=idx.shape[1], first_expert=first_expert or 0)
     dx, dgates, dwg, dwu, dwd = _kernels().backward(dy, x, gates, idx, w_gate, w_up, w_down,
-                                                    act, xg, xu, meta=meta)
+                                                    act, xg, xu, meta=meta,
+                                                    first_expert=first_expert)
     return dx, dgates.to(gates.dtype), dwg, dwu, dwd
 
 
-bwd_op = torch.library.custom_op("moremoe::swiglu_experts_train_bwd", _bwd, mutates_args=())
+bwd_op = torch.library.custom_op(
+    "moremoe::swiglu_experts_train_bwd", _bwd, mutates_args=(),
+    schema="(Tensor dy, Tensor x, Tensor gates, Tensor idx, Tensor w_gate, Tensor w_up, "
+           "Tensor w_down, Tensor act, Tensor xg, Tensor xu, Tensor order, Tensor offsets, "
+           "Tensor block_expert, Tensor block_start, int? first_expert=None) -> (Tensor, Tensor, "
+           "Tensor, Tensor, Tensor)")
 
 
 @bwd_op.register_fake
 def _(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, order, offsets, block_expert,
-      block_start):
+      block_start, first_expert=None):
     return (x.new_empty(x.shape), gates.new_empty(gates.shape), w_gate.new_empty(w_gate.shape),
             w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape))
 
 
 def _setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, *output[1:])
+    ctx.save_for_backward(*inputs[:6], *output[1:])
+    ctx.first_expert = inputs[6]
 
 
 def _backward(ctx, dy, *_unused, bwd=bwd_op):
     if dy is None:                  # eager, y unused (ops/eager.py passes None, not zeros)
         dy = torch.zeros_like(ctx.saved_tensors[0])
-    dx, dgates, dwg, dwu, dwd = bwd(dy, *ctx.saved_tensors)
-    return dx, dgates, None, dwg, dwu, dwd
+    dx, dgates, dwg, dwu, dwd = bwd(dy, *ctx.saved_tensors, ctx.first_expert)
+    return dx, dgates, None, dwg, dwu, dwd, None
 
 
 def _backward_direct(ctx, dy, *_unused):
@@ -109,15 +152,25 @@ train_op.register_autograd(_backward, setup_context=_setup)
 
 
 def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: str = "auto",
-                   check_ids: bool = True):
+                   check_ids: bool = True, first_expert: int | None = None,
+                   chunks: RowChunks | None = None):
     """y (N, h) in x's dtype (the autocast dtype under autocast on the fused path).
 
     topk_idx must be int32 / int64 expert ids in [0, M) on every implementation; with
     check_ids (default) their range is checked, which reads two numbers back from the
-    device; check_ids=False skips that for ids a router made (in range by construction)."""
-    check_expert_ids(topk_idx_NK, w_gate.shape[0], values=check_ids)
+    device; check_ids=False skips that for ids a router made (in range by construction).
+    first_expert: the weights are a shard, experts [first_expert, first_expert + M) of a
+    larger layer; ids outside are other shards' slots (not checked): they add nothing (a
+    token with none of the shard's slots gets a zero row) and their gates no gradient.
+    chunks: see RowChunks (eager only: the callbacks cannot be traced)."""
+    check_expert_ids(topk_idx_NK, w_gate.shape[0],
+                     values=check_ids and first_expert is None)
+    if chunks is not None and torch.compiler.is_compiling():
+        raise RuntimeError("swiglu_experts(chunks=...) runs eagerly; call it outside "
+                           "torch.compile")
     if resolve_impl(impl, x_NH) == "reference":
-        return ref.swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down)
+        return _reference(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, first_expert,
+                          chunks)
     dt = kernel_dtype(x_NH)
     x, ws = x_NH.to(dt), (w_gate, w_up, w_down)
     if any(w.dtype != torch.float32 for w in ws):     # fp32 weights are read as they are
@@ -125,6 +178,20 @@ def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: s
     wg, wu, wd = ws
     gates = gates_NK.float()
     if needs_grad(x_NH, gates_NK, w_gate, w_up, w_down):
-        return call_autograd(train_op, _train, _setup, _backward_direct, x, gates, topk_idx_NK,
-                             wg, wu, wd)[0]
-    return call(infer_op, _infer, x, gates, topk_idx_NK, wg, wu, wd)
+        return call_autograd(train_op, partial(_train, chunks=chunks), _setup,
+                             _backward_direct, x, gates, topk_idx_NK, wg, wu, wd,
+                             first_expert)[0]
+    return call(infer_op, partial(_infer, chunks=chunks), x, gates, topk_idx_NK, wg, wu, wd,
+                first_expert)
+
+
+def _reference(x_NH, gates_NK, idx_NK, w_gate, w_up, w_down, first_expert, chunks):
+    """The reference, its chunks' callbacks called in their order around it."""
+    for c in range(len(chunks.bounds) - 1 if chunks and chunks.before else 0):
+        chunks.before(c)
+    y = ref.swiglu_experts_ref(x_NH, gates_NK, idx_NK, w_gate, w_up, w_down,
+                               first_expert=first_expert)
+    if chunks and chunks.after:
+        for c, (b0, b1) in enumerate(zip(chunks.bounds, chunks.bounds[1:])):
+            chunks.after(c, y[b0:b1])
+    return y

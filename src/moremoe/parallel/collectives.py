@@ -12,13 +12,15 @@ The wrappers move between the two (Megatron's convention):
   gather_from_group  all-gather forward, own slice backward (a replicated consumer);
   sum_replicated     all-reduce (sum) forward; backward the SUM over ranks of the gradient,
                      computed as E · grad because its consumer is replicated (see there);
-  all_to_all         uneven all_to_all_single, backward the reverse exchange.
+  PendingSum         reduce_from_group of a tensor in pieces, each all-reduced in place
+                     (asynchronously) as soon as it is final, so that the communication of
+                     one piece overlaps the computation of the next.
 
 Ordering: ranks must issue collectives in one order, and autograd's order among
 independent branches depends on the graph, which differs between ranks (which experts hold
 tokens). So each layer keeps its backward collectives on one dependency chain: one merged
-copy_to_group per layer, sum_replicated without a backward collective, all-to-alls chained
-by data.
+copy_to_group per layer, sum_replicated without a backward collective, the row
+all-to-alls of parallel/exchange.py chained by data.
 """
 from __future__ import annotations
 
@@ -145,37 +147,48 @@ def all_gather_stack(t: Tensor, group=None) -> Tensor:
     return torch.stack(parts)
 
 
-@torch.no_grad()
-def exchange_counts(send_E: Tensor, group=None) -> list[int]:
-    """How many rows each rank will send here, given how many this rank sends to each
-    (E,) int64; one host synchronisation (the all-to-all's splits live on the host)."""
-    recv_E = torch.empty_like(send_E)
-    dist.all_to_all_single(recv_E, send_E.contiguous(), group=group)
-    return recv_E.tolist()
+CHUNKS = 4          # the most chunks (rounds) a layer's communication is cut into
+BLOCK_ROWS = 64     # rows of an expert-kernel block (kernels/swiglu_experts.config, "BM")
 
 
-def _exchange(t: Tensor, send: list[int], recv: list[int], group) -> Tensor:
-    out = t.new_empty((sum(recv), *t.shape[1:]))
-    dist.all_to_all_single(out, t.contiguous(), output_split_sizes=recv,
-                           input_split_sizes=send, group=group)
-    return out
+def auto_chunks(tokens: int, top_k: int, experts: int, most: int = CHUNKS) -> int:
+    """The chunks of a layer's overlap of communication with its experts: the largest power
+    of two up to `most` that leaves each expert about a block of rows in each chunk
+    (N k / (M C) >= BM). More chunks hide more of the communication, but each cuts every
+    expert's rows into one more, emptier block, and each block reads its expert's weights
+    again (benchmarks/NOTES.md, issue 26)."""
+    chunks = 1
+    while chunks * 2 <= most and tokens * top_k >= chunks * 2 * experts * BLOCK_ROWS:
+        chunks *= 2
+    return chunks
 
 
-class _AllToAll(torch.autograd.Function):
+class PendingSum:
+    """The in-place sums over the group of pieces of one tensor, started as each piece is
+    final (``start``, an async all-reduce) and waited for by ``settle``, which returns the
+    summed tensor with reduce_from_group's gradient (passed unchanged). Every rank must
+    start the same pieces in the same order (shapes agree across ranks)."""
+
+    def __init__(self, group=None):
+        self.group, self.works = group, []
+
+    def start(self, _chunk: int, piece: Tensor) -> None:
+        if piece.numel():
+            self.works.append(dist.all_reduce(piece, group=self.group, async_op=True))
+
+    def settle(self, t: Tensor) -> Tensor:
+        return _Settled.apply(t, self)
+
+
+class _Settled(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, t, send, recv, group):
-        ctx.send, ctx.recv, ctx.group = send, recv, group
-        return _exchange(t, send, recv, group)
+    def forward(ctx, t, pending):
+        for work in pending.works:
+            work.wait()
+        pending.works = []      # they hold views of t: no cycle through t's graph to them
+        ctx.mark_dirty(t)                  # the all-reduces summed t in place
+        return t
 
     @staticmethod
     def backward(ctx, grad):
-        return _exchange(grad, ctx.recv, ctx.send, ctx.group), None, None, None
-
-
-def all_to_all(t: Tensor, send: list[int], recv: list[int], group=None) -> Tensor:
-    """Rows of t (grouped by destination, send[d] rows to rank d) exchanged: the result
-    holds recv[s] rows from each rank s in rank order. Differentiable (the gradient takes
-    the reverse exchange); without autograd when t needs none (integer ids)."""
-    if not t.requires_grad:
-        return _exchange(t, send, recv, group)
-    return _AllToAll.apply(t, send, recv, group)
+        return grad, None

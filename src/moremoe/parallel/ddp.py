@@ -73,14 +73,19 @@ def _env_int(name: str, default: int) -> int:
                          f"{LAUNCH}") from None
 
 
-def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
-    """DistributedDataParallel over the process group (the model itself when single)."""
+def wrap(model: torch.nn.Module, info: DistInfo, *, ignore: list[str] = (),
+         group=None) -> torch.nn.Module:
+    """DistributedDataParallel over `group` (None: WORLD; the model itself when single),
+    leaving out the parameters named in `ignore` (expert shards, which differ by rank)."""
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [info.device.index] if info.device.type == "cuda" else None
+    if ignore:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
     # no buffer the forward depends on changes (rotary tables are fixed), so none is sent
-    return DDP(model, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True)
+    return DDP(model, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True,
+               process_group=group)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

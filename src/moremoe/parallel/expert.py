@@ -2,17 +2,24 @@
 the two data flows): E ranks of a process group (None: WORLD) each own M/E contiguous experts, rank
 e the experts [e·M/E, (e+1)·M/E).
 
-tokens="replicated" (the paper's (a)): every rank holds the whole batch x (N, h), routes all
-N tokens with the whole router, runs its experts on the (token, slot) pairs routed to them
-only (a compact pair list), and one all-reduce sums the E partial outputs. With
-shard_router=True the router is split too (parallel/sharded_router.py).
+tokens="replicated" (the paper's (a)): every rank holds the whole batch x (N, h) and routes
+all N tokens with the whole router (with shard_router=True the router is split too,
+parallel/sharded_router.py). The routing goes as it is, (N, k) ids and gates, into the
+fused expert kernels restricted to this rank's experts (ops/swiglu_experts, first_expert):
+they gather the rows of the rank's slots themselves, skip the others' and write y (N, h) in
+the kernels' dtype, zero for a token with no slot here. One all-reduce sums the E partial
+outputs, in C chunks of tokens, each started as soon as its rows are written, so that it
+travels while the next chunk's experts run. On the wire: N h values (the kernels' dtype).
 
 tokens="local" (the paper's (b), data + expert parallelism): rank e holds its own N_e
-tokens (any N_e >= 0), routes them with a replicated router, and an all-to-all sends each
-(token, slot) pair to the rank owning its expert (counts exchanged first, uneven splits); the
-experts run on the rows received, a second all-to-all brings their outputs back, and the
-gates combine them locally. The Switch loss uses counts, psum and N summed over the group,
-so it equals one process's on the global batch.
+tokens (any N_e >= 0) and routes them with a replicated router; each token's row goes once
+to each rank holding one of its experts, with its slots' ids and gates, in C rounds of
+uneven all-to-alls; the receiving rank runs the same restricted kernels on the rows it got
+(round by round, as they arrive) and sends back one row per (token, rank), already gated
+and summed over that rank's slots; the sender adds each token's rows in one kernel
+(ops/token_rows). parallel/exchange.py has the layouts and what crosses the wire. The
+Switch loss uses counts, psum and N summed over the group, so it equals one process's on
+the global batch.
 
 Gradient conventions (what a trainer must reduce, over which group):
 - tokens="replicated": x and the loss are replicated; the output all-reduce passes the
@@ -25,7 +32,7 @@ Gradient conventions (what a trainer must reduce, over which group):
   rank). The trainer's objective is the rank mean J = S / E (DDP's convention): replicated
   parameters (the router, and the model outside the experts) must be averaged over the
   group, as DDP does; expert shards already hold their complete ∂S/∂W (the reverse
-  all-to-all brings every rank's share) and must be divided by E, never all-reduced.
+  all-to-alls bring every rank's share) and must be divided by E, never all-reduced.
   ``sync_gradients`` does both. The psum all-reduce's backward is a sum over ranks (formed
   as E · grad, collectives.sum_replicated), so the mean of the ranks' router gradients of
   the balancing loss equals one process's gradient of it on the global batch. Under DDP,
@@ -34,10 +41,12 @@ Gradient conventions (what a trainer must reduce, over which group):
   ranks), so that its gradient buckets never interleave with this layer's all-to-alls on
   one communicator.
 
-An expert shard that receives no pairs still takes part in every collective and gets zero
-gradients, as one process gives an expert without tokens.
+Every collective of a layer's backward lies on one dependency chain, so all ranks issue
+them in one order. An expert shard that gets no pairs still takes part in every collective
+and gets zero gradients, as one process gives an expert without tokens. The results do not
+depend on C (chunks): only when communication is issued does.
 
-Legend: N tokens, h hidden, M experts, M_e = M/E per rank, k active, E ranks, P pairs.
+Legend: N tokens, h hidden, M experts, M_e = M/E per rank, k active, E ranks, C chunks.
 """
 from __future__ import annotations
 
@@ -45,14 +54,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_tensor
+from ..checks import check_int, check_tensor
 from ..nn.experts import SwiGLUExperts
 from ..nn.moe import MoEConfig, MoELayer, MoEOutput
 from ..nn.router import LinearRouter, LowRankRouter
 from ..ops.balance import expert_counts, switch_loss
-from .collectives import (all_reduce_many, all_gather_stack, all_to_all, copy_to_group,
-                          exchange_counts, group_rank, group_size, reduce_from_group,
+from ..ops.dispatch import kernel_dtype
+from ..ops.swiglu_experts import RowChunks, swiglu_experts
+from ..ops.token_rows import combine_rows, gather_rows
+from .collectives import (PendingSum, all_gather_stack, all_reduce_many, auto_chunks,
+                          copy_to_group, group_rank, group_size, reduce_from_group,
                           sum_replicated)
+from .exchange import RowExchange, plan_rows
 from .sharded_router import ShardedRouter, expert_range
 
 TOKENS = ("replicated", "local")
@@ -66,6 +79,21 @@ def _full_router(c: MoEConfig) -> LinearRouter | LowRankRouter:
                         impl=c.router_impl)
 
 
+def chunk_bounds(n: int, chunks: int) -> tuple[int, ...]:
+    """C + 1 bounds of n rows in C near-equal chunks (the same on every rank for one n)."""
+    return tuple(c * n // chunks for c in range(chunks + 1))
+
+
+def _anchored(y, *inputs):
+    """y, in the autograd graph of the inputs that need a gradient even where y is not (the
+    reference experts with no pair here): this rank's backward then runs the collectives
+    the other ranks run, and the inputs get zero gradients, as one process gives them."""
+    if not torch.is_grad_enabled() or y.requires_grad:
+        return y
+    graded = [t for t in inputs if t.requires_grad]
+    return y + sum(t.reshape(-1)[:0].sum() for t in graded) if graded else y
+
+
 class ExpertParallelMoE(nn.Module):
     """This rank's part of a MoELayer of `config`: ``router`` (replicated, or a
     ShardedRouter) and ``experts``, a SwiGLUExperts of the rank's M_e experts. Parameter
@@ -76,7 +104,10 @@ class ExpertParallelMoE(nn.Module):
     ``shard_moe_layer`` instead takes each rank's slice of a single-process layer."""
 
     def __init__(self, config: MoEConfig, group=None, *, tokens: str = "replicated",
-                 shard_router: bool = False):
+                 shard_router: bool = False, chunks: int | None = None):
+        """chunks: C, the chunks of tokens (replicated) or rounds (local) whose
+        communication overlaps the experts of the next; 1 sends everything at once; None
+        (default) chooses from the batch (collectives.auto_chunks)."""
         super().__init__()
         if tokens not in TOKENS:
             raise ValueError(f"tokens must be one of {TOKENS}, got {tokens!r}")
@@ -84,6 +115,7 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"shard_router=True needs tokens='replicated' (each rank scores "
                              f"every token against its experts), got tokens={tokens!r}")
         self.config, self.group, self.tokens = config, group, tokens
+        self.chunks = None if chunks is None else check_int("chunks", chunks)
         self.shard, self.shards = group_rank(group), group_size(group)
         self.lo, self.hi = expert_range(config.experts, self.shards, self.shard)
         self.router = ShardedRouter(config, group) if shard_router else _full_router(config)
@@ -106,75 +138,68 @@ class ExpertParallelMoE(nn.Module):
         check_tensor("x", x, floating=True, last=c.hidden, last_name="hidden")
         x_NH = x.reshape(-1, c.hidden)
         if self.tokens == "local":
-            y_NH, routed = self._forward_local(x_NH)
+            y_NH, routed, n_tokens = self._forward_local(x_NH)
         else:
-            y_NH, routed = self._forward_replicated(x_NH)
+            (y_NH, routed), n_tokens = self._forward_replicated(x_NH), x_NH.shape[0]
         counts, psum = routed.counts, routed.psum
         if counts is None and return_counts:
             counts = expert_counts(routed.topk_idx, c.experts)
-        n_tokens = x_NH.shape[0]
         if self.tokens == "local" and counts is not None:
             counts = reduce_from_group(counts, self.group)
-            n_tokens = int(counts.sum()) // c.top_k          # the global batch
         switch = aux = None
         if psum is not None:
             if self.tokens == "local":
                 psum = sum_replicated(psum, self.group)
             switch = switch_loss(psum, counts, n_tokens, c.top_k)
             aux = c.balance_coef * switch
-        return MoEOutput(y_NH.reshape(x.shape), aux, switch, counts, routed)
+        return MoEOutput(y_NH.to(x.dtype).reshape(x.shape), aux, switch, counts, routed)
 
-    def _experts_on_pairs(self, x_PH, gates_P1, ids_P1):
-        """The gated expert outputs gates · f_id(x) of P pairs, (P, h) in x's dtype."""
-        if x_PH.shape[0]:
-            return self.experts(x_PH, gates_P1, ids_P1, check_ids=False)
-        # no pairs here: an empty output that is still in the graph of x, the gates and the
-        # weights, so that this rank's backward runs the collectives the others run (and
-        # the weights get zero gradients, as one process gives an expert without tokens)
-        anchor = sum(w.reshape(-1)[:0].sum() for w in self.experts.parameters())
-        return (x_PH * gates_P1 + anchor).to(x_PH.dtype)
+    def route(self, x_NH: torch.Tensor):
+        """(RouterOutput, a, lse): the router's output for x (N, h); with a sharded router
+        also its scored matrix and global lse for the psum (else None, None)."""
+        if isinstance(self.router, ShardedRouter):
+            return self.router.route(x_NH)
+        return self.router(x_NH), None, None
+
+    def run_experts(self, x_NH, gates_NK, idx_NK, chunks: RowChunks | None = None):
+        """This rank's experts on every slot of theirs in (x, gates, idx) (the slots of
+        other ranks' experts skipped): y (N, h) in the kernels' dtype, zero rows for tokens
+        with no slot here; chunks as ops/swiglu_experts.RowChunks."""
+        ex = self.experts
+        return swiglu_experts(x_NH, gates_NK, idx_NK, ex.w_gate, ex.w_up, ex.w_down,
+                              impl=ex.impl, check_ids=False, first_expert=self.lo,
+                              chunks=chunks)
 
     def _forward_replicated(self, x_NH):
-        """(y (N, h), RouterOutput): the whole batch routed, this rank's pairs, one sum."""
-        if isinstance(self.router, ShardedRouter):
-            routed, a, lse = self.router.route(x_NH)
-        else:
-            routed, a, lse = self.router(x_NH), None, None
+        """(y (N, h), RouterOutput): the whole batch routed, this rank's slots, one sum."""
+        routed, a, lse = self.route(x_NH)
         # one node sums the partial gradients of x, the gates and lse in backward
         x_in, gates_in, lse_in = copy_to_group([x_NH, routed.gates, lse], self.group)
         if lse is not None:
             routed.psum = self.router.global_psum(a, lse_in)
-        N, k = routed.topk_idx.shape
-        flat = routed.topk_idx.reshape(-1).long()
-        pair = ((flat >= self.lo) & (flat < self.hi)).nonzero().squeeze(1)
-        tok = pair // k
-        ids = (flat.index_select(0, pair) - self.lo).to(torch.int32)[:, None]
-        gates = gates_in.reshape(-1).index_select(0, pair)[:, None]
-        y_PH = self._experts_on_pairs(x_in.index_select(0, tok), gates, ids)
-        y_NH = x_NH.new_zeros(N, x_NH.shape[1], dtype=torch.float32)
-        y_NH = y_NH.index_add(0, tok, y_PH.float()).to(x_NH.dtype)
-        return reduce_from_group(y_NH, self.group), routed
+        N, c = x_NH.shape[0], self.config
+        pending = PendingSum(self.group)
+        C = self.chunks or auto_chunks(N, c.top_k, c.experts)
+        chunks = RowChunks(chunk_bounds(N, C), after=pending.start)
+        y_NH = pending.settle(self.run_experts(x_in, gates_in, routed.topk_idx, chunks))
+        return _anchored(y_NH, x_in, gates_in, *self.experts.parameters()), routed
 
     def _forward_local(self, x_NH):
-        """(y (N_e, h), RouterOutput of the local tokens): dispatch, experts, combine."""
+        """(y (N_e, h), RouterOutput of the local tokens, the group's tokens)."""
         routed = self.router(x_NH)
-        N, k = routed.topk_idx.shape
-        M_e = self.hi - self.lo
-        flat = routed.topk_idx.reshape(-1).long()
-        dest = flat // M_e
-        order = torch.argsort(dest, stable=True)      # pairs grouped by destination rank
-        send_E = torch.bincount(dest, minlength=self.shards)
-        send, recv = send_E.tolist(), exchange_counts(send_E, self.group)
-        tok = order // k
-        ids = (flat - dest * M_e).index_select(0, order).to(torch.int32)
-        x_recv = all_to_all(x_NH.index_select(0, tok), send, recv, self.group)
-        ids_recv = all_to_all(ids, send, recv, self.group)[:, None]
-        ones = torch.ones(x_recv.shape[0], 1, device=x_NH.device, dtype=torch.float32)
-        y_recv = self._experts_on_pairs(x_recv, ones, ids_recv)
-        y_back = all_to_all(y_recv, recv, send, self.group)
-        gates = routed.gates.reshape(-1).index_select(0, order)[:, None]
-        y_NH = x_NH.new_zeros(N, x_NH.shape[1], dtype=torch.float32)
-        return y_NH.index_add(0, tok, y_back.float() * gates).to(x_NH.dtype), routed
+        plan = plan_rows(routed.topk_idx, self.hi - self.lo, self.chunks, self.group)
+        impl = self.experts.impl
+        x_rows = gather_rows(x_NH.to(kernel_dtype(x_NH)), plan.tok, plan.pos, impl=impl)
+        gates_rows = gather_rows(routed.gates, plan.tok, plan.pos, impl=impl)
+        exchange = RowExchange(plan, self.group)
+        x_recv, gates_recv, ids_recv = exchange.dispatch(
+            x_rows, gates_rows, routed.topk_idx.index_select(0, plan.tok))
+        chunks = RowChunks(tuple(plan.recv_bounds), before=exchange.arrived,
+                           after=exchange.send_back)
+        y_recv = self.run_experts(x_recv, gates_recv, ids_recv, chunks)
+        y_recv = _anchored(y_recv, x_recv, gates_recv, *self.experts.parameters())
+        y_rows = exchange.returned(y_recv)
+        return combine_rows(y_rows, plan.pos, plan.tok, impl=impl), routed, plan.tokens
 
     @torch.no_grad()
     def sync_gradients(self) -> None:
@@ -227,13 +252,18 @@ class ExpertParallelMoE(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.config.label}, tokens={self.tokens}, experts [{self.lo}, {self.hi}) "
-                f"on rank {self.shard} of {self.shards}")
+                f"on rank {self.shard} of {self.shards}, chunks={self.chunks}")
 
 
 def shard_moe_layer(layer: MoELayer, group=None, *, tokens: str = "replicated",
-                    shard_router: bool = False) -> ExpertParallelMoE:
+                    shard_router: bool = False,
+                    chunks: int | None = None) -> ExpertParallelMoE:
     """This rank's ExpertParallelMoE holding its slice of `layer` (built alike on every
-    rank, e.g. from one seed): the same function as `layer`, spread over the group."""
-    ep = ExpertParallelMoE(layer.config, group, tokens=tokens, shard_router=shard_router)
+    rank, e.g. from one seed): the same function as `layer`, spread over the group, with
+    the layer's device and dtype."""
+    ep = ExpertParallelMoE(layer.config, group, tokens=tokens, shard_router=shard_router,
+                           chunks=chunks)
+    param = next(layer.parameters())
+    ep.to(param.device, param.dtype)
     ep.load_full_state_dict(layer.state_dict())
-    return ep.to(next(layer.parameters()).device)
+    return ep

@@ -26,14 +26,20 @@ from .ddp import DistInfo
 DATA_MODES = ("ddp", "fsdp")
 
 
-def wrap(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
-    """Shard model in place over all ranks (one mesh dimension); returns it."""
-    from torch.distributed.device_mesh import init_device_mesh
+def wrap(model: torch.nn.Module, info: DistInfo, *, ignore: list[torch.nn.Parameter] = (),
+         group=None) -> torch.nn.Module:
+    """Shard model in place over all ranks (one mesh dimension: `group`'s, None for WORLD),
+    but for the parameters in `ignore` (expert shards: FSDP2 leaves them as they are);
+    returns it."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh(info.device.type, (info.world,))
+    mesh = (init_device_mesh(info.device.type, (info.world,)) if group is None
+            else DeviceMesh.from_group(group, info.device.type))
+    ignored = set(ignore)
+    kw = {"ignored_params": ignored} if ignored else {}
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     return model
 
 
@@ -52,11 +58,12 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if type(t).__name__ == "DTensor" else t
 
 
-def all_finite(model: torch.nn.Module, info: DistInfo) -> bool:
-    """Whether every parameter is finite, on every rank (each checks its shards)."""
+def all_finite(model: torch.nn.Module, info: DistInfo, *, sharded: bool = False) -> bool:
+    """Whether every parameter is finite, on every rank (each checks its shards; sharded:
+    the model holds shards of its own that FSDP2 does not manage, expert shards)."""
     flags = torch.stack([torch.isfinite(local(p)).all() for p in model.parameters()])
     bad = (~flags).any().float().reshape(1)
-    if is_sharded(model):
+    if sharded or is_sharded(model):
         ddp.all_reduce(bad, info, "max")
     return bad.item() == 0
 

@@ -3,10 +3,12 @@ rank e holds only the rows of its M_e = M/E experts (W_e of the standard router,
 the low-rank one; R2 replicated), over a batch every rank holds whole.
 
 Forward: each rank scores all N tokens against its experts, keeps a local top-k_e
-(k_e = min(k, M_e); the fused training sweep on CUDA, the reference elsewhere) and its row
-log-sum-exp; one all-gather brings the E lists to every rank and an exact merge gives the
+(k_e = min(k, M_e); the fused training sweep on CUDA, or in inference the router's own
+inference kernel, the reference elsewhere) and (training) its row log-sum-exp; one all-gather brings the E lists (values, lse and the global ids, exact as
+fp32 below 2^24 experts) to every rank and an exact merge (a kernel on CUDA) gives the
 global top-k, ties to the lower global index as one process orders them
-(ops/router_shard.merge_topk). In training the global lse (N,) combines the local ones, each
+(ops/router_shard.merge_topk). The router computes in the kernels' dtype (x's, or
+autocast's), whatever its weights' dtype, as the single-process routers do. In training the global lse (N,) combines the local ones, each
 rank computes its experts' columns of psum with it, and a second all-gather assembles psum.
 
 Backward: the partial gradients of the scored matrix a (z = x R2ᵀ, or x) are summed over
@@ -28,10 +30,15 @@ from ..checks import check_tensor
 from ..nn.moe import MoEConfig
 from ..nn.router import LinearRouter, LowRankRouter, RouterOutput
 from ..ops.balance import expert_counts
+from ..ops.dispatch import kernel_dtype
 from ..ops.reference import topk_gates
-from ..ops.router_shard import combine_lse, merge_topk, shard_psum, shard_topk
+from ..ops.dispatch import needs_grad
+from ..ops.router_shard import combine_lse, merge_topk, shard_psum, shard_select, shard_topk
 from .collectives import (all_gather_stack, copy_to_group, gather_from_group, group_rank,
                           group_size)
+
+
+EXACT_FLOAT_IDS = 2 ** 24     # expert ids below it travel exactly as fp32 with the values
 
 
 def expert_range(experts: int, shards: int, shard: int) -> tuple[int, int]:
@@ -78,33 +85,58 @@ class ShardedRouter(nn.Module):
             for name, full in router.named_parameters():
                 getattr(out, name).copy_(full[out.lo:out.hi] if name in out.sharded_names()
                                          else full)
-        return out.to(next(router.parameters()).device)
+        param = next(router.parameters())
+        return out.to(param.device, param.dtype)
 
     def sharded_names(self) -> set[str]:
         """Names of the parameters split by rows over the group (the others are replicated)."""
         return {"R1"} if self.lowrank else {"weight"}
 
-    def _scored(self, x_NH):
-        """(a, w): the matrix the shard's rows score and those rows."""
+    def scored(self, x_NH):
+        """(a, w): the matrix the shard's rows score, in the kernels' dtype, and those rows
+        (cast where they are read)."""
+        dt = kernel_dtype(x_NH)
         if self.lowrank:
-            return F.linear(x_NH, self.R2), self.R1
-        return x_NH, self.weight
+            return F.linear(x_NH.to(dt), self.R2.to(dt)), self.R1
+        return x_NH.to(dt), self.weight
 
     def route(self, x_NH: torch.Tensor):
         """(RouterOutput with psum None, a, lse): the global top-k, gates and counts, the
         scored matrix as this rank's copy (its gradient summed over the group), and in
         training the global row log-sum-exp (N,) for ``global_psum`` (else None)."""
         check_tensor("x", x_NH, ndim=2, floating=True, last=self.hidden, last_name="hidden")
-        a, w = self._scored(x_NH)
+        if not self.training and not needs_grad(x_NH, *self.parameters()):
+            val_e, idx_e = shard_select(x_NH, *self.select_args(), self.local_k,
+                                        impl=self.impl)
+            topk_val, topk_idx, _ = self.merge(val_e, idx_e, None)
+            return RouterOutput(topk_val, topk_idx, topk_gates(topk_val), None, None), None, \
+                None
+        a, w = self.scored(x_NH)
         a, = copy_to_group([a], self.group)
         val_e, idx_e, lse_e = shard_topk(a, w, self.local_k, lowrank=self.lowrank,
                                          impl=self.impl)
-        packed = gather_from_group(torch.cat([val_e, lse_e[:, None]], dim=1), self.group)
-        idx_all = all_gather_stack(idx_e + self.lo, self.group)
-        topk_val, topk_idx = merge_topk(packed[..., :-1], idx_all, self.top_k)
-        lse = combine_lse(packed[..., -1]) if self.training else None
+        topk_val, topk_idx, lse = self.merge(val_e, idx_e, lse_e if self.training else None)
         counts = expert_counts(topk_idx, self.experts) if self.training else None
         return RouterOutput(topk_val, topk_idx, topk_gates(topk_val), None, counts), a, lse
+
+    def select_args(self):
+        """(w, R2 | None): the shard's rows and the replicated factor, for shard_select."""
+        return (self.R1, self.R2) if self.lowrank else (self.weight, None)
+
+    def merge(self, val_e, idx_e, lse_e=None):
+        """(global top-k values, their ids, the global lse when lse_e is given (training)
+        else None) from this rank's local top-k (values, local ids) and row lse: one
+        all-gather, one merge."""
+        ke, ids = self.local_k, (idx_e + self.lo).float()      # exact below 2^24 experts
+        stats = [] if lse_e is None else [lse_e[:, None]]
+        if self.experts < EXACT_FLOAT_IDS:
+            packed = gather_from_group(torch.cat([val_e, *stats, ids], 1), self.group)
+            idx_all = packed.detach()[..., ke + len(stats):].to(torch.int32)
+        else:
+            packed = gather_from_group(torch.cat([val_e, *stats], 1), self.group)
+            idx_all = all_gather_stack(idx_e + self.lo, self.group)
+        topk_val, topk_idx = merge_topk(packed[..., :ke], idx_all, self.top_k, impl=self.impl)
+        return topk_val, topk_idx, None if lse_e is None else combine_lse(packed[..., ke])
 
     def global_psum(self, a: torch.Tensor, lse_shard: torch.Tensor) -> torch.Tensor:
         """psum (M,), replicated, from ``route``'s a and this rank's copy of its lse (taken

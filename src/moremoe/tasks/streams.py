@@ -103,7 +103,9 @@ def hub_unreachable() -> str | None:
     One request through huggingface_hub's session (its proxies and endpoint), no retries:
     datasets itself retries for about 20 s per dataset before it gives up."""
     from huggingface_hub import constants
-    if constants.HF_HUB_OFFLINE or getattr(_datasets().config, "HF_HUB_OFFLINE", False):
+    config = _datasets().config            # datasets < 2.21 names it HF_DATASETS_OFFLINE
+    if constants.HF_HUB_OFFLINE or any(getattr(config, name, False)
+                                       for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return "HF_HUB_OFFLINE is set"
     from huggingface_hub.utils import get_session
     try:
@@ -141,7 +143,10 @@ def open_sources(specs, local: dict[str, dict]) -> dict:
                 first = next(iter(streams[spec.name].take(1)), None)
             except Exception as err:   # noqa: BLE001 - datasets' and pyarrow's, StopIteration
                 raise ValueError(read_failure(spec.name, origin, err)) from err
-            if first is None:
+            if first is None:       # older datasets read an empty file as no rows
+                why = read_failure(spec.name, origin, None, only_files=True)
+                if why:
+                    raise ValueError(why)
                 raise ValueError(f"source {spec.name} ({origin['path']}): the local copy is "
                                  f"empty (no rows); give a copy that holds the source's rows, "
                                  f"or leave it out with --skip {spec.name}")
@@ -167,10 +172,12 @@ def open_sources(specs, local: dict[str, dict]) -> dict:
     return streams
 
 
-def read_failure(name: str, origin: dict, err: BaseException) -> str:
+def read_failure(name: str, origin: dict, err: BaseException | None, *,
+                 only_files: bool = False) -> str | None:
     """Why a local copy could not be read, naming the source and, where one is at fault, the
     file and line (tasks/file_faults.py); datasets' own error when no file is found at
-    fault (a saved dataset, a schema that changes between files)."""
+    fault (a saved dataset, a schema that changes between files), or None with
+    ``only_files``."""
     if origin["builder"] != "saved":
         root = Path(origin["path"])
         base = root if root.is_dir() else root.parent
@@ -182,6 +189,8 @@ def read_failure(name: str, origin: dict, err: BaseException) -> str:
                       "download it again")
                 return f"source {name} ({base / rel}): {why}; {do}, or leave the source out " \
                        f"with --skip {name}"
+    if only_files:
+        return None
     text = " ".join(str(err).split())[:300] or "no message"
     return (f"source {name} ({origin['path']}): cannot read it ({type(err).__name__}: {text}); "
             f"give a complete copy in the source's Hub schema, one schema in every file")

@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..model.checkpoint import (CKPT_DIR, CONFIG_FILE, MODEL_FILE, STATE_FILE, read_file,
-                                safetensors_torch, checkpoints, incomplete_checkpoints, resolve,
-                                step_of)
+from ..model.checkpoint import (CKPT_DIR, CONFIG_FILE, MODEL_FILE, STATE_FILE, read_config,
+                                read_file, safetensors_torch, checkpoints,
+                                incomplete_checkpoints, resolve, step_of)
 from ..model.transformer import TransformerConfig
 from ..report import with_umask
+from .config import RunConfig
 
 
 def rng_state() -> dict:
@@ -146,6 +147,25 @@ def _foreign_config(path: Path) -> str | None:
         return (f"a transformers model's config.json (model_type "
                 f"{d.get('model_type')!r}, e.g. from `moremoe hf export`)")
     return "a config.json that is not a run's"
+
+
+def check_resumable(path: Path, cfg, vocab: int, data_vocab: int):
+    """The RunConfig that checkpoint `path` was written by, when run config `cfg` (with a
+    model of `vocab` tokens, for data of `data_vocab`) may continue it; else ValueError."""
+    config = read_config(path)
+    saved = RunConfig.from_dict(config["train"])
+    changed = saved.differences(cfg)
+    if changed:
+        raise ValueError(f"cannot resume {path}: the config differs in "
+                         f"{'; '.join(changed)} (only budget, logging, device and layout "
+                         f"fields may change)")
+    if config["model"].get("vocab") != vocab:   # model.vocab: null, from the data
+        raise ValueError(f"cannot resume {path}: the run's model has a vocabulary of "
+                         f"{config['model'].get('vocab')} (from its data, "
+                         f"{saved.train.data}), the data --data {cfg.train.data} has "
+                         f"vocab_size {data_vocab}; resume with data of the run's vocabulary, "
+                         f"or start a new run with another --out")
+    return saved
 
 
 def load_state(path: str | Path) -> dict:

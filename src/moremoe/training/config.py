@@ -22,6 +22,7 @@ from ..parallel.plan import CUDA_GRAPH_MODES
 from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more", "peer")
+MOMENTS = ("fp32", "bf16")
 SECTIONS = ("model", "optim", "train", "parallel")
 
 
@@ -110,6 +111,9 @@ class OptimSpec:
     warmup_frac: float = 0.05
     min_lr_frac: float = 0.0          # the cosine ends at min_lr_frac · lr
     clip: float = 1.0                 # max global grad norm; 0 = no clipping
+    moments: str = "fp32"             # AdamW's two moments: "fp32" (torch's AdamW) or "bf16"
+                                      # (fp32 master weights, 4 bytes of state a parameter
+                                      # instead of 8; training/optim.py)
 
     def __post_init__(self):
         for name in ("lr", "eps"):
@@ -128,6 +132,9 @@ class OptimSpec:
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"optim.{name} must be a finite number >= 0, got "
                                  f"{getattr(self, name)}")
+        if self.moments not in MOMENTS:
+            raise ValueError(f"optim.moments must be one of {', '.join(MOMENTS)}, got "
+                             f"{self.moments!r}")
 
 
 # CUDA-graph modes: the trainer marks each micro-step and keeps the gradients allocated, so
@@ -172,6 +179,8 @@ class TrainSpec:
     nan_policy: str = "stop"          # a NaN/inf loss or grad norm: "stop" (before updating,
                                       # checkpointing the last finite step) or "skip" the update
     nan_skip_limit: int = 10          # "skip": stop after this many non-finite steps in a row
+    activation_checkpointing: bool = False  # recompute each block's activations in the
+                                      # backward: only the blocks' inputs stay saved
 
     def __post_init__(self):
         if self.nan_policy not in NAN_POLICIES:
@@ -206,15 +215,22 @@ class ParallelSpec:
 
     data: str = "ddp"                 # "ddp": every rank holds the whole model; "fsdp":
                                       # FSDP2, parameters, gradients and AdamW states sharded
+                                      # (with expert > 1: all but the expert shards)
+    expert: int = 1                   # E: ranks that share each layer's experts (M/E each,
+                                      # parallel/expert_plan.py); E must divide M and the
+                                      # ranks, which form ranks/E data-parallel groups
 
     def __post_init__(self):
         if self.data not in DATA_MODES:
             raise ValueError(f"parallel.data must be one of {', '.join(DATA_MODES)}, got "
                              f"{self.data!r}")
+        if self.expert < 1:
+            raise ValueError(f"parallel.expert must be >= 1 (1: no expert parallelism), got "
+                             f"{self.expert}")
 
 
 # Keys whose values are names from a list: a value of the wrong type names the list too
-CHOICES = {"parallel.data": DATA_MODES}
+CHOICES = {"parallel.data": DATA_MODES, "optim.moments": MOMENTS}
 
 
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
@@ -223,9 +239,10 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "stop_step", "max_minutes", "eval_every", "eval_batches", "log_every",
                        "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps",
                        "out", "device", "compile", "compile_mode", "compile_scope",
-                       "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit"},
+                       "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit",
+                       "activation_checkpointing"},
              "model": {"router_impl", "experts_impl"},
-             "parallel": {"data"}}       # checkpoints hold the whole state, any layout
+             "parallel": {"data", "expert"}}     # checkpoints hold the whole state, any layout
 
 
 @dataclass(frozen=True)

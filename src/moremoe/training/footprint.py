@@ -1,32 +1,161 @@
-"""The least memory a run needs, checked before the model is built: fp32 weights, their
-gradients and AdamW's two moments, 16 bytes a parameter on each rank (a rank's share under
-FSDP2). Activations, the allocator's slack and the CUDA context come on top, so a run that
-passes can still run out of memory (the command then names the settings to lower); one that
-fails this check never fits, and is refused at once instead of after minutes of set-up or
-an allocation the operating system kills the process for.
+"""The memory plan of a run, per GPU (per process on a CPU): the fp32 weights, their gradients
+and AdamW's two moments (8 bytes a parameter, 4 with optim.moments=bf16) of each part of the
+model as it is held there, FSDP2's gathered blocks, and an estimate of the activations; printed
+at start. The parts: the experts (1/E on each rank of an expert group with parallel.expert=E,
+else as the rest) and the rest (whole under DDP, 1/W under FSDP2 over W ranks).
+
+A run whose weights, gradients and optimizer states alone exceed the device's memory never
+fits and is refused before the model is built (instead of after minutes of set-up or an
+allocation the operating system kills the process for). One that passes can still run out of
+memory (activations, the allocator's slack, the CUDA context): the command then names the
+settings to change.
+
+The activation estimate counts what autograd keeps per token of a micro-batch, eager: per
+block the fp32 residual stream at both RMSNorms (input and output, 16h bytes), attention's
+projections' inputs, q, k, v and output (8h in the activation dtype), the MoE layer's input
+(h), router (r + 4k) and experts (3ks), with expert parallelism the rows sent and received
+(each token's row goes once to each rank holding one of its experts: at most min(k, E) rows
+each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, and its
+backward their gradients ((2a + 4)V). Activation checkpointing keeps each block's input (4h) and one block at a time.
+torch.compile fuses some of these away: read the estimate as an upper bound.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..accounting import expert_params
+from ..checks import gib
+from ..model import TransformerConfig
+from ..nn.moe import MoEConfig
+from ..report import table
 from ..runtime import memory_bytes
 
-BYTES_PER_PARAM = 16        # fp32 weight + gradient + AdamW exp_avg + exp_avg_sq
+STATE_BYTES = {"fp32": 16, "bf16": 12}    # weight + gradient + the two moments, per parameter
 
 
-def check_model_fits(params: int, dev: torch.device, *, world: int = 1, sharded: bool = False,
-                     have: int | None = None) -> None:
-    """ValueError when the weights, gradients and optimizer states of `params` parameters
-    alone exceed the memory of dev (have: that memory, by default runtime.memory_bytes)."""
-    have = memory_bytes(dev) if have is None else have
-    share = world if sharded else 1
-    need = BYTES_PER_PARAM * params // share
-    if need <= have:
+@dataclass(frozen=True)
+class Part:
+    name: str
+    params: int                # of the whole model
+    share: int                 # held as params / share on each rank
+    how: str
+
+    def bytes(self, moments: str) -> tuple[int, int, int]:
+        """(weights, gradients, optimizer states) on one rank."""
+        n = self.params // self.share
+        return 4 * n, 4 * n, (STATE_BYTES[moments] - 8) * n
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    parts: tuple[Part, ...]
+    moments: str
+    buffers: int               # FSDP2's gathered blocks (weights and gradients, two blocks)
+    activations: int           # the estimate above
+    tokens: int                # per micro-batch and rank
+    checkpointing: bool
+    have: int
+    where: str
+
+    def state_bytes(self) -> int:
+        return sum(sum(p.bytes(self.moments)) for p in self.parts)
+
+    def total(self) -> int:
+        return self.state_bytes() + self.buffers + self.activations
+
+    def to_dict(self) -> dict:
+        return {"state_bytes": self.state_bytes(), "buffers": self.buffers,
+                "activations": self.activations, "total": self.total(), "have": self.have,
+                "tokens": self.tokens, "moments": self.moments,
+                "parts": [{"name": p.name, "params": p.params, "share": p.share,
+                           "how": p.how} for p in self.parts]}
+
+    def table(self) -> str:
+        rows = []
+        for p in self.parts:
+            w, g, o = p.bytes(self.moments)
+            rows.append([p.name, f"{p.params / 1e6:,.1f}M", p.how, gib(w), gib(g), gib(o),
+                         gib(w + g + o)])
+        if self.buffers:
+            rows.append(["FSDP2 gathered blocks", "", "2 blocks, fp32", "", "", "",
+                         gib(self.buffers)])
+        kept = "block inputs + one block" if self.checkpointing else "every block"
+        rows.append(["activations (estimate)", "", f"{self.tokens:,} tokens, {kept}", "", "",
+                     "", gib(self.activations)])
+        rows.append(["total", "", "", "", "", "", f"{gib(self.total())} of {gib(self.have)}"])
+        head = ["memory per rank", "params", "held as", "weights", "grads",
+                f"AdamW ({self.moments})", "total"]
+        return f"memory plan ({self.where}):\n" + table(rows, head)
+
+
+def memory_plan(cfg, model_config: TransformerConfig, device: torch.device, *,
+                world: int = 1, have: int | None = None) -> MemoryPlan:
+    """The plan of run config `cfg` (a RunConfig) for `model_config` on `world` ranks of
+    `device` (have: its memory, by default runtime.memory_bytes)."""
+    E, m = cfg.parallel.expert, model_config.moe
+    fsdp = cfg.parallel.data == "fsdp" and world > 1
+    rest_how = f"1/{world} (FSDP2)" if fsdp else "whole (DDP)" if world > 1 else "whole"
+    total = model_config.total_params()
+    experts = (model_config.layers * expert_params(m.experts, m.hidden, m.width)
+               if isinstance(m, MoEConfig) else 0)
+    parts = [Part("the rest", total - experts, world if fsdp else 1, rest_how)]
+    if experts:
+        how = f"1/{E} (expert shards)" if E > 1 else rest_how
+        parts.insert(0, Part("experts", experts, E if E > 1 else parts[0].share, how))
+    block = (total - experts) // model_config.layers + (experts // model_config.layers
+                                                        if E == 1 else 0)
+    a = 2 if device.type == "cuda" and cfg.train.autocast else 4
+    tokens = cfg.train.batch_size * cfg.model.seq_len
+    where = f"{device}, {world} rank{'s' if world > 1 else ''}" + (
+        f", parallel.expert={E} x data {world // E}" if E > 1 else "")
+    return MemoryPlan(tuple(parts), cfg.optim.moments, 16 * block if fsdp else 0,
+                      tokens * activation_bytes(model_config, a, E,
+                                                cfg.train.activation_checkpointing),
+                      tokens, cfg.train.activation_checkpointing,
+                      memory_bytes(device) if have is None else have, where)
+
+
+def activation_bytes(c: TransformerConfig, a: int, expert: int,
+                     checkpointing: bool) -> int:
+    """The module docstring's estimate per token; a: bytes of an activation (2 under bf16
+    autocast, else 4); expert: E, the ranks sharing each layer's experts."""
+    h, m = c.hidden, c.moe
+    k, s = m.top_k, getattr(m, "width", 1)
+    r = getattr(m, "rank", None) or 0
+    block = 16 * h + 8 * a * h + a * h + 4 * r + 4 * k + 3 * a * k * s
+    if expert > 1:
+        block += 2 * a * min(k, expert) * h
+    head = (2 * a + 4) * c.vocab + 8 * h
+    kept = c.layers * 4 * h + block if checkpointing else c.layers * block
+    return kept + head
+
+
+def check_fits(plan: MemoryPlan, params: int, device: torch.device, world: int, *,
+               options: list[str] = ()) -> None:
+    """ValueError when the weights, gradients and optimizer states of the plan alone exceed
+    the device's memory; options: the settings that would shrink them, named in the error."""
+    need = plan.state_bytes()
+    if need <= plan.have:
         return
-    where = f"each of the {world} ranks" if share > 1 else str(dev)
-    more = "" if sharded or dev.type != "cuda" else \
-        ", or shard it over several GPUs (torchrun, --set parallel.data=fsdp)"
+    where = f"each of the {world} ranks" if world > 1 else str(device)
+    more = f", or {', '.join(options)}" if options else ""
     raise ValueError(f"the model has {params:,} parameters: their fp32 weights, gradients and "
                      f"AdamW states alone need {need / 2**30:,.1f} GiB on {where}, which has "
-                     f"{have / 2**30:,.1f} GiB; make it smaller (model.experts, model.width, "
-                     f"model.hidden, model.layers){more}")
+                     f"{plan.have / 2**30:,.1f} GiB; make it smaller (model.experts, "
+                     f"model.width, model.hidden, model.layers){more}")
+
+
+def shrink_options(cfg, device: torch.device, world: int) -> list[str]:
+    """What would make the weights, gradients and optimizer states smaller per GPU."""
+    if device.type != "cuda":
+        return []
+    out = []
+    if cfg.parallel.data != "fsdp" or world == 1:
+        out.append("shard it over several GPUs (torchrun, --set parallel.data=fsdp)")
+    if cfg.parallel.expert == 1 and cfg.model.kind != "peer":
+        out.append("split the experts over them (--set parallel.expert=N)")
+    if cfg.optim.moments == "fp32":
+        out.append("keep AdamW's moments in bf16 (--set optim.moments=bf16)")
+    return out

@@ -28,7 +28,7 @@ from ..checks import UserError
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
-from ..parallel import ddp, fsdp, plan
+from ..parallel import ddp, expert_plan, fsdp, plan
 from ..report import check_output_dir, write_json
 from ..runtime import autocast_dtype, environment
 from ..tasks.text import open_tokens, read_meta
@@ -77,6 +77,8 @@ class LMTrainer:
             raise ValueError("train.data is not set: pass --data DIR (a directory from "
                              "`moremoe data prepare`)")
         self.info = ddp.init(t.device)
+        expert_plan.check_layout(cfg.parallel.expert, experts=cfg.model.experts,
+                                 kind=cfg.model.kind, world=self.info.world)
         self.dev, self.main = self.info.device, self.info.main
         self.out = Path(t.out or default_out(cfg))
         if self.main:                                       # before any data is read
@@ -116,9 +118,13 @@ class LMTrainer:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
         self.model_config = cfg.model.transformer_config(self.vocab)
-        footprint.check_model_fits(self.model_config.total_params(), self.dev,
-                                   world=self.info.world, sharded=cfg.parallel.data == "fsdp")
-        self.model = Transformer(self.model_config).to(self.dev)
+        world = self.info.world
+        self.memory = footprint.memory_plan(cfg, self.model_config, self.dev, world=world)
+        self.echo(self.memory.table())
+        footprint.check_fits(self.memory, self.model_config.total_params(), self.dev, world,
+                             options=footprint.shrink_options(cfg, self.dev, world))
+        with torch.device(self.dev):   # a CPU core takes over a minute for 7.9B weights
+            self.model = Transformer(self.model_config)
         self._pending = None        # a checkpoint's optimizer and scheduler, once they exist
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
         self.flops_per_token = self.model_config.training_flops_per_token(cfg.model.seq_len)
@@ -133,16 +139,22 @@ class LMTrainer:
         self.compile_mode = plan.compile_mode(t.compile_mode, self.dev, self.info.world)
         self.graphs = (t.compile and self.compile_mode in plan.CUDA_GRAPH_MODES
                        and self.dev.type == "cuda")
+        E = self.cfg.parallel.expert
+        self.experts = expert_plan.ExpertPlan(self.info, E) if E > 1 else None
         self.ddp_model = plan.parallelize(
             self.model, self.info, data=self.cfg.parallel.data,
-            compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode)
+            compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode,
+            experts=self.experts, checkpointing=t.activation_checkpointing)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
-                                  fused=self.dev.type == "cuda")
+                                  fused=self.dev.type == "cuda", moments=o.moments)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, o.warmup_frac, o.min_lr_frac))
         if self._pending is not None:
-            fsdp.load_optim_state(self.model, self.opt, self._pending["optimizer"])
+            state = self._pending["optimizer"]
+            if self.experts is not None:
+                state = self.experts.local_optim_state(state, self.model, self.opt)
+            fsdp.load_optim_state(self.model, self.opt, state)
             self.sched.load_state_dict(self._pending["scheduler"])
             self._pending = None
         self._zero_grads()
@@ -187,26 +199,13 @@ class LMTrainer:
             self.log.write("start", step=0, config=self.cfg.to_dict(), world=self.info.world,
                            device=str(self.dev), planned_steps=self.total,
                            params=self.model_config.total_params(),
-                           flops_per_token=self.flops_per_token)
+                           flops_per_token=self.flops_per_token, memory=self.memory.to_dict())
         if self.main:
             write_json(self.out / "config.json", self.cfg.to_dict())
         self._wrapped()
 
     def _resume(self, path: Path) -> None:
-        config = stored.read_config(path)
-        saved = RunConfig.from_dict(config["train"])
-        changed = saved.differences(self.cfg)
-        if changed:
-            raise ValueError(f"cannot resume {path}: the config differs in "
-                             f"{'; '.join(changed)} (only budget, logging and device fields "
-                             f"may change)")
-        vocab = config["model"].get("vocab")
-        if vocab != self.vocab:     # model.vocab: null, the vocabulary comes from the data
-            raise ValueError(f"cannot resume {path}: the run's model has a vocabulary of "
-                             f"{vocab} (from its data, {saved.train.data}), the data --data "
-                             f"{self.cfg.train.data} has vocab_size {self.meta['vocab_size']}; "
-                             f"resume with data of the run's vocabulary, or start a new run "
-                             f"with another --out")
+        saved = ckpt.check_resumable(path, self.cfg, self.vocab, self.meta["vocab_size"])
         stored.load_weights(self.model, path)
         state = ckpt.load_state(path)
         self._pending = state           # loaded into the optimizer once it is built
@@ -220,7 +219,8 @@ class LMTrainer:
         self.log.truncate_after(self.step)
         before = planned_steps(saved, self.batches.global_batch)
         self.log.write("resume", step=self.step, checkpoint=str(path),
-                       planned_steps_before=before, planned_steps=self.total)
+                       planned_steps_before=before, planned_steps=self.total,
+                       world=self.info.world, memory=self.memory.to_dict())
         self.echo(f"resumed from {path} at step {self.step}/{self.total}")
         if before != self.total:
             self.echo(f"warning: the schedule now has {self.total} steps, the checkpoint's "
@@ -251,7 +251,11 @@ class LMTrainer:
             self.coverage.update(out.expert_counts)
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
         clip = self.cfg.optim.clip or float("inf")
-        gnorm = fsdp.whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if self.experts is None:
+            gnorm = fsdp.whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        else:
+            self.experts.reduce_gradients()
+            gnorm = self.experts.clip_grad_norm_(self.model.parameters(), clip)
         vals = torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
         update = self._finite(vals)
         self._lrs = {g["name"]: g["lr"] for g in self.opt.param_groups}
@@ -318,13 +322,16 @@ class LMTrainer:
         if self.val_rows.shape[0] == 0:
             return None
         shard = self.val_rows[self.info.rank::self.info.world]
-        with _eager():
+        # compiled blocks run eagerly: a few batches do not pay for compiling no-grad graphs
+        with torch.compiler.set_stance("force_eager"):
             r = evaluate_perplexity(self.model, shard, batch_size=self.cfg.train.batch_size,
                                     device=self.dev, return_counts=True)
         totals = torch.tensor([r["loss"] * r["tokens"] if r["tokens"] else 0.0, r["tokens"]],
                               dtype=torch.float64, device=self.dev)
         ddp.all_reduce(totals, self.info)
-        counts = [ddp.all_reduce(c.to(self.dev), self.info).cpu() for c in r["expert_counts"]]
+        # under expert parallelism each rank's counts are its expert group's already
+        counts = [ddp.all_reduce(c.to(self.dev), self.info).cpu() // self.cfg.parallel.expert
+                  for c in r["expert_counts"]]
         loss = totals[0].item() / totals[1].item()
         ev = {"val_loss": loss, "val_ppl": math.exp(loss), "val_tokens": int(totals[1].item()),
               "hnorm": [normalized_entropy(c) for c in counts],
@@ -343,7 +350,7 @@ class LMTrainer:
         process already saved it (a stop right after a periodic save)."""
         if self._saved_step == self.step:
             return None
-        if not fsdp.all_finite(self.model, self.info):
+        if not fsdp.all_finite(self.model, self.info, sharded=self.experts is not None):
             raise NonFiniteStep(f"step {self.step}: the weights are not finite; no checkpoint "
                                 f"is written (the last one is kept)")
         rngs = ddp.gather_objects(ckpt.rng_state(), self.info) if gather else [ckpt.rng_state()]
@@ -351,6 +358,8 @@ class LMTrainer:
         sharded = fsdp.is_sharded(self.model)      # every rank takes part in gathering
         weights = fsdp.model_state(self.model) if sharded or self.main else None
         optim = fsdp.optim_state(self.model, self.opt) if sharded or self.main else None
+        if self.experts is not None:
+            self.experts.gather_whole(self.model, self.opt, weights, optim)
         path = None
         if self.main:
             state = {"step": self.step, "tokens": self.tokens,
@@ -434,6 +443,10 @@ class LMTrainer:
     def _finish(self, clock: StepClock, reason: str, last_eval: dict | None) -> dict:
         step_s = clock.mean_step_seconds()
         tok_s = self.tokens_per_step / step_s if step_s else None
+        peak = (torch.cuda.max_memory_allocated(self.dev) / 2**30
+                if self.dev.type == "cuda" else None)
+        # every rank's, unless an error may have left the others inside a collective
+        peaks = ([peak] if reason.startswith("error") else ddp.gather_objects(peak, self.info))
         summary = {
             "name": self.cfg.model.name, "preset": self.cfg.preset, "out": str(self.out),
             "device": str(self.dev), "world": self.info.world, "stopped": reason,
@@ -453,8 +466,8 @@ class LMTrainer:
             "val_ppl": last_eval["val_ppl"] if last_eval else None,
             "hnorm": last_eval["hnorm"] if last_eval else None,
             "expert_coverage": last_eval["expert_coverage"] if last_eval else None,
-            "peak_memory_gib": (torch.cuda.max_memory_allocated(self.dev) / 2**30
-                                if self.dev.type == "cuda" else None),
+            "peak_memory_gib": peaks[0],
+            "peak_memory_gib_per_rank": peaks if peaks[0] is not None else None,
             **{f"env_{k}": v for k, v in environment(self.dev).items()},
         }
         if self.main:
@@ -462,13 +475,6 @@ class LMTrainer:
             write_json(self.out / "summary.json", summary)
         self.log.close()
         return summary
-
-
-def _eager():
-    """Compiled blocks run eagerly inside: a few evaluation batches do not pay for compiling
-    the no-grad graphs (torch < 2.6 has no stance and compiles them)."""
-    stance = getattr(torch.compiler, "set_stance", None)
-    return stance("force_eager") if stance else contextlib.nullcontext()
 
 
 def train(cfg: RunConfig, *, resume: bool = False, force: bool = False, echo=None) -> dict:

@@ -1,7 +1,11 @@
 """The optimiser and schedule of every trainer (paper Appendix C): AdamW with decoupled weight
 decay on every matrix (embeddings, attention, experts, routers) and none on the RMSNorm
 scales, the router weights (W, or R1 and R2; PEER's query networks and sub-keys) in a group
-of their own (at router_lr, default lr), and a cosine learning rate after a linear warmup."""
+of their own (at router_lr, default lr), and a cosine learning rate after a linear warmup.
+
+optim.moments=bf16 keeps AdamW's two moments in bfloat16 (``LowPrecisionAdamW``): 4 bytes of
+optimizer state a parameter instead of 8, the fp32 weights staying the master copy. Its
+effect on the loss is not measured yet (benchmarks/NOTES.md, issue 26)."""
 from __future__ import annotations
 
 import math
@@ -32,11 +36,86 @@ def param_groups(model: torch.nn.Module, *, lr: float, weight_decay: float,
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
                    weight_decay: float = 0.01, router_lr: float | None = None,
-                   fused: bool = False) -> torch.optim.AdamW:
-    """AdamW over param_groups (fused: the one-kernel CUDA implementation)."""
+                   fused: bool = False, moments: str = "fp32") -> torch.optim.Optimizer:
+    """AdamW over param_groups (fused: the one-kernel CUDA implementation); moments="bf16":
+    LowPrecisionAdamW, the moments in bfloat16."""
     groups = param_groups(model, lr=lr, weight_decay=weight_decay, router_lr=router_lr)
+    if moments == "bf16":
+        return LowPrecisionAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    if moments != "fp32":
+        raise ValueError(f"moments must be fp32 or bf16, got {moments!r}")
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps,
                              **({"fused": True} if fused else {}))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2), a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class LowPrecisionAdamW(torch.optim.Optimizer):
+    """torch's AdamW update (decoupled weight decay, bias-corrected moments), step for step,
+    with the moments exp_avg and exp_avg_sq stored in ``moment_dtype``: each update reads
+    them into fp32, updates them and the fp32 parameters, and rounds them back (to nearest).
+    The work runs in slices of at most CHUNK elements, so its fp32 temporaries stay a few
+    hundred MB whatever the largest parameter (an expert bank of MoRE-8192: 1.3G elements).
+    State keys and the step counter are torch's, so checkpoints read like AdamW's."""
+
+    CHUNK = 1 << 25
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, moment_dtype: torch.dtype = torch.bfloat16):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+        self.moment_dtype = moment_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group)
+        return loss
+
+    def _update(self, p: torch.Tensor, group: dict) -> None:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = torch.zeros_like(p, dtype=self.moment_dtype)
+        state["step"] += 1
+        lr, (beta1, beta2), t = float(group["lr"]), group["betas"], float(state["step"])
+        step_size = lr / (1 - beta1 ** t)
+        bc2_sqrt = (1 - beta2 ** t) ** 0.5
+        decay = 1 - lr * group["weight_decay"]
+        flat = [_local(x).view(-1) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+        for start in range(0, flat[0].numel(), self.CHUNK):
+            w, g, m, v = (x[start:start + self.CHUNK] for x in flat)
+            g = g.float()
+            m32 = m.float().lerp_(g, 1 - beta1)
+            v32 = v.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            w.mul_(decay).addcdiv_(m32, (v32.sqrt() / bc2_sqrt).add_(group["eps"]),
+                                   value=-step_size)
+            m.copy_(m32)
+            v.copy_(v32)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load casts every state tensor to its parameter's dtype (fp32 here, and all
+        of them at once: 8 bytes a parameter more at a resume); the moments stay in
+        moment_dtype, moved to their parameter's device one by one."""
+        saved = state_dict["state"]
+        super().load_state_dict({**state_dict, "state": {}})
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params):
+            if i in saved:
+                self.state[p] = {k: v if k == "step" else
+                                 v.to(device=p.device, dtype=self.moment_dtype)
+                                 for k, v in saved[i].items()}
 
 
 def cosine_with_warmup(total: int, warmup_frac: float, min_frac: float):

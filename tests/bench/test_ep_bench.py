@@ -1,0 +1,106 @@
+"""`moremoe bench ep`: the quick run over two gloo processes (Triton's interpreter) covers
+every flow, variant and pass with tagged rows written by rank 0 only, the plot and the
+targets; the targets and the plot read the newest rows; a run without torchrun is a
+one-line error."""
+import json
+import os
+import socket
+
+import pytest
+import torch.multiprocessing as mp
+
+from cli_checks import fails
+from moremoe.bench.ep import VARIANTS, plan_points, QUICK
+from moremoe.bench.ep_plots import TARGET_M, render_ep, summary_text, targets
+from moremoe.cli import main
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank, world, port, out, stdout):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["bench", "ep", "--quick", "--out", out, "--json", "--no-progress"])
+    with open(f"{stdout}.{rank}", "w") as f:
+        f.write(json.dumps({"code": code, "out": buf.getvalue()}))
+
+
+def test_quick_run_on_two_gloo_ranks(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "ep.jsonl"
+    mp.start_processes(_rank, args=(2, _free_port(), str(out), str(tmp_path / "stdout")),
+                       nprocs=2, start_method="spawn")
+    r0, r1 = (json.loads((tmp_path / f"stdout.{r}").read_text()) for r in (0, 1))
+    assert r0["code"] == r1["code"] == 0 and r1["out"] == ""          # rank 0 speaks
+    data = json.loads(r0["out"])
+    rows = data["rows"]
+    assert len(out.read_text().splitlines()) == len(rows) == len(list(plan_points(QUICK)))
+    assert {(r["flow"], r["variant"], r["phase"]) for r in rows} == {
+        (f, v, p) for f in ("a", "b", "one_gpu") for v in VARIANTS
+        for p in ("forward", "forward+backward") if (v != "more_sharded" or f == "a") and (
+            v != "more_one_chunk" or (f != "one_gpu" and p == "forward"))}
+    for r in rows:
+        assert r["bench"] == "ep" and r["E"] == 2 and r["ms"] > 0 and not r["oom"]
+        for key in ("device", "torch", "triton", "commit", "date", "router_ms",
+                    "experts_ms", "comm_ms", "wire_bytes", "N", "M", "h", "s", "k"):
+            assert key in r, key
+        assert (r["comm_ms"] == 0) == (r["flow"] == "one_gpu")
+        assert r["chunks"] == (None if r["flow"] == "one_gpu" else
+                               1 if r["variant"] == "more_one_chunk" else 2)
+    sharded = [r for r in rows if r["variant"] == "more_sharded"]
+    assert all(r["merge_ms"] > 0 for r in sharded)
+    assert data["plots"] == [str(tmp_path / "ep.png")] and (tmp_path / "ep.png").exists()
+
+
+def test_without_torchrun_it_says_how_to_launch(capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    fails(capsys, ["bench", "ep", "--quick"],
+          r"bench ep runs one process per GPU: launch it with `torchrun --nproc_per_node E "
+          r"-m moremoe.cli bench ep`")
+
+
+def _row(flow, variant, ms, phase="forward", E=2, **kw):
+    return {"bench": "ep", "flow": flow, "variant": variant, "phase": phase, "M": TARGET_M,
+            "E": E, "ms": ms, "router_ms": ms / 2, "experts_ms": ms / 3, "comm_ms": ms / 6,
+            **kw}
+
+
+def test_targets_read_the_newest_rows():
+    rows = [_row("a", "more", 9.0), _row("a", "more", 3.0), _row("a", "moe_torch", 10.0),
+            _row("a", "moe_fused", 6.0), _row("b", "more", 4.0), _row("b", "moe_torch", 6.0),
+            _row("b", "more", 16.0, "forward+backward"),
+            _row("one_gpu", "more", 30.0, "forward+backward"),
+            _row("a", "more_sharded", 3.2, merge_ms=0.1, router_ms=2.0)]
+    got = {t["what"]: t for t in targets(rows)}
+    assert got["(a) MoRE forward"]["value"] == 3.0 and got["(a) MoRE forward"]["met"]
+    assert got["(b) MoRE forward"]["met"] is False
+    assert got["(b) MoRE forward+backward"]["met"]
+    assert got["(b) forward+backward throughput over one GPU"]["value"] == 30.0 / 16.0
+    assert got["(a) MoRE over MoE with the plain-torch router"]["value"] == 10.0 / 3.0
+    assert got["(b) MoRE over MoE with the plain-torch router"]["met"] is False      # 1.5x
+    assert got["sharded router: merge / router phase"]["value"] == 0.05
+    text = summary_text(rows)
+    assert "E=2, M=8,192: (a) MoRE forward: 3.00 ms (target <= 3.5 ms: met)" in text
+    assert "(b) MoRE forward: 4.00 ms (target <= 3.5 ms: missed)" in text
+    assert "merge / router phase: 5.0% (target <= 10%: met)" in text
+    assert "(a) MoRE over MoE with our fused router (reported): 2.00x" in text
+
+
+def test_plot_only_draws_the_stacked_bars(tmp_path):
+    path = tmp_path / "ep.jsonl"
+    rows = [_row(f, v, 5.0 + i, p) for i, (f, v) in enumerate(
+        [("a", "moe_torch"), ("a", "more"), ("b", "more"), ("one_gpu", "more")])
+        for p in ("forward", "forward+backward")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["bench", "ep", "--plot-only", str(path)]) == 0
+    assert (tmp_path / "ep.png").stat().st_size > 10_000
+    assert render_ep([], tmp_path) == []
