@@ -53,12 +53,15 @@ def export(transformer, out_dir, *, info: dict | None = None, name: str | None =
     # their source files on save, which would follow moremoe's own imports: the two modules
     # below are the remote code
     model._auto_class = model.config._auto_class = None
+    cfg = transformer.config
+    gpt2 = cfg.vocab == VOCAB_SIZE
+    if gpt2:    # transformers < 5's pipeline() loads a tokenizer only for a config that names one
+        model.config.tokenizer_class = "PreTrainedTokenizerFast"
     model.save_pretrained(out_dir)
     for module, code in REMOTE_CODE.items():
         (Path(out_dir) / module).write_text('"""moremoe\'s transformers classes (pip install '
                                             '\'moremoe[text]\')."""\n' + code)
-    cfg = transformer.config
-    if cfg.vocab == VOCAB_SIZE:
+    if gpt2:
         write_gpt2_tokenizer(out_dir, cfg.max_seq_len)
     (Path(out_dir) / "README.md").write_text(
         model_card(cfg, info or {}, name=name or Path(out_dir).name))
