@@ -1,5 +1,8 @@
 """Helpers of the pretraining tests: a small run's settings and readers of its log."""
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -35,3 +38,17 @@ def assert_same_run(run, ref):
     assert {s: evals.get(s) for s in ref_evals} == ref_evals   # a stop adds its own
     a, b = load_model(run).state_dict(), load_model(ref).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def torchrun_train(data, out, sets, *, preset, nproc=2, device="cpu", flags=(), codes=(0,)):
+    """`moremoe train --json` on nproc CPU processes (torchrun, gloo), one thread each;
+    asserts the exit status is in codes and returns the finished process."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", "-m", "moremoe.cli", "train", "--preset", preset,
+            "--data", str(data), "--out", str(out), "--device", device, "--json", *flags]
+    for s in sets:
+        argv += ["--set", s]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode in codes, done.stderr[-3000:]
+    return done

@@ -1,10 +1,7 @@
 """DDP and FSDP2 over 2 CPU processes (gloo, launched by torchrun) against one process at the
 same global batch; whole-model checkpoints resumed on another number of ranks."""
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,21 +10,15 @@ import torch
 from moremoe.model.checkpoint import load_model
 from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
+from runs import torchrun_train
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 COMMON = ["model.seq_len=64", "train.log_every=1", "train.eval_every=6", "train.eval_batches=2",
           "train.max_steps=6", "train.ckpt_every=100"]
 
 
 def run_torchrun(data, out, sets, nproc=2, device="cpu", flags=(), codes=(0,)):
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", "-m", "moremoe.cli", "train", "--preset", "tiny-moe",
-            "--data", str(data), "--out", str(out), "--device", device, "--json", *flags]
-    for s in COMMON + sets:
-        argv += ["--set", s]
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode in codes, done.stderr[-3000:]
+    done = torchrun_train(data, out, COMMON + sets, preset="tiny-moe", nproc=nproc,
+                          device=device, flags=flags, codes=codes)
     return json.loads(done.stdout) if done.returncode == 0 else None
 
 

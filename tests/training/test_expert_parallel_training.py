@@ -6,10 +6,7 @@ and bf16 AdamW moments; whole-model checkpoints that resume on 1, 2 and 4 ranks 
 4) and export to transformers; the layout errors. (The layers' own tests, uneven and empty
 ranks and bf16 included, are tests/parallel/test_expert_parallel.py.)"""
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +18,7 @@ from moremoe.training.checkpoint import load_state
 from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
 from numerics import model_reduction_length, reduction_tol
-from runs import SRC, assert_same_run, curve, events, quiet
+from runs import assert_same_run, curve, events, quiet, torchrun_train
 
 # 6 steps of a global batch of 16 rows: 4 accumulation micro-steps on 2 ranks, an expert
 # group's micro-batch (whose balancing loss it is) one process's of 4 rows; clipping at 0.5
@@ -35,15 +32,8 @@ ONE = ["train.batch_size=4", "train.grad_accum=4", "train.eval_batches=2"]   # s
 
 def torchrun(data, out, sets, nproc=2, flags=(), codes=(0,), preset="tiny-more",
              device="cpu"):
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", "-m", "moremoe.cli", "train", "--preset", preset,
-            "--data", str(data), "--out", str(out), "--device", device, "--json", *flags]
-    for s in COMMON + sets:
-        argv += ["--set", s]
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode in codes, done.stderr[-3000:]
-    return done
+    return torchrun_train(data, out, COMMON + sets, preset=preset, nproc=nproc,
+                          device=device, flags=flags, codes=codes)
 
 
 def one_process(data, out, sets, resume=False, device="cpu"):
