@@ -8,6 +8,7 @@ import torch
 
 from moremoe.model import (StaticDecoder, StaticKVCache, Transformer, TransformerConfig,
                            generate, generate_static)
+from moremoe.model import transformer
 from moremoe.model.static import bucket, cache_length
 from moremoe.nn import MoEConfig, PEERConfig
 
@@ -119,3 +120,21 @@ def test_a_decoder_like_another_shares_its_compiled_functions():
     with pytest.raises(ValueError, match="same model"):
         StaticDecoder(tiny(MoEConfig.moe(8, 2, 32, 8)), 3, 40, compile=True,
                       backend="aot_eager", like=first)
+
+
+def test_static_attention_takes_rows_in_any_memory_order(monkeypatch):
+    """CUDA's fused attention returns its (B, G, rep·T, D) rows with (B, rep·T, G, D) strides:
+    the heads must come out the same as from a contiguous result (a view fails there)."""
+    torch.manual_seed(0)
+    B, H, G, T, S, D = 3, 4, 2, 5, 7, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, G, S, D), torch.randn(B, G, S, D)
+    positions = torch.arange(2, 2 + T)
+    want = transformer.attend_static(q, k, v, positions)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def strided(*args, **kwargs):            # same values, the fused kernels' memory order
+        return sdpa(*args, **kwargs).transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", strided)
+    got = transformer.attend_static(q, k, v, positions)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

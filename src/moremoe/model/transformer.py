@@ -176,14 +176,16 @@ def attend_static(q_BHTD, k_BGSD, v_BGSD, positions_T):
     """Attention over a static cache's whole buffers: query t (at position positions[t]) sees
     the keys at positions <= it. The H = G·rep query heads attend as G groups of rep·T rows
     (head g·rep + r reads key/value head g, as repeat_kv maps them), so the (B, G, S, D)
-    buffers are read once and never copied per query head."""
+    buffers are read once and never copied per query head. The kernels may return the rows
+    in another memory order (CUDA's fused attention writes (B, rep·T, G, D) strides), so the
+    heads are split by reshape."""
     B, H, T, D = q_BHTD.shape
     G, S = k_BGSD.shape[1], k_BGSD.shape[2]
     rep = H // G
     visible_TS = torch.arange(S, device=q_BHTD.device) <= positions_T[:, None]
     out = F.scaled_dot_product_attention(q_BHTD.reshape(B, G, rep * T, D), k_BGSD, v_BGSD,
                                          attn_mask=visible_TS.repeat(rep, 1))
-    return out.view(B, H, T, D)
+    return out.reshape(B, H, T, D)
 
 
 class Attention(nn.Module):
