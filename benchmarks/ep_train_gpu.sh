@@ -13,6 +13,7 @@
 #
 #   OUT=/tmp/ep bash benchmarks/ep_train_gpu.sh             # 2 GPUs, about 6.1 minutes
 #   MINUTES=10 LIMIT_S=800 bash benchmarks/ep_train_gpu.sh   # the issue's 10-minute run
+#   MINUTES=0.7 RESUME_SETS=train.activation_checkpointing=true bash benchmarks/ep_train_gpu.sh
 #   DEVICE=cpu PRESET=tiny-more PRESET2=tiny-moe MINUTES=0.3 RESUME_MINUTES=0.2 LIMIT_S=900 \
 #     SETS="model.seq_len=64 train.batch_size=2" bash benchmarks/ep_train_gpu.sh  # CPU check
 #
@@ -57,6 +58,8 @@ SCHEDULE_STEPS=${SCHEDULE_STEPS:-2000}
 LIMIT_S=${LIMIT_S:-385}
 RESUME_SETUP_S=${RESUME_SETUP_S:-60}  # (b) without its steps: load, first step, evaluation
 SETS=${SETS:-}                        # more section.key=value for every run and plan
+RESUME_SETS=${RESUME_SETS:-}          # more section.key=value for (b) alone
+MOE_RUN=${MOE_RUN:-1}                 # 0: no (c)
 WORK=$RUNS/work                       # summaries, configs and logs before the report
 export PYTHONPATH="$ROOT/src:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$ROOT" || exit 1
@@ -139,6 +142,7 @@ say "memory plans per GPU"
 timeout 60 "$PY" benchmarks/ep_train_report.py plans --device "$DEVICE" --world 2 \
     --data "$DATA" "$PRESET parallel.expert=2 optim.moments=bf16 $SETS" \
     "$PRESET parallel.expert=2 $SETS" "$PRESET parallel.data=fsdp optim.moments=bf16 $SETS" \
+    "$PRESET parallel.data=fsdp optim.moments=bf16 $SETS $RESUME_SETS" \
     "$PRESET2 parallel.expert=2 $SETS" "$PRESET2 $SETS" >"$WORK/plans.txt" ||
     fail "the memory plans: $(tail -1 "$WORK/plans.txt")"
 cat "$WORK/plans.txt"
@@ -162,11 +166,12 @@ say "(b) resumed with E = 1 under FSDP2, $resume_min min"
 train resumed $(($(left) - 15)) --preset "$PRESET" --out "$RUNS/ep2" --resume \
     --max-minutes "$resume_min" --set parallel.expert=1 --set parallel.data=fsdp \
     --set optim.moments=bf16 --set train.log_every=1 "${LOGGING[@]}" \
-    --set train.compile=false --set train.save_on_stop=false
+    --set train.compile=false --set train.save_on_stop=false \
+    $(for s in $RESUME_SETS; do printf -- '--set %s ' "$s"; done)
 keep resumed "$RUNS/ep2" "max_minutes max_steps"
 
 # (c) only with time to spare
-if [ "$(left)" -ge 100 ]; then
+if [ "$MOE_RUN" = 1 ] && [ "$(left)" -ge 100 ]; then
     say "(c) $PRESET2, E = 2, 0.5 min"
     rm -rf "$RUNS/moe1024"
     train moe1024 $(($(left) - 15)) --preset "$PRESET2" --out "$RUNS/moe1024" \
@@ -174,6 +179,6 @@ if [ "$(left)" -ge 100 ]; then
         --set train.compile=false --set train.save_on_stop=false
     keep moe1024 "$RUNS/moe1024" "max_minutes max_steps"
 else
-    say "(c) skipped: $(left) s left"
+    say "(c) skipped (MOE_RUN=$MOE_RUN, $(left) s left)"
 fi
 finish 0
