@@ -1,0 +1,103 @@
+"""A torchrun run ends cleanly: after a budget stop or a signal every rank has written its
+checkpoint, log and summary before any rank leaves, and the ranks exit 0, so torchrun
+neither reports a failure nor kills a rank in its last writes (2 gloo ranks)."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from moremoe.model import checkpoint as stored
+from moremoe.training.signals import REPEAT_S, StopSignals, exit_status
+from runs import events, torchrun_command, torchrun_train
+
+TINY = ["model.seq_len=64", "train.batch_size=2", "train.log_every=1", "train.eval_batches=1",
+        "train.eval_every=1000", "train.max_steps=1000", "train.ckpt_every=1000"]
+
+
+def test_exit_status_is_zero_for_every_checkpointed_stop_under_torchrun():
+    assert [exit_status(r, 1) for r in ("max_steps", "stop_step", "max_minutes", "SIGTERM")] \
+        == [0, 75, 75, 143]
+    assert [exit_status(r, 2) for r in ("max_steps", "stop_step", "max_minutes", "SIGINT")] \
+        == [0, 0, 0, 0]
+    assert exit_status("error: ValueError: x", 2) == exit_status("error: OSError: y", 1) == 2
+
+
+def test_a_repeated_signal_within_the_window_is_one_request_a_later_one_interrupts():
+    """torchrun forwards a signal that a scheduler also sent every rank: the rank gets it
+    twice within milliseconds, which must not interrupt its checkpoint."""
+    now = [100.0]
+    stop = StopSignals(clock=lambda: now[0])
+    stop._handle(signal.SIGTERM, None)
+    now[0] += REPEAT_S / 2
+    stop._handle(signal.SIGTERM, None)
+    assert stop.requested == signal.SIGTERM
+    now[0] += REPEAT_S
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)
+
+
+def _assert_complete(out, summary, step, stopped):
+    assert summary["stopped"] in stopped and summary["step"] == step, summary
+    assert summary["exit_code"] == 0 and summary["world"] == 2
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert stored.latest_checkpoint(out).name == f"step_{step:08d}"
+    assert not stored.incomplete_checkpoints(out)
+    assert events(out, "end")[-1]["stopped"] == summary["stopped"]
+
+
+@pytest.mark.slow
+def test_ten_budget_stops_in_a_row_each_leave_a_checkpoint_and_a_summary(text_data, tmp_path):
+    """Ten torchrun launches, each resuming the last and stopped by a budget, --stop-step one
+    step on or --max-minutes spent after about a step (12 ms): torchrun exits 0 every time
+    (before: 1, after killing rank 0), and each stop leaves its complete checkpoint and
+    summary."""
+    out, step = tmp_path / "run", 0
+    for k in range(10):
+        budget = ["--stop-step", str(step + 1)] if k % 2 == 0 else ["--max-minutes", "2e-4"]
+        done = torchrun_train(text_data, out, TINY + ["train.save_on_stop=true"],
+                              preset="tiny-moe", flags=budget + ["--resume"])
+        summary = json.loads(done.stdout)
+        assert summary["step"] in (step, step + 1)    # a budget spent before the first step
+        step = summary["step"] if k else 1            # (a loaded machine) trains none
+        _assert_complete(out, summary, step, ("stop_step", "max_minutes"))
+
+
+def _rank_pid(launcher: int, rank: int) -> int:
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == launcher and f"RANK={rank}".encode() in env:
+            return int(proc.name)
+    raise AssertionError(f"no rank {rank} under torchrun {launcher}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["launcher", "rank 1"])
+def test_sigterm_to_torchrun_or_to_one_rank_checkpoints_on_every_rank(text_data, tmp_path,
+                                                                     target):
+    """SIGTERM to torchrun (it forwards one to each rank, then waits 30 s before SIGKILL) or
+    to rank 1 alone (the ranks agree on it at the next logging step): every rank stops
+    after the same step, rank 0 writes the checkpoint and the summary, every rank exits 0.
+    torchrun itself exits 0 when only a rank was signalled, 1 (its own SignalException)
+    when it was."""
+    out = tmp_path / "run"
+    argv, env = torchrun_command(text_data, out, TINY + ["train.ckpt_every=2"],
+                                 preset="tiny-moe")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 60
+    while not stored.checkpoints(out) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid if target == "launcher" else _rank_pid(proc.pid, 1), signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == (1 if target == "launcher" else 0), stderr[-3000:]
+    assert "forcefully exiting" not in stderr                 # no rank was SIGKILLed
+    summary = json.loads(stdout)
+    _assert_complete(out, summary, summary["step"], ("SIGTERM",))
