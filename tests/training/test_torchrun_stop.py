@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from moremoe.model import checkpoint as stored
 from moremoe.training.signals import REPEAT_S, StopSignals, exit_status
@@ -101,3 +102,15 @@ def test_sigterm_to_torchrun_or_to_one_rank_checkpoints_on_every_rank(text_data,
     assert "forcefully exiting" not in stderr                 # no rank was SIGKILLed
     summary = json.loads(stdout)
     _assert_complete(out, summary, summary["step"], ("SIGTERM",))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 CUDA GPUs")
+def test_budget_stops_on_two_nccl_ranks_end_cleanly(text_data, tmp_path):
+    """The same on 2 GPUs (NCCL, the fused kernels): three --stop-step stops in a row."""
+    out = tmp_path / "run"
+    for k in (1, 2, 3):
+        done = torchrun_train(text_data, out, TINY, preset="tiny-moe", device="cuda",
+                              flags=["--stop-step", str(k), "--resume"])
+        _assert_complete(out, json.loads(done.stdout), k, ("stop_step",))

@@ -6,9 +6,10 @@ embeddings, T = 1,024, MoRE at r = 64. h = 1024 uses 16 heads and 4 key/value he
 C.2); h = 512 uses 8 heads, and 2 key/value heads reproduce the total parameters the paper
 lists (362.9M, 1.91B, 664.9M, 3.76B, 1.27B, 7.92B), so we take those. MoRE-8192's width
 s = 52 is the paper's (Table same_config). h512-s56-moe1792 is MoRE-1792's shape with the
-standard linear router (M = 1,792, s = 56, k = 4, no rank): the same-shape comparison. Optimiser: AdamW at lr 1e-3 for every
-configuration (router lr = lr), cosine schedule with 5 % warmup, 40B tokens; 262,144 tokens
-per optimizer step (256 sequences) on 4 GPUs = batch 16 per GPU × 4 accumulation steps.
+standard linear router (M = 1,792, s = 56, k = 4, no rank): the same-shape comparison.
+Optimiser: AdamW at lr 1e-3 for every configuration (router lr = lr), cosine schedule with
+5 % warmup, 40B tokens; 262,144 tokens per optimizer step (256 sequences) on 4 GPUs = batch
+16 per GPU × 4 accumulation steps.
 The paper presets torch.compile the whole model (train.compile, compile_scope=model) with
 CUDA graphs on one GPU (compile_mode=auto): eager, MoE-256's step on an H100 was host-bound
 (305 ms a step for 170 ms of kernels); so compiled it takes 160 ms, GPU-bound.
