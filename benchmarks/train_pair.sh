@@ -15,9 +15,10 @@
 #   python benchmarks/train_pair_table.py OUT      # both layouts' files in one OUT: speed-up
 #   PRESETS="tiny-moe tiny-more" DEVICE=cpu MINUTES=0.2 EXTRA="--set model.seq_len=64" ...
 #
-# Expected wall time on one H100 at MINUTES=1.3: about 1 min to build the data, then about
-# 1.6 min a preset (1.3 of training, ~15 s of start and the final evaluation): ~6 min for
-# the 3 presets; NPROC=2 with the 2 presets of the matched pair: ~4.5 min.
+# Expected wall time on one H100 at MINUTES=1.3: ~15 s to build the data (README's times:
+# 5 s + 7 s), then about 1.6 min a preset (1.3 of training, compilation included, and ~20 s
+# of start-up and the final evaluation): ~5.5 min for the 3 presets; NPROC=2 with the 2
+# presets of the matched pair: ~4 min.
 # Exit status: one process ends a --max-minutes stop with 75, torchrun with 0 (every rank
 # exits 0 after a checkpointed stop); either way the summary's "stopped" must say
 # max_minutes or max_steps, else the script stops with the log's tail.
