@@ -40,15 +40,22 @@ def assert_same_run(run, ref):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def torchrun_train(data, out, sets, *, preset, nproc=2, device="cpu", flags=(), codes=(0,)):
-    """`moremoe train --json` on nproc CPU processes (torchrun, gloo), one thread each;
-    asserts the exit status is in codes and returns the finished process."""
+def torchrun_command(data, out, sets, *, preset, nproc=2, device="cpu", flags=()):
+    """(argv, env) of `moremoe train --json` on nproc CPU processes (torchrun, gloo), one
+    thread each."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", "-m", "moremoe.cli", "train", "--preset", preset,
             "--data", str(data), "--out", str(out), "--device", device, "--json", *flags]
     for s in sets:
         argv += ["--set", s]
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    return argv, {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+
+
+def torchrun_train(data, out, sets, *, preset, nproc=2, device="cpu", flags=(), codes=(0,)):
+    """torchrun_command run to its end; asserts the exit status is in codes and returns the
+    finished process."""
+    argv, env = torchrun_command(data, out, sets, preset=preset, nproc=nproc, device=device,
+                                 flags=flags)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode in codes, done.stderr[-3000:]
     return done

@@ -6,7 +6,7 @@ from cli_checks import fails
 from moremoe.cli import main
 from moremoe.training.compose import build_run_config, parse_override
 from moremoe.training.config import RunConfig
-from moremoe.training.presets import get_preset, preset_names, preset_rows
+from moremoe.training.presets import PAIRS, get_preset, preset_names, preset_rows
 
 
 def test_paper_presets_match_the_paper_tables():
@@ -26,6 +26,20 @@ def test_paper_presets_match_the_paper_tables():
     assert more.train.max_tokens == 40_000_000_000
     assert rows["tiny-moe"]["moe_flops_inference"] == rows["tiny-more"]["moe_flops_inference"]
     assert {"tiny-moe", "tiny-more"} <= set(preset_names())
+
+
+def test_same_shape_preset_is_more1792_with_the_standard_router():
+    """h512-s56-moe1792 = h512-s64-more1792 with model.kind=moe and no rank: its parameters
+    differ only by the routers (12 layers of M h = 917,504 against r (M + h) = 147,456)."""
+    moe, more = get_preset("h512-s56-moe1792"), get_preset("h512-s64-more1792")
+    assert (moe.model.kind, moe.model.rank) == ("moe", None)
+    assert {**moe.model.__dict__, "kind": "more", "rank": 64} == more.model.__dict__
+    assert (moe.optim, moe.train) == (more.optim, more.train)
+    rows = {r["name"]: r for r in preset_rows()}
+    assert rows["h512-s56-moe1792"]["params_total"] - rows["h512-s64-more1792"]["params_total"] \
+        == 12 * (1792 * 512 - 64 * (1792 + 512))
+    assert PAIRS["h512-s56-same"] == ("h512-s56-moe1792", "h512-s64-more1792")
+    assert "h512-s56-moe1792" in preset_names()
 
 
 def test_layers_preset_file_set_and_flags(tmp_path):

@@ -460,7 +460,8 @@ def add_bench_parser(sub) -> None:
                             help="matched preset pairs, comma-separated: h512-s64 (MoE-256 / "
                                  "MoRE-1792, the paper's), h512-s128, h512-s64-x8 (MoE-1024 / "
                                  "MoRE-8192), h1024-s32 (default all four; a model that does "
-                                 "not fit gives OOM rows)")
+                                 "not fit gives OOM rows), h512-s56-same (MoE-1792 with the "
+                                 "standard router at MoRE-1792's shape / MoRE-1792)")
             pb.add_argument("--phases", type=_phases_arg, default=list(MODEL_PHASES),
                             help="prefill, decode or both (default both)")
             pb.add_argument("--decode-modes", type=_modes_arg, default=list(DECODE_MODES),

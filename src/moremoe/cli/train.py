@@ -34,7 +34,13 @@ weights (train.nan_policy=skip skips such steps instead).
 
 Exit status: 0 the schedule finished; 75 stopped by --max-minutes or --stop-step (with a
 checkpoint: --resume continues); 130 / 143 stopped by SIGINT / SIGTERM (checkpointed
-first); 2 an error (one line; --debug for the traceback)."""
+first); 2 an error (one line; --debug for the traceback). Under torchrun every rank exits 0
+after any of these stops, once rank 0 has written the checkpoint, log and summary
+(summary.json's "stopped" says why): torchrun takes a non-zero rank for a failed job and
+kills the others. A SIGINT / SIGTERM to torchrun reaches each rank once; torchrun then
+exits 1 itself and SIGKILLs a rank still writing 30 s later. A signal repeated within a
+second is one request (a scheduler that signals every process, and torchrun forwarding
+it); a later second one interrupts at once."""
 
 EXAMPLES = """\
 examples:

@@ -41,7 +41,7 @@ from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
 from .optim import cosine_with_warmup, make_optimizer
-from .signals import StopSignals
+from .signals import StopSignals, exit_status
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
     t = cfg.train
@@ -54,13 +54,6 @@ def planned_steps(cfg: RunConfig, global_batch: int) -> int:
 
 def default_out(cfg: RunConfig) -> str:
     return str(Path("runs") / "train" / (cfg.preset or "run"))
-
-
-# How a run ends, as the summary's "stopped" and the process's exit status: a finished
-# schedule exits 0; a budget stop (checkpointed, --resume continues) 75 (EX_TEMPFAIL); a
-# signal 128 + its number after checkpointing; errors (bad input, a non-finite step) 2.
-EXIT_CODES = {"max_steps": 0, "stop_step": 75, "max_minutes": 75,
-              "SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM}
 
 
 class NonFiniteStep(UserError):
@@ -450,7 +443,7 @@ class LMTrainer:
         summary = {
             "name": self.cfg.model.name, "preset": self.cfg.preset, "out": str(self.out),
             "device": str(self.dev), "world": self.info.world, "stopped": reason,
-            "finished": reason == "max_steps", "exit_code": EXIT_CODES.get(reason, 2),
+            "finished": reason == "max_steps", "exit_code": exit_status(reason, self.info.world),
             "skipped_steps": self.skipped,
             "step": self.step, "planned_steps": self.total, "tokens": self.tokens,
             "steps_this_run": clock.steps, "wall_s": clock.elapsed(),
@@ -489,10 +482,11 @@ def train(cfg: RunConfig, *, resume: bool = False, force: bool = False, echo=Non
         if trainer.dev.type == "cuda":      # TF32 for the fp32 matmuls outside autocast
             torch.set_float32_matmul_precision("high")
         try:
-            summary = trainer.run()
-            # the ranks leave together: torchrun stops the others when one exits non-zero
-            # (75 after a budget stop), which must not cut rank 0's last writes short
-            ddp.barrier(trainer.info)
+            # a signal after the loop's last look (the run ends anyway) must not kill a rank
+            # in its last writes; the ranks leave together once rank 0 has written them
+            with StopSignals():
+                summary = trainer.run()
+                ddp.barrier(trainer.info)
             return summary
         finally:
             ddp.destroy(trainer.info)

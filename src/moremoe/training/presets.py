@@ -5,9 +5,11 @@ fineweb_p3_results): L = 12, k = 4, head dim 64, GPT-2 vocabulary (V = 50,257), 
 embeddings, T = 1,024, MoRE at r = 64. h = 1024 uses 16 heads and 4 key/value heads (Appendix
 C.2); h = 512 uses 8 heads, and 2 key/value heads reproduce the total parameters the paper
 lists (362.9M, 1.91B, 664.9M, 3.76B, 1.27B, 7.92B), so we take those. MoRE-8192's width
-s = 52 is the paper's (Table same_config). Optimiser: AdamW at lr 1e-3 for every
-configuration (router lr = lr), cosine schedule with 5 % warmup, 40B tokens; 262,144 tokens
-per optimizer step (256 sequences) on 4 GPUs = batch 16 per GPU × 4 accumulation steps.
+s = 52 is the paper's (Table same_config). h512-s56-moe1792 is MoRE-1792's shape with the
+standard linear router (M = 1,792, s = 56, k = 4, no rank): the same-shape comparison.
+Optimiser: AdamW at lr 1e-3 for every configuration (router lr = lr), cosine schedule with
+5 % warmup, 40B tokens; 262,144 tokens per optimizer step (256 sequences) on 4 GPUs = batch
+16 per GPU × 4 accumulation steps.
 The paper presets torch.compile the whole model (train.compile, compile_scope=model) with
 CUDA graphs on one GPU (compile_mode=auto): eager, MoE-256's step on an H100 was host-bound
 (305 ms a step for 170 ms of kernels); so compiled it takes 160 ms, GPU-bound.
@@ -61,6 +63,7 @@ PRESETS = {
     "h1024-s32-more1536": ("more", 1024, 1536, 24),
     "h512-s64-moe256": ("moe", 512, 256, 64),
     "h512-s64-more1792": ("more", 512, 1792, 56),
+    "h512-s56-moe1792": ("moe", 512, 1792, 56),
     "h512-s128-moe256": ("moe", 512, 256, 128),
     "h512-s128-more1792": ("more", 512, 1792, 112),
     "h512-s64-moe1024": ("moe", 512, 1024, 64),
@@ -72,8 +75,10 @@ PRESETS = {
 }
 
 # matched pairs (equal active FLOPs): name -> (MoE preset, MoRE preset); the first is the
-# paper's main h = 512 pair
+# paper's main h = 512 pair. "h512-s56-same" pairs MoRE-1792 with the standard router at its
+# shape (the paper's same-configuration comparison): what the low-rank router saves.
 PAIRS = {"h512-s64": ("h512-s64-moe256", "h512-s64-more1792"),
+         "h512-s56-same": ("h512-s56-moe1792", "h512-s64-more1792"),
          "h512-s128": ("h512-s128-moe256", "h512-s128-more1792"),
          "h512-s64-x8": ("h512-s64-moe1024", "h512-s64-more8192"),
          "h1024-s32": ("h1024-s32-moe128", "h1024-s32-more1536"),
