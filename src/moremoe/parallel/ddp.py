@@ -77,19 +77,27 @@ REDUCE_DTYPES = ("fp32", "bf16")
 
 
 def wrap(model: torch.nn.Module, info: DistInfo, *, ignore: list[str] = (),
-         group=None, bucket_mb: float = 25.0, reduce_dtype: str = "fp32") -> torch.nn.Module:
+         group=None, bucket_mb: float = 25.0, reduce_dtype: str = "fp32",
+         keep_grads: bool = False) -> torch.nn.Module:
     """DistributedDataParallel over `group` (None: WORLD; the model itself when single),
     leaving out the parameters named in `ignore` (expert shards, which differ by rank), with
     buckets of bucket_mb MB (torch's default 25) all-reduced in reduce_dtype: "fp32", or
     "bf16" (bf16_all_reduce: half the bytes on the wire for bf16's 8-bit mantissa in the
     average). The all-reduces start as buckets fill during the backward of the last
-    micro-step (the others run under no_sync)."""
+    micro-step (the others run under no_sync). keep_grads (CUDA graphs, whose gradients
+    stay allocated): every gradient is a view of its bucket from the start, not a tensor of
+    its own until the first all-reduce copies it in (a second copy of the gradients)."""
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [info.device.index] if info.device.type == "cuda" else None
     if ignore:
         DDP._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
+    if keep_grads:           # DDP's constructor copies them into its buckets, keeps views
+        skip = set(ignore)
+        for name, p in model.named_parameters():
+            if p.requires_grad and p.grad is None and name not in skip:
+                p.grad = torch.zeros_like(p)
     # no buffer the forward depends on changes (rotary tables are fixed), so none is sent;
     # the gradients are views of the buckets: allocated once, never copied to and fro
     wrapped = DDP(model, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True,

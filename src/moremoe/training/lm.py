@@ -148,7 +148,7 @@ class LMTrainer:
             self.model, self.info, data=par.data,
             compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode,
             experts=self.experts, checkpointing=t.activation_checkpointing,
-            bucket_mb=par.bucket_mb, reduce_dtype=par.reduce_dtype)
+            bucket_mb=par.bucket_mb, reduce_dtype=par.reduce_dtype, keep_grads=self.graphs)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)
