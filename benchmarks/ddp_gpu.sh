@@ -40,7 +40,7 @@ TESTS=${TESTS:-0}
 export PYTHONPATH="$ROOT/src:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$ROOT" || exit 1
 mkdir -p "$OUT" "$RUNS/summaries"
-rm -f "$OUT"/{ddp_gpu.txt,summaries.json,runs.log} "$RUNS"/summaries/*
+rm -f "$OUT"/{ddp_gpu.txt,summaries.json,runs.log} "$RUNS"/summaries/*.{json,txt}
 left() { echo $((LIMIT_S - (SECONDS - START))); }
 say() { echo "== $* ($((SECONDS - START)) s)" | tee -a "$OUT/runs.log"; }
 
@@ -80,7 +80,9 @@ run() {           # NAME NPROC GPU_LIST [--set ...]: one run, its summary into R
     shift 3
     limit=$(($(left) - 10))
     if [ "$limit" -lt "$MIN_RUN_S" ]; then
-        say "$name left out: $(left) s left"; return 1
+        say "$name left out: $(left) s left"
+        echo "$name" >>"$RUNS/summaries/left_out.txt"
+        return 1
     fi
     local sets=()
     for s in $SETS; do sets+=(--set "$s"); done
@@ -100,11 +102,13 @@ run() {           # NAME NPROC GPU_LIST [--set ...]: one run, its summary into R
 
 say "one GPU each: $PRESETS"
 gpu=0
+pids=()
 for preset in $PRESETS; do         # both at once, one on each GPU
     run "${preset}_x1" 1 "$gpu" --preset "$preset" &
-    gpu=$((gpu + 1))
+    pids+=($!)
+    gpu=$(((gpu + 1) % 2))
 done
-wait || failed=1
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 for bucket in $BUCKETS; do
     for reduce in $REDUCE; do
         for preset in $PRESETS; do
@@ -130,6 +134,9 @@ for name, s in runs.items():
     up = tok / base["tokens_per_s"] if base and tok and base["tokens_per_s"] else None
     print(f"{name:<42} {str(s['compile']):<24} {ms or 0:>8.1f} {tok or 0:>10,.0f} "
           f"{up or 0:>9.2f} {s['peak_memory_gib'] or 0:>8.1f}")
+left = Path(sys.argv[1]) / "left_out.txt"
+if left.exists():
+    print("left out (no time): " + ", ".join(left.read_text().split()))
 env = next(iter(runs.values()), {})
 print(" ".join(f"{k[4:]}={v}" for k, v in env.items() if k.startswith("env_")))
 EOF
