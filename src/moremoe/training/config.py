@@ -171,8 +171,8 @@ class TrainSpec:
     autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
     compile: bool = False             # torch.compile (what: compile_scope)
     compile_mode: str = "default"     # torch.compile's mode (reduce-overhead: CUDA graphs);
-                                      # "auto": reduce-overhead on one GPU process (measured
-                                      # there), default under DDP or on the CPU
+                                      # "auto": reduce-overhead on a GPU, one process or
+                                      # DDP; default under FSDP2, expert parallelism, CPU
     compile_scope: str = "blocks"     # "blocks": each block (one graph they share) and the
                                       # loss; "model": the whole model as one graph
     tensorboard: bool = False         # also write TensorBoard events to out/tb
