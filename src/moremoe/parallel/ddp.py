@@ -99,7 +99,7 @@ def wrap(model: torch.nn.Module, info: DistInfo, *, ignore: list[str] = (),
             if p.requires_grad and p.grad is None and name not in skip:
                 p.grad = torch.zeros_like(p)
     # no buffer the forward depends on changes (rotary tables are fixed), so none is sent;
-    # the gradients are views of the buckets: allocated once, never copied to and fro
+    # the gradients end as views of the buckets (nothing copied back after the all-reduce)
     wrapped = DDP(model, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True,
                   process_group=group, bucket_cap_mb=bucket_mb)
     if reduce_dtype == "bf16":
@@ -109,11 +109,11 @@ def wrap(model: torch.nn.Module, info: DistInfo, *, ignore: list[str] = (),
 
 def bf16_all_reduce(group, bucket):     # no annotations: DDP checks them, this file's are strings
     """DDP comm hook (a dist.GradBucket -> a Future of its tensor): the bucket's mean over
-    the ranks, summed in bf16. Two passes over the
-    fp32 bucket (the cast, and the write back that divides by the ranks) where torch's
-    bf16_compress_hook makes three (it divides the bf16 copy first, against fp16's overflow,
-    which bf16's fp32 range does not need); and it runs on gloo too, which that hook refuses
-    (it checks for NCCL), so the CPU tests reduce as the GPUs do."""
+    the ranks, summed in bf16. Two passes over the fp32 bucket (the cast, and the write back
+    that divides by the ranks) where torch's bf16_compress_hook makes three (it divides the
+    bf16 copy first, against fp16's overflow, which bf16's fp32 range does not need); and it
+    runs on gloo too, which that hook refuses (it checks for NCCL), so the CPU tests reduce
+    as the GPUs do."""
     group = group if group is not None else dist.group.WORLD
     buffer_G = bucket.buffer()
     ranks = group.size()
