@@ -36,26 +36,27 @@ def compile_mode(mode: str, device: torch.device, world: int, *, data: str = "dd
 def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",
                 compile_scope: str | None = None, mode: str = "default",
                 experts: ExpertPlan | None = None, checkpointing: bool = False,
-                bucket_mb: float = 25.0, reduce_dtype: str = "fp32",
-                keep_grads: bool = False) -> torch.nn.Module:
+                bucket_mb: float = 25.0, reduce_dtype: str = "fp32") -> torch.nn.Module:
     """model (its parameters sharded in place under data="fsdp" with several ranks, its MoE
     layers replaced by expert shards with `experts`) -> the module to call for training:
     DDP-wrapped, and compiled as a whole with compile_scope="model" ("blocks": each block
     compiled in place; None: eager). With expert parallelism the MoE layers run eagerly
     (either scope compiles each block's norms and attention), and DDP / FSDP2 leave the
     expert shards to the plan; checkpointing: activation checkpointing of every block;
-    bucket_mb and reduce_dtype: DDP's gradient buckets and the dtype they are all-reduced in;
-    keep_grads: the gradients stay allocated (CUDA graphs), as views of DDP's buckets.
+    bucket_mb and reduce_dtype: DDP's gradient buckets and the dtype they are all-reduced in.
 
     Under DDP torch.compile splits each compiled graph where DDP's buckets end (dynamo's
     DDPOptimizer, on by default): the compiled backward then runs as one piece per bucket
     and the reducer's all-reduce of a bucket, eager and outside any CUDA graph, overlaps the
     next piece, as in eager DDP. Each piece is a graph of its own under reduce-overhead;
     the gradients they add into are DDP's buckets (gradient_as_bucket_view), allocated
-    once and zeroed in place, so no replay writes over them (docs/design.md)."""
+    once and zeroed in place, so no replay writes over them (docs/design.md): under a graph
+    mode on a GPU the trainer keeps them allocated, and DDP holds them as views of its
+    buckets from the start."""
     if checkpointing:      # full recompute under expert parallelism: every collective again
         model.checkpoint_blocks(full=experts is not None)
     ignore, group = [], None
+    graphs = compile_scope is not None and mode in CUDA_GRAPH_MODES and info.device.type == "cuda"
     if experts is not None:
         experts.apply(model)
         ignore, group = experts.names, experts.rest_group
@@ -68,9 +69,8 @@ def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",
         fsdp.wrap(model, info, ignore=experts.params if experts else (), group=group)
         train_module = model
     else:
-        train_module = ddp.wrap(model, info, ignore=ignore, group=group,
-                                bucket_mb=bucket_mb, reduce_dtype=reduce_dtype,
-                                keep_grads=keep_grads)
+        train_module = ddp.wrap(model, info, ignore=ignore, group=group, bucket_mb=bucket_mb,
+                                reduce_dtype=reduce_dtype, keep_grads=graphs)
     if compile_scope == "model":
         train_module = torch.compile(train_module, mode=mode)
     return train_module
