@@ -1,7 +1,8 @@
 """DDP over 2 GPUs (NCCL, launched by torchrun) against one GPU at the same global batch, with
-the fused router and expert kernels (run on a 2-GPU device machine: pytest -m gpu). fp32 with
-autocast off; the differences are the order of the gradient all-reduce and TF32 rounding
-(train() turns TF32 on for CUDA runs) in different batch splits."""
+the fused router and expert kernels (run on a 2-GPU device machine: pytest -m gpu). Eager in
+fp32 with autocast off (the differences are the order of the gradient all-reduce and TF32
+rounding, train() turning TF32 on for CUDA runs, in different batch splits), and compiled
+with CUDA graphs, bf16 autocast and the bf16 all-reduce."""
 import pytest
 import torch
 
