@@ -29,8 +29,9 @@ def _backward(module, x):
 
 def test_kept_gradients_are_views_of_the_buckets_from_the_start(group_of_one):
     """keep_grads (CUDA graphs): every gradient exists before the first backward and is a view
-    of DDP's bucket, so the first all-reduce neither copies it nor replaces it; without it
-    the gradients are left to autograd (None until a backward)."""
+    of DDP's bucket, which an accumulation micro-step (no_sync) and the synced one add into
+    and the all-reduce neither copies nor replaces; without it the gradients are left to
+    autograd (None until a backward)."""
     x = torch.randn(5, 8)
     ref = _model()
     _backward(ref, x)
@@ -39,10 +40,12 @@ def test_kept_gradients_are_views_of_the_buckets_from_the_start(group_of_one):
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and not g.any() for g in grads)
     assert len({g.untyped_storage().data_ptr() for g in grads}) == 1      # one bucket
+    with wrapped.no_sync():                       # an accumulation micro-step, then the last
+        _backward(wrapped, x)
     _backward(wrapped, x)
     assert all(p.grad is g for p, g in zip(model.parameters(), grads))    # accumulated in place
     for p, r in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, r.grad)
+        torch.testing.assert_close(p.grad, 2 * r.grad)
     assert all(p.grad is None for p in ddp.wrap(_model(), ENABLED).module.parameters())
 
 
