@@ -83,6 +83,11 @@ def test_layers_preset_file_set_and_flags(tmp_path):
     ("model.balance_coef=.nan", ValueError, r"model\.balance_coef must be a finite number"),
     ("train.nan_policy=ignore", ValueError, r"train\.nan_policy must be one of stop, skip"),
     ("train.nan_skip_limit=0", ValueError, r"train\.nan_skip_limit must be >= 1, got 0"),
+    ("parallel.bucket_mb=0", ValueError, r"parallel\.bucket_mb must be a finite number > 0, "
+                                         r"got 0\.0"),
+    ("parallel.reduce_dtype=fp16", ValueError,
+     r"parallel\.reduce_dtype must be one of fp32, bf16, got 'fp16'"),
+    ("parallel.reduce_dtype=1", TypeError, r"parallel\.reduce_dtype must be one of fp32, bf16"),
     ("optim.lr=[1", ValueError, r"--set optim\.lr=\[1: the value '\[1' is not a YAML value "
                                 r"\(expected ',' or '\]', .* at line 1, column 3\)"),
     ("batch_size=3", ValueError, r"--set expects section\.key=value"),
@@ -112,7 +117,8 @@ def test_file_and_preset_errors(tmp_path):
 def test_resume_differences_ignore_budget_and_logging():
     a = get_preset("tiny-more")
     b = build_run_config(preset="tiny-more", overrides=[
-        "train.max_steps=999", "train.log_every=1", "train.device=cpu", "train.out=x"])
+        "train.max_steps=999", "train.log_every=1", "train.device=cpu", "train.out=x",
+        "parallel.bucket_mb=100", "parallel.reduce_dtype=bf16"])   # how the ranks reduce
     assert a.differences(b) == []
     c = build_run_config(preset="tiny-more", overrides=["optim.lr=0.1", "model.rank=4"])
     assert a.differences(c) == ["model.rank: 8 -> 4", "optim.lr: 0.003 -> 0.1"]
@@ -161,12 +167,20 @@ def test_peer_presets_and_their_checks(text_data, tmp_path):
     assert len(summary["expert_coverage"]) == 2
 
 
-def test_compile_mode_auto_takes_cuda_graphs_only_on_one_gpu_process():
+def test_compile_mode_auto_takes_cuda_graphs_on_one_gpu_and_under_ddp():
     from moremoe.parallel.plan import compile_mode
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert compile_mode("auto", cuda, 1) == "reduce-overhead"
-    assert compile_mode("auto", cuda, 2) == "default"          # DDP: not measured with graphs
+    assert compile_mode("auto", cuda, 2) == "reduce-overhead"  # DDP: graphs between buckets
+    assert compile_mode("auto", cuda, 2, data="fsdp") == "default"     # FSDP2: no graphs
+    assert compile_mode("auto", cuda, 2, expert=2) == "default"
+    assert compile_mode("auto", cuda, 1, data="fsdp") == "reduce-overhead"   # one process
     assert compile_mode("auto", cpu, 1) == "default"
     assert compile_mode("max-autotune", cpu, 4) == "max-autotune"   # an explicit mode stays
+    with pytest.raises(ValueError, match=r"train\.compile_mode=reduce-overhead \(CUDA graphs\) "
+                                         r"does not work with parallel\.data=fsdp"):
+        compile_mode("reduce-overhead", cuda, 2, data="fsdp")
+    with pytest.raises(ValueError, match=r"parallel\.reduce_dtype=bf16 is DDP's"):
+        build_run_config(overrides=["parallel.data=fsdp", "parallel.reduce_dtype=bf16"])
     paper = build_run_config(preset="h512-s64-more1792").train
     assert (paper.compile, paper.compile_mode, paper.compile_scope) == (True, "auto", "model")

@@ -10,7 +10,7 @@ import torch
 from moremoe.model.checkpoint import load_model
 from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
-from runs import torchrun_train
+from runs import assert_same_run, torchrun_train
 
 COMMON = ["model.seq_len=64", "train.log_every=1", "train.eval_every=6", "train.eval_batches=2",
           "train.max_steps=6", "train.ckpt_every=100"]
@@ -98,3 +98,36 @@ def test_fsdp_equals_one_process_and_its_checkpoints_resume_on_one_and_two_ranks
     for resumed in ("stopped", "on_one"):
         assert logged(tmp_path / resumed, "loss") == pytest.approx(
             logged(tmp_path / "fsdp", "loss"), rel=1e-5), resumed
+
+
+def test_ddp_bf16_reduction_follows_one_process_and_resumes_exactly(text_data, tmp_path):
+    """parallel.reduce_dtype=bf16 (DDP's bf16 comm hook) over 2 gloo ranks, 2 accumulation
+    micro-steps, balancing loss on: every step's loss and gradient norm follow one process at
+    the global batch within bf16's rounding of the averaged gradients (2^-8 relative) and
+    not bit for bit (the hook runs). Small buckets (many all-reduces) in the uninterrupted
+    run, the default in the stopped and resumed one: bucketing does not change the sums, and
+    the resumed run is the uninterrupted one exactly (every loss, norm, evaluation, weight)."""
+    bf16 = ["train.batch_size=2", "train.grad_accum=2", "parallel.reduce_dtype=bf16"]
+    run_torchrun(text_data, tmp_path / "bf16", bf16 + ["parallel.bucket_mb=0.01"])
+    run_single(text_data, tmp_path / "one", ["train.batch_size=2", "train.grad_accum=4"])
+    norms, ref = logged(tmp_path / "bf16", "grad_norm"), logged(tmp_path / "one", "grad_norm")
+    assert norms == pytest.approx(ref, rel=1e-2)
+    assert norms != pytest.approx(ref, rel=1e-6)              # rounded: the hook reduced them
+    assert logged(tmp_path / "bf16", "loss") == pytest.approx(logged(tmp_path / "one", "loss"),
+                                                              rel=1e-3)
+    # a budget stop exits 75 (torchrun reports 1; 0 once the ranks end without a failure)
+    run_torchrun(text_data, tmp_path / "resumed", bf16 + ["train.stop_step=3"], codes=(0, 1))
+    run_torchrun(text_data, tmp_path / "resumed", bf16, flags=["--resume"])
+    assert_same_run(tmp_path / "resumed", tmp_path / "bf16")
+
+
+def test_cuda_graphs_under_fsdp_are_one_line_before_any_work(text_data, tmp_path):
+    """FSDP2 gathers each block's weights into new memory every call, which a CUDA graph's
+    replay cannot follow: the mode is refused on every rank before the run directory."""
+    done = torchrun_train(text_data, tmp_path / "fsdp", COMMON + [
+        "parallel.data=fsdp", "train.compile=true", "train.compile_mode=reduce-overhead"],
+        preset="tiny-moe", codes=(1,))
+    assert ("moremoe train: error: train.compile_mode=reduce-overhead (CUDA graphs) does not "
+            "work with parallel.data=fsdp") in done.stderr
+    assert "[rank0]: Traceback" not in done.stderr      # (torchrun's own report has one)
+    assert not (tmp_path / "fsdp").exists()

@@ -1,11 +1,12 @@
 """DDP over 2 GPUs (NCCL, launched by torchrun) against one GPU at the same global batch, with
-the fused router and expert kernels (run on a 2-GPU device machine: pytest -m gpu). fp32 with
-autocast off; the differences are the order of the gradient all-reduce and TF32 rounding
-(train() turns TF32 on for CUDA runs) in different batch splits."""
+the fused router and expert kernels (run on a 2-GPU device machine: pytest -m gpu). Eager in
+fp32 with autocast off (the differences are the order of the gradient all-reduce and TF32
+rounding, train() turning TF32 on for CUDA runs, in different batch splits), and compiled
+with CUDA graphs, bf16 autocast and the bf16 all-reduce."""
 import pytest
 import torch
 
-from test_ddp import COMMON, logged, run_torchrun  # noqa: F401  (tests/training on sys.path)
+from test_ddp import COMMON, logged, run_torchrun  # (tests/training on sys.path)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
@@ -26,3 +27,34 @@ def test_ddp_two_nccl_ranks_equal_one_gpu(text_data, tmp_path):
     for key in ("loss", "lm_loss"):
         assert logged(tmp_path / "ddp", key) == pytest.approx(logged(tmp_path / "one", key),
                                                               rel=1e-4), key
+
+
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_ddp_with_cuda_graphs_and_bf16_reduction_follows_one_gpu_and_resumes(
+        text_data, tmp_path, scope):
+    """compile_mode=auto takes CUDA graphs under DDP: each compiled graph split where DDP's
+    buckets end (small buckets: several pieces a block), every piece a CUDA graph, the bf16
+    all-reduce between the replays, 2 accumulation micro-steps. The losses follow one GPU at
+    the global batch (compiled the same way) to bf16's rounding, and a run stopped at step 3
+    and resumed goes on to the uninterrupted run's losses."""
+    from moremoe.training.compose import build_run_config
+    from moremoe.training.lm import train
+    model = ["train.compile=true", "train.compile_mode=auto", f"train.compile_scope={scope}",
+             "model.router_impl=triton", "model.experts_impl=triton"]
+    ddp = model + ["train.batch_size=4", "train.grad_accum=2", "parallel.reduce_dtype=bf16",
+                   "parallel.bucket_mb=0.05"]
+    full = run_torchrun(text_data, tmp_path / "ddp", ddp, device="cuda")
+    assert full["compile"] == f"{scope}, reduce-overhead"
+    single = train(build_run_config(preset="tiny-moe", data=str(text_data),
+                                    out=str(tmp_path / "one"), device="cuda",
+                                    overrides=COMMON + model + ["train.batch_size=4",
+                                                                "train.grad_accum=4"]),
+                   echo=lambda t: None)
+    assert single["compile"] == f"{scope}, reduce-overhead"
+    assert logged(tmp_path / "ddp", "loss") == pytest.approx(logged(tmp_path / "one", "loss"),
+                                                             rel=2e-2)
+    run_torchrun(text_data, tmp_path / "resumed", ddp + ["train.stop_step=3"], device="cuda",
+                 codes=(0, 1))
+    run_torchrun(text_data, tmp_path / "resumed", ddp, device="cuda", flags=["--resume"])
+    assert logged(tmp_path / "resumed", "loss") == pytest.approx(
+        logged(tmp_path / "ddp", "loss"), rel=1e-3)

@@ -73,19 +73,57 @@ def _env_int(name: str, default: int) -> int:
                          f"{LAUNCH}") from None
 
 
+REDUCE_DTYPES = ("fp32", "bf16")
+
+
 def wrap(model: torch.nn.Module, info: DistInfo, *, ignore: list[str] = (),
-         group=None) -> torch.nn.Module:
+         group=None, bucket_mb: float = 25.0, reduce_dtype: str = "fp32",
+         keep_grads: bool = False) -> torch.nn.Module:
     """DistributedDataParallel over `group` (None: WORLD; the model itself when single),
-    leaving out the parameters named in `ignore` (expert shards, which differ by rank)."""
+    leaving out the parameters named in `ignore` (expert shards, which differ by rank), with
+    buckets of bucket_mb MB (torch's default 25) all-reduced in reduce_dtype: "fp32", or
+    "bf16" (bf16_all_reduce: half the bytes on the wire for bf16's 8-bit mantissa in the
+    average). The all-reduces start as buckets fill during the backward of the last
+    micro-step (the others run under no_sync). keep_grads (CUDA graphs, whose gradients
+    stay allocated): every gradient is a view of its bucket from the start, not a tensor of
+    its own until the first all-reduce copies it in (a second copy of the gradients)."""
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [info.device.index] if info.device.type == "cuda" else None
     if ignore:
         DDP._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
-    # no buffer the forward depends on changes (rotary tables are fixed), so none is sent
-    return DDP(model, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True,
-               process_group=group)
+    if keep_grads:           # DDP's constructor copies them into its buckets, keeps views
+        skip = set(ignore)
+        for name, p in model.named_parameters():
+            if p.requires_grad and p.grad is None and name not in skip:
+                p.grad = torch.zeros_like(p)
+    # no buffer the forward depends on changes (rotary tables are fixed), so none is sent;
+    # the gradients end as views of the buckets (nothing copied back after the all-reduce)
+    wrapped = DDP(model, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True,
+                  process_group=group, bucket_cap_mb=bucket_mb)
+    if reduce_dtype == "bf16":
+        wrapped.register_comm_hook(group, bf16_all_reduce)
+    return wrapped
+
+
+def bf16_all_reduce(group, bucket):     # no annotations: DDP checks them, this file's are strings
+    """DDP comm hook (a dist.GradBucket -> a Future of its tensor): the bucket's mean over
+    the ranks, summed in bf16. Two passes over the fp32 bucket (the cast, and the write back
+    that divides by the ranks) where torch's bf16_compress_hook makes three (it divides the
+    bf16 copy first, against fp16's overflow, which bf16's fp32 range does not need); and it
+    runs on gloo too, which that hook refuses (it checks for NCCL), so the CPU tests reduce
+    as the GPUs do."""
+    group = group if group is not None else dist.group.WORLD
+    buffer_G = bucket.buffer()
+    ranks = group.size()
+    summed = dist.all_reduce(buffer_G.to(torch.bfloat16), group=group, async_op=True)
+
+    def write_back(fut):
+        torch.div(fut.value()[0], ranks, out=buffer_G)
+        return buffer_G
+
+    return summed.get_future().then(write_back)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

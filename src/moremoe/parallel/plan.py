@@ -14,29 +14,49 @@ from .expert_plan import ExpertPlan
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-def compile_mode(mode: str, device: torch.device, world: int) -> str:
-    """train.compile_mode as torch.compile takes it: "auto" is CUDA graphs (reduce-overhead)
-    for one process on a GPU, where the paper pair's step measured GPU-bound with them
-    (benchmarks/NOTES.md), and "default" with several ranks (not measured with graphs) or on
-    a CPU."""
+def compile_mode(mode: str, device: torch.device, world: int, *, data: str = "ddp",
+                 expert: int = 1) -> str:
+    """train.compile_mode as torch.compile takes it. "auto" is CUDA graphs (reduce-overhead)
+    on a GPU, for one process and under DDP, where the paper pair's step measured GPU-bound
+    with them (benchmarks/NOTES.md); "default" on a CPU and where the ranks share the
+    model's state (FSDP2, expert parallelism), whose collectives run inside the blocks'
+    forward and backward on buffers that move between calls, which a graph's replay cannot
+    follow. A CUDA-graph mode named under FSDP2 on several ranks is a ValueError."""
+    if mode in CUDA_GRAPH_MODES and world > 1 and data == "fsdp":
+        raise ValueError(f"train.compile_mode={mode} (CUDA graphs) does not work with "
+                         f"parallel.data=fsdp (FSDP2 gathers each block's weights into new "
+                         f"memory every call); use train.compile_mode=auto or default, or "
+                         f"parallel.data=ddp")
     if mode != "auto":
         return mode
-    return "reduce-overhead" if device.type == "cuda" and world == 1 else "default"
+    shared = world > 1 and (data == "fsdp" or expert > 1)
+    return "reduce-overhead" if device.type == "cuda" and not shared else "default"
 
 
 def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",
                 compile_scope: str | None = None, mode: str = "default",
-                experts: ExpertPlan | None = None,
-                checkpointing: bool = False) -> torch.nn.Module:
+                experts: ExpertPlan | None = None, checkpointing: bool = False,
+                bucket_mb: float = 25.0, reduce_dtype: str = "fp32") -> torch.nn.Module:
     """model (its parameters sharded in place under data="fsdp" with several ranks, its MoE
     layers replaced by expert shards with `experts`) -> the module to call for training:
     DDP-wrapped, and compiled as a whole with compile_scope="model" ("blocks": each block
     compiled in place; None: eager). With expert parallelism the MoE layers run eagerly
     (either scope compiles each block's norms and attention), and DDP / FSDP2 leave the
-    expert shards to the plan; checkpointing: activation checkpointing of every block."""
+    expert shards to the plan; checkpointing: activation checkpointing of every block;
+    bucket_mb and reduce_dtype: DDP's gradient buckets and the dtype they are all-reduced in.
+
+    Under DDP torch.compile splits each compiled graph where DDP's buckets end (dynamo's
+    DDPOptimizer, on by default): the compiled backward then runs as one piece per bucket
+    and the reducer's all-reduce of a bucket, eager and outside any CUDA graph, overlaps the
+    next piece, as in eager DDP. Each piece is a graph of its own under reduce-overhead;
+    the gradients they add into are DDP's buckets (gradient_as_bucket_view), allocated
+    once and zeroed in place, so no replay writes over them (docs/design.md): under a graph
+    mode on a GPU the trainer keeps them allocated, and DDP holds them as views of its
+    buckets from the start."""
     if checkpointing:      # full recompute under expert parallelism: every collective again
         model.checkpoint_blocks(full=experts is not None)
     ignore, group = [], None
+    graphs = compile_scope is not None and mode in CUDA_GRAPH_MODES and info.device.type == "cuda"
     if experts is not None:
         experts.apply(model)
         ignore, group = experts.names, experts.rest_group
@@ -49,7 +69,8 @@ def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",
         fsdp.wrap(model, info, ignore=experts.params if experts else (), group=group)
         train_module = model
     else:
-        train_module = ddp.wrap(model, info, ignore=ignore, group=group)
+        train_module = ddp.wrap(model, info, ignore=ignore, group=group, bucket_mb=bucket_mb,
+                                reduce_dtype=reduce_dtype, keep_grads=graphs)
     if compile_scope == "model":
         train_module = torch.compile(train_module, mode=mode)
     return train_module

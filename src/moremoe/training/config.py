@@ -17,6 +17,7 @@ from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
 from ..nn.router import ROUTER_INITS
+from ..parallel.ddp import REDUCE_DTYPES
 from ..parallel.fsdp import DATA_MODES
 from ..parallel.plan import CUDA_GRAPH_MODES
 from ..tasks.tokenizer import VOCAB_SIZE
@@ -170,8 +171,8 @@ class TrainSpec:
     autocast: bool = True             # bf16 autocast on CUDA (always off on CPU)
     compile: bool = False             # torch.compile (what: compile_scope)
     compile_mode: str = "default"     # torch.compile's mode (reduce-overhead: CUDA graphs);
-                                      # "auto": reduce-overhead on one GPU process (measured
-                                      # there), default under DDP or on the CPU
+                                      # "auto": reduce-overhead on a GPU, one process or
+                                      # DDP; default under FSDP2, expert parallelism, CPU
     compile_scope: str = "blocks"     # "blocks": each block (one graph they share) and the
                                       # loss; "model": the whole model as one graph
     tensorboard: bool = False         # also write TensorBoard events to out/tb
@@ -219,6 +220,12 @@ class ParallelSpec:
     expert: int = 1                   # E: ranks that share each layer's experts (M/E each,
                                       # parallel/expert_plan.py); E must divide M and the
                                       # ranks, which form ranks/E data-parallel groups
+    bucket_mb: float = 25.0           # DDP's gradient buckets (MB): each is all-reduced once
+                                      # its gradients are ready, overlapping the backward;
+                                      # under torch.compile each compiled graph ends where a
+                                      # bucket ends (chosen by benchmarks/ddp_gpu.sh)
+    reduce_dtype: str = "fp32"        # DDP's gradient all-reduce: "fp32", or "bf16" (half
+                                      # the bytes; the average rounded to bf16, fp32 kept)
 
     def __post_init__(self):
         if self.data not in DATA_MODES:
@@ -227,10 +234,21 @@ class ParallelSpec:
         if self.expert < 1:
             raise ValueError(f"parallel.expert must be >= 1 (1: no expert parallelism), got "
                              f"{self.expert}")
+        if not 0 < self.bucket_mb < math.inf:
+            raise ValueError(f"parallel.bucket_mb must be a finite number > 0, got "
+                             f"{self.bucket_mb}")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"parallel.reduce_dtype must be one of "
+                             f"{', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
+        if self.reduce_dtype != "fp32" and self.data == "fsdp":
+            raise ValueError(f"parallel.reduce_dtype={self.reduce_dtype} is DDP's (a comm "
+                             f"hook); FSDP2 reduce-scatters in fp32: use parallel.data=ddp "
+                             f"or parallel.reduce_dtype=fp32")
 
 
 # Keys whose values are names from a list: a value of the wrong type names the list too
-CHOICES = {"parallel.data": DATA_MODES, "optim.moments": MOMENTS}
+CHOICES = {"parallel.data": DATA_MODES, "parallel.reduce_dtype": REDUCE_DTYPES,
+           "optim.moments": MOMENTS}
 
 
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
@@ -242,7 +260,9 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit",
                        "activation_checkpointing"},
              "model": {"router_impl", "experts_impl"},
-             "parallel": {"data", "expert"}}     # checkpoints hold the whole state, any layout
+             # checkpoints hold the whole state, any layout; a resumed run may reduce in
+             # another dtype or bucket size (it then follows another rounding of the average)
+             "parallel": {"data", "expert", "bucket_mb", "reduce_dtype"}}
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ class LMTrainer:
         expert_plan.check_layout(cfg.parallel.expert, experts=cfg.model.experts,
                                  kind=cfg.model.kind, world=self.info.world)
         self.dev, self.main = self.info.device, self.info.main
+        self.compile_mode = plan.compile_mode(  # a mode that cannot run stops before any work
+            t.compile_mode if t.compile else "default", self.dev, self.info.world,
+            data=cfg.parallel.data, expert=cfg.parallel.expert)
         self.out = Path(t.out or default_out(cfg))
         if self.main:                                       # before any data is read
             ckpt.check_run_dir(self.out, force=force)
@@ -128,16 +131,13 @@ class LMTrainer:
     def _wrapped(self) -> None:
         """Compile, shard or replicate over the ranks, then build the optimizer over the
         parameters as they are now (FSDP2's are shards) and load a checkpoint's states."""
-        t, o = self.cfg.train, self.cfg.optim
-        self.compile_mode = plan.compile_mode(t.compile_mode, self.dev, self.info.world)
-        self.graphs = (t.compile and self.compile_mode in plan.CUDA_GRAPH_MODES
-                       and self.dev.type == "cuda")
-        E = self.cfg.parallel.expert
-        self.experts = expert_plan.ExpertPlan(self.info, E) if E > 1 else None
+        t, o, par = self.cfg.train, self.cfg.optim, self.cfg.parallel
+        self.graphs = self.compile_mode in plan.CUDA_GRAPH_MODES and self.dev.type == "cuda"
+        self.experts = expert_plan.ExpertPlan(self.info, par.expert) if par.expert > 1 else None
         self.ddp_model = plan.parallelize(
-            self.model, self.info, data=self.cfg.parallel.data,
-            compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode,
-            experts=self.experts, checkpointing=t.activation_checkpointing)
+            self.model, self.info, data=par.data, experts=self.experts, mode=self.compile_mode,
+            compile_scope=t.compile_scope if t.compile else None, bucket_mb=par.bucket_mb,
+            checkpointing=t.activation_checkpointing, reduce_dtype=par.reduce_dtype)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)
