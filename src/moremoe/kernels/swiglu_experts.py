@@ -234,12 +234,16 @@ def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
 
 
 @triton.jit
-def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, sw_e, sw_c,
-               sw_d, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
-               BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+def _dw_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, sw_e,
+               sw_c, sw_d, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr,
+               SCALE_A: tl.constexpr, ACCUMULATE: tl.constexpr, BR: tl.constexpr,
+               BC: tl.constexpr, BD: tl.constexpr):
     """dW[e][c, d] = Σ_rows A[row, c] B[row, d] over expert e's sorted rows, chunk by chunk
     (a fixed order); a row of A (or B) is a token's (x, dy: gathered by pair // K) or a
-    sorted row (act, dxg, dxu); SCALE_A multiplies A's rows by their gate."""
+    sorted row (act, dxg, dxu); SCALE_A multiplies A's rows by their gate. ACCUMULATE: DW
+    is fp32 and the sum is added to what it holds when the flag KEEP[0] is nonzero (stored
+    over it otherwise, so that a stale buffer needs no zeroing: its old values are not even
+    read, NaN or not)."""
     e = tl.program_id(0)
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     dd = tl.program_id(2) * BD + tl.arange(0, BD)
@@ -265,8 +269,12 @@ def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, 
                 a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
             b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
             acc = tl.dot(tl.trans(a), b, acc)
-    tl.store(DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d,
-             acc.to(DW.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
+    ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
+    mask = c_ok[:, None] & d_ok[None, :]
+    if ACCUMULATE:
+        keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
+        acc += tl.load(ptr, mask=mask & keep, other=0.0)
+    tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------- launchers
@@ -442,10 +450,14 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
 
 
 def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict | None = None,
-             meta: RoutingMeta | None = None, first_expert=None):
+             meta: RoutingMeta | None = None, first_expert=None, into=None, keep=None):
     """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, xg, xu
     and the forward's routing metadata (needed when the forward ran in chunks, whose
-    sorted-row order act, xg and xu follow); first_expert as the forward's."""
+    sorted-row order act, xg and xu follow); first_expert as the forward's.
+    into (g_gate, g_up, g_down), fp32 tensors of the weights' shapes, and keep, an int32
+    flag of one element: the weight gradients are added into `into` in the dW kernels'
+    epilogue where keep[0] != 0, stored over it where keep[0] == 0; keep[0] is then set to
+    1 (the next micro-step adds) and `into` is returned as the three weight gradients."""
     x, dy, idx = x.contiguous(), dy.contiguous().to(x.dtype), idx.contiguous()
     N, h = x.shape
     M, s, _ = w_gate.shape
@@ -461,10 +473,7 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
     dxu = torch.empty_like(dxg)
     dgate = torch.zeros(n_s, max(P, 1), device=dev, dtype=torch.float32)
     dx_pairs = torch.empty(P, h, device=dev, dtype=dt)
-    # the dW kernels write every element (experts with no rows get zeros); with no pairs
-    # they do not run
-    new = torch.empty_like if P else torch.zeros_like
-    dws = [new(w) for w in (w_gate, w_up, w_down)]
+    dws = _weight_grads(w_gate, w_up, w_down, P, into, keep)
     if P:
         blk = _launch(c)
         _down_bwd_kernel[(B, n_s)](dy, w_down, act, xg, xu, gates_flat, dxg, dxu, dgate, *args,
@@ -472,19 +481,44 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
         _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, 0, M,
                                                  h, s, *w_gate.stride(), **blk)
         bs, bh = c["dw_BS"], c["dw_BH"]
-        dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"])
+        dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"],
+                   ACCUMULATE=into is not None)
+        keep = keep if into is not None else dgate      # (unread without ACCUMULATE)
         for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
             _dw_kernel[(M, triton.cdiv(s, bs), triton.cdiv(h, bh))](
-                a, x, gates_flat, dw, meta.offsets, meta.order, chunks, M, s, h, k, s,
+                a, x, gates_flat, dw, keep, meta.offsets, meta.order, chunks, M, s, h, k, s,
                 x.stride(0),
                 *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, BC=bs, BD=bh,
                 **dwk)
         _dw_kernel[(M, triton.cdiv(h, bh), triton.cdiv(s, bs))](   # (gate dy)ᵀ act: (h, s)
-            dy, act, gates_flat, dws[2], meta.offsets, meta.order, chunks, M, h, s, k,
+            dy, act, gates_flat, dws[2], keep, meta.offsets, meta.order, chunks, M, h, s, k,
             dy.stride(0), s,
             *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False, SCALE_A=True, BC=bh, BD=bs,
             **dwk)
     dx = torch.empty(N, h, device=dev, dtype=dt)
     combine_pairs(dx, dx_pairs, idx, 0, N, first_expert, M)
     dgates = dgate.sum(0)[:P].reshape(N, k)
+    if into is not None:
+        keep.fill_(1)
     return (dx, dgates, *dws)
+
+
+def _weight_grads(w_gate, w_up, w_down, P: int, into, keep) -> list:
+    """The tensors the dW kernels write: new ones (every element written, experts with no
+    rows getting zeros; zeros when there are no pairs and the kernels do not run), or
+    `into`, checked, and zeroed where keep[0] == 0 when the kernels do not run."""
+    ws = (w_gate, w_up, w_down)
+    if into is None:
+        new = torch.empty_like if P else torch.zeros_like
+        return [new(w) for w in ws]
+    for name, g, w in zip(("g_gate", "g_up", "g_down"), into, ws):
+        if g.shape != w.shape or g.dtype != torch.float32 or not g.is_contiguous():
+            raise ValueError(f"into: {name} must be a contiguous float32 tensor of shape "
+                             f"{tuple(w.shape)}, got {g.dtype} {tuple(g.shape)}")
+    if keep is None or keep.numel() != 1 or keep.dtype != torch.int32:
+        raise ValueError(f"keep must be an int32 tensor of one element, got "
+                         f"{None if keep is None else (keep.dtype, tuple(keep.shape))}")
+    if not P:
+        for g in into:
+            g.masked_fill_(keep == 0, 0.0)
+    return list(into)
