@@ -28,6 +28,7 @@ from ..checks import UserError
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
+from ..nn import SwiGLUExperts
 from ..parallel import ddp, expert_plan, fsdp, plan
 from ..report import check_output_dir, write_json
 from ..runtime import autocast_dtype, environment
@@ -145,6 +146,7 @@ class LMTrainer:
             self.model, self.info, data=self.cfg.parallel.data,
             compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode,
             experts=self.experts, checkpointing=t.activation_checkpointing)
+        self.in_place = self._in_place_expert_grads()
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)
@@ -159,17 +161,41 @@ class LMTrainer:
             self._pending = None
         self._zero_grads()
 
+    def _in_place_expert_grads(self) -> list[SwiGLUExperts]:
+        """The expert banks whose fused backward accumulates into .grad itself (nn/experts.py):
+        on CUDA, in one process or as expert-parallel shards, which no DDP reducer or FSDP2
+        owns (a reducer rebinds .grad to its bucket views, once more when it rebuilds its
+        buckets after the first step: docs/design.md, "Expert gradients accumulate in
+        place"); every other expert bank and parameter goes through autograd."""
+        if self.dev.type != "cuda" or (self.info.world > 1 and self.experts is None):
+            return []
+        banks = [m for m in self.model.modules()
+                 if isinstance(m, SwiGLUExperts) and m.impl != "reference"]
+        for m in banks:
+            m.accumulate_grads_in_place()
+        return banks
+
     def _zero_grads(self) -> None:
         """Free the gradients; under CUDA graphs keep them allocated and zero them in place:
         a .grad that autograd took over from a backward graph's output (it does when .grad is
-        None) is overwritten by the next micro-step's replay (pytorch #169545)."""
+        None) is overwritten by the next micro-step's replay (pytorch #169545). The expert
+        banks that accumulate in place are restarted instead (their next backward stores
+        over the old values: no zeroing pass)."""
+        banks = self.in_place
         if not self.graphs:
             self.opt.zero_grad(set_to_none=True)
-            return
-        for p in self.model.parameters():
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self.opt.zero_grad(set_to_none=False)
+        else:
+            own = {id(w) for m in banks for w in m.weights()}
+            grads = []
+            for p in self.model.parameters():
+                if p.requires_grad and id(p) not in own:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    grads.append(p.grad)
+            if grads:
+                torch._foreach_zero_(grads)
+        for m in banks:
+            m.restart_grads()
 
     def _resume_or_start(self, resume: bool) -> None:
         latest = stored.latest_checkpoint(self.out)
