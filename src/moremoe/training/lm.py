@@ -41,7 +41,7 @@ from .config import RunConfig
 from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
-from .optim import cosine_with_warmup, make_optimizer
+from .optim import clipped_step, cosine_with_warmup, make_optimizer
 from .signals import StopSignals
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
@@ -276,18 +276,18 @@ class LMTrainer:
                 (out.loss / accum).backward()
             self.coverage.update(out.expert_counts)
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
-        clip = self.cfg.optim.clip or float("inf")
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.experts is None:
-            gnorm = fsdp.whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+            gnorm = fsdp.whole(torch.nn.utils.get_total_norm(grads))
         else:
             self.experts.reduce_gradients()
-            gnorm = self.experts.clip_grad_norm_(self.model.parameters(), clip)
+            gnorm = self.experts.total_norm(self.model.parameters())
         vals = torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
         update = self._finite(vals)
         self._lrs = {g["name"]: g["lr"] for g in self.opt.param_groups}
         self._updating = True
-        if update:
-            self.opt.step()
+        if update:      # the clip read by the update itself (no pass writes the gradients)
+            clipped_step(self.opt, grads, gnorm.detach(), self.cfg.optim.clip or float("inf"))
         self.sched.step()
         self.batches.advance()
         self.step, self.tokens = self.step + 1, self.tokens + self.tokens_per_step
