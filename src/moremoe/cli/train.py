@@ -24,7 +24,8 @@ and sends the tokens to their experts' GPUs by all-to-all; E divides model.exper
 GPUs), with DDP or FSDP2 for the rest. Either way a step equals one process on the global
 batch, and checkpoints hold the whole model, so a run resumes on another layout. The memory
 plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
-block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments) keep less.
+block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments, one Triton pass a
+parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less.
 
 A run directory that already holds a run is continued with --resume (from its newest
 complete checkpoint; incomplete ones are named and skipped) or started over with --force.
