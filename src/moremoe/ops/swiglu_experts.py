@@ -246,14 +246,25 @@ def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: s
     if needs_grad(x_NH, gates_NK, w_gate, w_up, w_down):
         into = (None,) * 4
         if grad_into is not None:
-            if wg is not w_gate:
-                raise ValueError(f"grad_into needs fp32 expert weights, got {w_gate.dtype}")
+            _check_into(grad_into, (w_gate, w_up, w_down), wg is w_gate)
             into = grad_into.tensors()
         return call_autograd(train_op, partial(_train_op_chunks, chunks=chunks), _setup,
                              _backward_direct, x, gates, topk_idx_NK, wg, wu, wd,
                              first_expert, *into)[0]
     return call(infer_op, partial(_infer, chunks=chunks), x, gates, topk_idx_NK, wg, wu, wd,
                 first_expert)
+
+
+def _check_into(into: GradInto, ws: tuple, fp32_weights: bool) -> None:
+    if not fp32_weights:
+        raise ValueError(f"grad_into needs fp32 expert weights, got {ws[0].dtype}")
+    for name, g, w in zip(("g_gate", "g_up", "g_down"), into.tensors(), ws):
+        if g.shape != w.shape or g.dtype != torch.float32 or not g.is_contiguous():
+            raise ValueError(f"grad_into.{name} must be a contiguous float32 tensor of shape "
+                             f"{tuple(w.shape)}, got {g.dtype} {tuple(g.shape)}")
+    if into.keep.numel() != 1 or into.keep.dtype != torch.int32:
+        raise ValueError(f"grad_into.keep must be an int32 tensor of one element, got "
+                         f"{into.keep.dtype} {tuple(into.keep.shape)}")
 
 
 def _train_op_chunks(x, gates, idx, w_gate, w_up, w_down, first_expert, *_into, chunks):

@@ -28,7 +28,6 @@ from ..checks import UserError
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
 from ..model import Transformer
-from ..nn import SwiGLUExperts
 from ..parallel import ddp, expert_plan, fsdp, plan
 from ..report import check_output_dir, write_json
 from ..runtime import autocast_dtype, environment
@@ -41,7 +40,8 @@ from .config import RunConfig
 from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
-from .optim import clipped_step, cosine_with_warmup, make_optimizer
+from .optim import (clipped_step, cosine_with_warmup, in_place_expert_banks, make_optimizer,
+                    zero_grads)
 from .signals import StopSignals
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
@@ -146,7 +146,10 @@ class LMTrainer:
             self.model, self.info, data=self.cfg.parallel.data,
             compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode,
             experts=self.experts, checkpointing=t.activation_checkpointing)
-        self.in_place = self._in_place_expert_grads()
+        # expert banks add their gradients into .grad in the backward, on CUDA where no DDP
+        # reducer or FSDP2 owns them (docs/design.md, "The step's parameter-proportional work")
+        solo = self.dev.type == "cuda" and (self.info.world == 1 or self.experts is not None)
+        self.in_place = in_place_expert_banks(self.model) if solo else []
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)
@@ -161,41 +164,12 @@ class LMTrainer:
             self._pending = None
         self._zero_grads()
 
-    def _in_place_expert_grads(self) -> list[SwiGLUExperts]:
-        """The expert banks whose fused backward accumulates into .grad itself (nn/experts.py):
-        on CUDA, in one process or as expert-parallel shards, which no DDP reducer or FSDP2
-        owns (a reducer rebinds .grad to its bucket views, once more when it rebuilds its
-        buckets after the first step: docs/design.md, "Expert gradients accumulate in
-        place"); every other expert bank and parameter goes through autograd."""
-        if self.dev.type != "cuda" or (self.info.world > 1 and self.experts is None):
-            return []
-        banks = [m for m in self.model.modules()
-                 if isinstance(m, SwiGLUExperts) and m.impl != "reference"]
-        for m in banks:
-            m.accumulate_grads_in_place()
-        return banks
-
     def _zero_grads(self) -> None:
         """Free the gradients; under CUDA graphs keep them allocated and zero them in place:
         a .grad that autograd took over from a backward graph's output (it does when .grad is
         None) is overwritten by the next micro-step's replay (pytorch #169545). The expert
-        banks that accumulate in place are restarted instead (their next backward stores
-        over the old values: no zeroing pass)."""
-        banks = self.in_place
-        if not self.graphs:
-            self.opt.zero_grad(set_to_none=True)
-        else:
-            own = {id(w) for m in banks for w in m.weights()}
-            grads = []
-            for p in self.model.parameters():
-                if p.requires_grad and id(p) not in own:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    grads.append(p.grad)
-            if grads:
-                torch._foreach_zero_(grads)
-        for m in banks:
-            m.restart_grads()
+        banks that accumulate in place restart instead (no zeroing pass)."""
+        zero_grads(self.opt, self.model, self.in_place, keep_allocated=self.graphs)
 
     def _resume_or_start(self, resume: bool) -> None:
         latest = stored.latest_checkpoint(self.out)
@@ -276,12 +250,11 @@ class LMTrainer:
                 (out.loss / accum).backward()
             self.coverage.update(out.expert_counts)
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.experts is None:
-            gnorm = fsdp.whole(torch.nn.utils.get_total_norm(grads))
-        else:
+        if self.experts is not None:
             self.experts.reduce_gradients()
-            gnorm = self.experts.total_norm(self.model.parameters())
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        gnorm = (fsdp.whole(torch.nn.utils.get_total_norm(grads)) if self.experts is None
+                 else self.experts.total_norm(self.model.parameters()))
         vals = torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
         update = self._finite(vals)
         self._lrs = {g["name"]: g["lr"] for g in self.opt.param_groups}

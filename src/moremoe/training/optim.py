@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from ..nn.experts import SwiGLUExperts
 from ..nn.peer import PEERLayer
 from ..ops.adamw import adamw_
 from ..nn.router import LinearRouter, LowRankRouter
@@ -115,6 +116,39 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
                 self.state[p] = {k: v if k == "step" else
                                  v.to(device=p.device, dtype=self.moment_dtype)
                                  for k, v in saved[i].items()}
+
+
+def in_place_expert_banks(model: torch.nn.Module) -> list[SwiGLUExperts]:
+    """Every expert bank of the model that takes the fused kernels, set to accumulate its
+    weight gradients into .grad in its backward (nn/experts.py); the caller's zero_grads
+    restarts them."""
+    banks = [m for m in model.modules()
+             if isinstance(m, SwiGLUExperts) and m.impl != "reference"]
+    for m in banks:
+        m.accumulate_grads_in_place()
+    return banks
+
+
+@torch.no_grad()
+def zero_grads(opt: torch.optim.Optimizer, model: torch.nn.Module, banks: list,
+               *, keep_allocated: bool) -> None:
+    """Between steps: every .grad freed, or (keep_allocated) kept and zeroed in place, except
+    the in-place banks' weights, whose buffers are restarted (their next backward stores
+    over the old values) and made the .grad again."""
+    if not keep_allocated:
+        opt.zero_grad(set_to_none=True)
+    else:
+        own = {id(w) for m in banks for w in m.weights()}
+        grads = []
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in own:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+        if grads:
+            torch._foreach_zero_(grads)
+    for m in banks:
+        m.restart_grads()
 
 
 @torch.no_grad()
