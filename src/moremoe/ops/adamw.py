@@ -18,9 +18,8 @@ CHUNK = 1 << 25     # the reference's slice: its fp32 temporaries stay a few hun
 def adamw_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, lr: float,
            beta1: float, beta2: float, eps: float, weight_decay: float, step: float,
            coef: torch.Tensor | None = None, impl: str = "auto", chunk: int = CHUNK) -> None:
-    """One update; impl "auto" (the kernel on CUDA or under TRITON_INTERPRET for
-    contiguous tensors, else the reference, in slices of `chunk` elements), "triton" or
-    "reference"."""
+    """One update; impl "auto" (the kernel for contiguous CUDA tensors, else the reference
+    in slices of `chunk` elements), "triton" (on CPU: TRITON_INTERPRET=1) or "reference"."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     args = dict(decay=1 - lr * weight_decay, beta1=beta1, beta2=beta2, eps=eps,
@@ -34,7 +33,8 @@ def adamw_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *
 
 def _kernel_fits(*ts: torch.Tensor) -> bool:
     from ..kernels import usable_on
-    return usable_on(ts[0].device) and all(t.is_contiguous() for t in ts)
+    dev = ts[0].device
+    return dev.type == "cuda" and usable_on(dev) and all(t.is_contiguous() for t in ts)
 
 
 @torch.no_grad()

@@ -146,9 +146,9 @@ class LMTrainer:
             self.model, self.info, data=self.cfg.parallel.data,
             compile_scope=t.compile_scope if t.compile else None, mode=self.compile_mode,
             experts=self.experts, checkpointing=t.activation_checkpointing)
-        # expert banks add their gradients into .grad in the backward, on CUDA where no DDP
+        # the fused expert banks add their gradients into .grad in the backward where no DDP
         # reducer or FSDP2 owns them (docs/design.md, "The step's parameter-proportional work")
-        solo = self.dev.type == "cuda" and (self.info.world == 1 or self.experts is not None)
+        solo = self.info.world == 1 or self.experts is not None
         self.in_place = in_place_expert_banks(self.model) if solo else []
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,

@@ -20,6 +20,7 @@ import torch
 from ..nn.experts import SwiGLUExperts
 from ..nn.peer import PEERLayer
 from ..ops.adamw import adamw_
+from ..ops.dispatch import resolve_impl
 from ..nn.router import LinearRouter, LowRankRouter
 
 ROUTERS = (LinearRouter, LowRankRouter)
@@ -119,11 +120,12 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
 
 
 def in_place_expert_banks(model: torch.nn.Module) -> list[SwiGLUExperts]:
-    """Every expert bank of the model that takes the fused kernels, set to accumulate its
+    """Every expert bank of the model that trains with the fused kernels where its weights
+    are (impl "auto" on CUDA; "triton", also in the CPU interpreter), set to accumulate its
     weight gradients into .grad in its backward (nn/experts.py); the caller's zero_grads
     restarts them."""
-    banks = [m for m in model.modules()
-             if isinstance(m, SwiGLUExperts) and m.impl != "reference"]
+    banks = [m for m in model.modules() if isinstance(m, SwiGLUExperts)
+             and resolve_impl(m.impl, m.w_gate) == "triton"]
     for m in banks:
         m.accumulate_grads_in_place()
     return banks
