@@ -1,6 +1,7 @@
 """The trainer with the fused expert kernels (CPU: Triton interpreter): the banks that add
 their weight gradients into .grad in the backward train exactly as the autograd path, over
-accumulation micro-steps, with the clip folded into the update, and resume exactly."""
+accumulation micro-steps, with the clip folded into the update, and resume exactly; as
+expert-parallel shards on 2 gloo ranks they equal one process."""
 import pytest
 import torch
 
@@ -8,7 +9,7 @@ pytest.importorskip("triton")
 from moremoe.training.compose import build_run_config  # noqa: E402
 from moremoe.training.lm import LMTrainer, train  # noqa: E402
 
-from runs import assert_same_run, curve, quiet  # noqa: E402
+from runs import assert_same_run, curve, quiet, torchrun_train  # noqa: E402
 
 SETS = ["model.seq_len=16", "model.layers=1", "model.experts_impl=triton",
         "train.batch_size=2", "train.grad_accum=3", "train.log_every=1", "train.eval_every=4",
@@ -46,3 +47,18 @@ def test_in_place_run_resumes_exactly(text_data, tmp_path):
     assert first["step"] == 1
     _train(text_data, tmp_path / "run", resume=True)
     assert_same_run(tmp_path / "run", tmp_path / "ref")
+
+
+def test_in_place_expert_shards_on_two_ranks_equal_one_process(text_data, tmp_path):
+    """E = 2: each rank's bank (4 of 8 experts) accumulates in place over 2 micro-steps of
+    its own rows; ExpertPlan reduces the .grad buffers and takes the global norm."""
+    ep = ["train.batch_size=1", "train.grad_accum=2", "parallel.expert=2",
+          "train.max_steps=2", "optim.moments=bf16"]
+    torchrun_train(text_data, tmp_path / "ep", SETS + ep, preset="tiny-moe")
+    _train(text_data, tmp_path / "one", ["train.batch_size=2", "train.grad_accum=2",
+                                         "train.max_steps=2", "optim.moments=bf16"])
+    got, want = curve(tmp_path / "ep"), curve(tmp_path / "one")
+    assert len(got) == 2
+    for (s1, loss1, norm1), (s2, loss2, norm2) in zip(got, want):
+        assert s1 == s2 and loss1 == pytest.approx(loss2, rel=1e-5)
+        assert norm1 == pytest.approx(norm2, rel=1e-5)
