@@ -108,3 +108,15 @@ def test_the_reference_path_refuses_in_place_gradients():
         fused(x, gates, idx)
     with torch.no_grad():                   # evaluation: nothing to accumulate
         fused(x, gates, idx)
+
+
+def test_the_in_place_backward_op_declares_its_writes():
+    """opcheck: the schema's mutated arguments (g_*, keep) are the ones the body writes, and
+    the fake implementation matches, which torch.compile relies on to keep the writes."""
+    from moremoe.ops import swiglu_experts as ose
+    fused, _ = _pair()
+    x, gates, idx, dy = _batches(1)[0]
+    ws = [w.detach() for w in fused.weights()]
+    saved = ose._train(x, gates, idx, *ws)
+    into = [torch.zeros_like(w) for w in ws] + [torch.zeros(1, dtype=torch.int32, device=DEV)]
+    torch.library.opcheck(ose.bwd_into_op, (dy, x, gates, idx, *ws, *saved[1:], *into))
