@@ -63,6 +63,9 @@ class SwiGLUExperts(nn.Module):
         self.register_buffer("grad_keep", torch.zeros(1, dtype=torch.int32,
                                                       device=self.w_gate.device),
                              persistent=False)
+        for t in (self.g_gate, self.g_up, self.g_down, self.grad_keep):
+            # CUDA graphs read and write them where they are (no static copy to refresh)
+            torch._dynamo.mark_static_address(t)
         self.in_place_grads = True
         self.restart_grads()
 
