@@ -10,7 +10,7 @@ weight gradients into the parameters' fp32 .grad itself, across gradient-accumul
 micro-steps, instead of handing autograd a new tensor that AccumulateGrad adds (one read
 and one write of the gradient a micro-step instead of a write, two reads and a write, and
 no zeroing pass): the caller calls ``restart_grads()`` where it would zero the gradients.
-docs/design.md ("Expert gradients accumulate in place") says where that holds.
+docs/design.md ("The step's parameter-proportional work") says where that holds.
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from ..checks import check_int, check_number, check_same_device, check_tensor
-from ..ops.dispatch import IMPLS
-from ..ops.dispatch import resolve_impl
+from ..ops.dispatch import IMPLS, resolve_impl
 from ..ops.swiglu_experts import GradInto, swiglu_experts
 
 
@@ -79,7 +78,7 @@ class SwiGLUExperts(nn.Module):
 
     def grad_into(self, x_NH: torch.Tensor) -> GradInto | None:
         """Where a training forward's weight gradients go (None: to autograd)."""
-        if not self.in_place_grads or not (torch.is_grad_enabled() and self.w_gate.requires_grad):
+        if not (self.in_place_grads and torch.is_grad_enabled() and self.w_gate.requires_grad):
             return None
         if resolve_impl(self.impl, x_NH) == "reference":
             raise RuntimeError("SwiGLUExperts accumulates its gradients in place, which "

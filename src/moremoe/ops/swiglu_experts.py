@@ -202,7 +202,7 @@ class GradInto:
     to autograd: g_gate, g_up, g_down fp32 (the weights' shapes), added into where the
     int32 flag keep[0] is nonzero and stored over (no zeroing pass, old values unread)
     where it is 0; the backward then sets keep[0] = 1. nn/experts.py binds them to the
-    parameters' .grad (docs/design.md, "Expert gradients accumulate in place")."""
+    parameters' .grad (docs/design.md, "The step's parameter-proportional work")."""
     g_gate: Tensor
     g_up: Tensor
     g_down: Tensor
@@ -225,7 +225,7 @@ def swiglu_experts(x_NH, gates_NK, topk_idx_NK, w_gate, w_up, w_down, *, impl: s
     token with none of the shard's slots gets a zero row) and their gates no gradient.
     chunks: see RowChunks (eager only: the callbacks cannot be traced).
     grad_into: the fused path's weight gradients go there (GradInto; the weights must be
-    fp32) and not to autograd; ignored by the reference, whose gradients autograd adds."""
+    fp32) and not to autograd; the reference refuses it (its gradients go to autograd)."""
     check_expert_ids(topk_idx_NK, w_gate.shape[0],
                      values=check_ids and first_expert is None)
     if chunks is not None and torch.compiler.is_compiling():
