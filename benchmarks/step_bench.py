@@ -4,7 +4,9 @@ after issue 27 (part 1), timed with CUDA events (median of REPS after WARMUP):
   zero        the gradients zeroed between steps (CUDA-graph mode): every .grad / only those
               that the expert banks do not restart
   norm+clip+adamw (fp32 moments): clip_grad_norm_ then torch's fused AdamW / the foreach norm
-              and clipped_step (the coefficient as the fused AdamW's grad_scale)
+              and clipped_step (the coefficient as the fused AdamW's grad_scale); and, as a
+              candidate the trainer does not take, the one-pass Triton update with fp32
+              moments (no write-back of the scaled gradient, one launch a parameter)
   norm+clip+adamw (bf16 moments): clip_grad_norm_ then LowPrecisionAdamW on torch's ops in
               slices (the code before) / the norm and the one-pass Triton update
   expert accumulation, one micro-step of one layer's expert bank (N = batch_size x seq_len
@@ -66,6 +68,10 @@ def _optimizer_rows(preset, ps, expert, dev):
     rows.append(("norm+clip+adamw fp32", "after", t(lambda: clipped_step(
         fused, grads, torch.nn.utils.get_total_norm(grads), 1.0))))
     del fused
+    one = LowPrecisionAdamW(ps, moment_dtype=torch.float32, **KW)     # a candidate, not used
+    rows.append(("norm+clip+adamw fp32", "one-pass Triton", t(lambda: clipped_step(
+        one, grads, torch.nn.utils.get_total_norm(grads), 1.0))))
+    del one
     low = LowPrecisionAdamW(ps, **KW)
 
     def old_low():             # the slices of torch ops the class ran before
@@ -134,11 +140,12 @@ def main() -> None:
     with open(a.out, "w") as f:
         for r in rows:
             f.write(json.dumps({**r, **tag}) + "\n")
-    print(f"{'preset':20} {'part':45} {'before ms':>10} {'after ms':>10}")
+    print(f"{'preset':20} {'part':45} {'before ms':>10} {'after ms':>10} {'one-pass':>10}")
     keys = dict.fromkeys((r["preset"], r["part"]) for r in rows)
     for preset, part in keys:
         ms = {r["code"]: r["ms"] for r in rows if (r["preset"], r["part"]) == (preset, part)}
-        print(f"{preset:20} {part:45} {ms['before']:10.2f} {ms['after']:10.2f}")
+        extra = f"{ms['one-pass Triton']:10.2f}" if "one-pass Triton" in ms else ""
+        print(f"{preset:20} {part:45} {ms['before']:10.2f} {ms['after']:10.2f} {extra}")
 
 
 if __name__ == "__main__":
