@@ -7,7 +7,7 @@ import torch
 
 from moremoe.nn import SwiGLUExperts
 from moremoe.training.compose import build_run_config
-from moremoe.training.lm import LMTrainer, train
+from moremoe.training.lm import train
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -32,7 +32,7 @@ def test_in_place_expert_gradients_train_like_autograd(text_data, tmp_path, monk
     runs = {}
     for in_place in (True, False):
         if not in_place:
-            monkeypatch.setattr(LMTrainer, "_in_place_expert_grads", lambda self: [])
+            monkeypatch.setattr("moremoe.training.lm.in_place_expert_banks", lambda m: [])
         out = tmp_path / f"in_place_{in_place}"
         train(build_run_config(preset="tiny-more", data=str(text_data), out=str(out),
                                device="cuda", overrides=sets), echo=print)
