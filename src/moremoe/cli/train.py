@@ -27,7 +27,8 @@ during the backward, in fp32 or with --set parallel.reduce_dtype=bf16 in bf16. E
 step equals one process on the global batch (bf16: to bf16's rounding of the averaged
 gradients), and checkpoints hold the whole model, so a run resumes on another layout. The memory
 plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
-block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments) keep less.
+block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments, one Triton pass a
+parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less.
 
 A run directory that already holds a run is continued with --resume (from its newest
 complete checkpoint; incomplete ones are named and skipped) or started over with --force.

@@ -22,20 +22,18 @@ Backward
   _dw_kernel       (M, C/BC, D/BD)  per expert: Σ over its rows of Aᵀ B (dW_gate = dgᵀ x,
                               dW_up = duᵀ x, dW_down = (gate dy)ᵀ act), rows in a fixed order
 
-An expert-parallel shard (first_expert; its weights are experts [first_expert, + M) of a
-larger layer): routing_meta gives the other shards' slots no block, so they are never read
-or written, and the combine skips them. Chunks of tokens (bounds, with callbacks before and
-after each): one launch per chunk over its blocks (routing_meta's slots), so that a caller
-overlaps communication with the next chunk; the backward runs once over every chunk.
+An expert-parallel shard (first_expert: its weights are experts [first_expert, + M) of a
+larger layer): the other shards' slots get no block (never read or written), the combine
+skips them. Chunks of tokens (bounds, callbacks before and after each): one launch per
+chunk over its blocks, so that a caller overlaps communication with the next chunk.
 
 The (P, s) intermediates are the same size as the activations a plain implementation keeps;
 the (P, h) pair rows are the price of a deterministic combine (see benchmarks/NOTES.md).
-Any h and s: the last chunk of each is masked, and the chunks BS / BH are at least 16 wide
-(the MMA's smallest K); offsets and row indices are int64. The weights are x's dtype or fp32
-(a model's fp32 master weights under autocast): fp32 tiles are rounded to x's dtype as they
-are loaded (round to nearest even, as torch's cast), so the products are those of the cast
-weights, with no cast copy of the weights in memory, and the weight gradients come out in
-fp32, ready to accumulate.
+Any h and s: the last chunk of each is masked, the chunks BS / BH at least 16 wide (the
+MMA's smallest K); offsets and row indices int64. The weights are x's dtype or fp32 (master
+weights under autocast): fp32 tiles are rounded to x's dtype as loaded (to nearest even, as
+torch's cast), with no cast copy in memory. The weight gradients come out in fp32, or are
+added by _dw_kernel's epilogue into fp32 buffers across micro-steps (backward's `into`).
 """
 import torch
 import triton
@@ -88,8 +86,7 @@ def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, 
                     SPLIT: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
                     BH: tl.constexpr):
     """SPLIT (inference with few blocks): program (b, j, q) sums h in [q·H_PER, (q+1)·H_PER)
-    only and writes its fp32 partial xg, xu to XG, XU (n_split, P, S); the down kernel adds
-    the partials and applies SwiGLU as it loads them."""
+    only, writing its fp32 partial xg, xu to XG, XU (n_split, P, S) for the down kernel."""
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         ss = tl.program_id(1) * BS + tl.arange(0, BS)
@@ -234,12 +231,14 @@ def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
 
 
 @triton.jit
-def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, sw_e, sw_c,
-               sw_d, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
-               BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+def _dw_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, sw_e,
+               sw_c, sw_d, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr,
+               SCALE_A: tl.constexpr, ACCUMULATE: tl.constexpr, BR: tl.constexpr,
+               BC: tl.constexpr, BD: tl.constexpr):
     """dW[e][c, d] = Σ_rows A[row, c] B[row, d] over expert e's sorted rows, chunk by chunk
     (a fixed order); a row of A (or B) is a token's (x, dy: gathered by pair // K) or a
-    sorted row (act, dxg, dxu); SCALE_A multiplies A's rows by their gate."""
+    sorted row (act, dxg, dxu); SCALE_A multiplies A's rows by their gate. ACCUMULATE: the
+    sum is added to fp32 DW where KEEP[0] != 0, else stored over it (old values unread)."""
     e = tl.program_id(0)
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     dd = tl.program_id(2) * BD + tl.arange(0, BD)
@@ -265,8 +264,12 @@ def _dw_kernel(A, B, GATES, DW, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, 
                 a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
             b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
             acc = tl.dot(tl.trans(a), b, acc)
-    tl.store(DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d,
-             acc.to(DW.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
+    ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
+    mask = c_ok[:, None] & d_ok[None, :]
+    if ACCUMULATE:
+        keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
+        acc += tl.load(ptr, mask=mask & keep, other=0.0)
+    tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------- launchers
@@ -442,10 +445,12 @@ def forward(x, gates, idx, w_gate, w_up, w_down, *, save: bool = False,
 
 
 def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict | None = None,
-             meta: RoutingMeta | None = None, first_expert=None):
+             meta: RoutingMeta | None = None, first_expert=None, into=None, keep=None):
     """(dx (N, h), dgates (N, k) fp32, dw_gate, dw_up, dw_down) from the saved act, xg, xu
     and the forward's routing metadata (needed when the forward ran in chunks, whose
-    sorted-row order act, xg and xu follow); first_expert as the forward's."""
+    sorted-row order act, xg and xu follow); first_expert as the forward's. into (fp32
+    g_gate, g_up, g_down; ops' GradInto checks them), keep (int32, one element): the weight
+    gradients are added into `into` where keep[0] != 0, else stored over it; then keep = 1."""
     x, dy, idx = x.contiguous(), dy.contiguous().to(x.dtype), idx.contiguous()
     N, h = x.shape
     M, s, _ = w_gate.shape
@@ -461,10 +466,9 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
     dxu = torch.empty_like(dxg)
     dgate = torch.zeros(n_s, max(P, 1), device=dev, dtype=torch.float32)
     dx_pairs = torch.empty(P, h, device=dev, dtype=dt)
-    # the dW kernels write every element (experts with no rows get zeros); with no pairs
-    # they do not run
-    new = torch.empty_like if P else torch.zeros_like
-    dws = [new(w) for w in (w_gate, w_up, w_down)]
+    # the dW kernels write every element (experts with no rows: zeros), if there are pairs
+    dws = list(into) if into is not None else [
+        (torch.empty_like if P else torch.zeros_like)(w) for w in (w_gate, w_up, w_down)]
     if P:
         blk = _launch(c)
         _down_bwd_kernel[(B, n_s)](dy, w_down, act, xg, xu, gates_flat, dxg, dxu, dgate, *args,
@@ -472,19 +476,25 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
         _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, 0, M,
                                                  h, s, *w_gate.stride(), **blk)
         bs, bh = c["dw_BS"], c["dw_BH"]
-        dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"])
+        dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"],
+                   ACCUMULATE=into is not None)
+        flag = keep if into is not None else dgate      # unread without ACCUMULATE
         for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
             _dw_kernel[(M, triton.cdiv(s, bs), triton.cdiv(h, bh))](
-                a, x, gates_flat, dw, meta.offsets, meta.order, chunks, M, s, h, k, s,
-                x.stride(0),
-                *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False, BC=bs, BD=bh,
-                **dwk)
+                a, x, gates_flat, dw, flag, meta.offsets, meta.order, chunks, M, s, h, k, s,
+                x.stride(0), *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False,
+                BC=bs, BD=bh, **dwk)
         _dw_kernel[(M, triton.cdiv(h, bh), triton.cdiv(s, bs))](   # (gate dy)ᵀ act: (h, s)
-            dy, act, gates_flat, dws[2], meta.offsets, meta.order, chunks, M, h, s, k,
-            dy.stride(0), s,
-            *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False, SCALE_A=True, BC=bh, BD=bs,
-            **dwk)
+            dy, act, gates_flat, dws[2], flag, meta.offsets, meta.order, chunks, M, h, s, k,
+            dy.stride(0), s, *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False,
+            SCALE_A=True, BC=bh, BD=bs, **dwk)
+    elif into is not None:              # no pairs: a stale buffer becomes zeros
+        for g in dws:
+            g.masked_fill_(keep == 0, 0.0)
     dx = torch.empty(N, h, device=dev, dtype=dt)
     combine_pairs(dx, dx_pairs, idx, 0, N, first_expert, M)
     dgates = dgate.sum(0)[:P].reshape(N, k)
+    if into is not None:
+        keep.fill_(1)
     return (dx, dgates, *dws)
+

@@ -168,7 +168,7 @@ class ExpertParallelMoE(nn.Module):
         ex = self.experts
         return swiglu_experts(x_NH, gates_NK, idx_NK, ex.w_gate, ex.w_up, ex.w_down,
                               impl=ex.impl, check_ids=False, first_expert=self.lo,
-                              chunks=chunks)
+                              chunks=chunks, grad_into=ex.grad_into(x_NH))
 
     def _forward_replicated(self, x_NH):
         """(y (N, h), RouterOutput): the whole batch routed, this rank's slots, one sum."""

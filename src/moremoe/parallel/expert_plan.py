@@ -23,8 +23,9 @@ the group); the objective J is the mean over the W ranks. Then
    the D ranks that hold the same shard (the data dimension), divided by W
    (``reduce_gradients``; ExpertParallelMoE.sync_gradients' "expert shards / E" with the
    data-parallel mean on top);
- - the norm for clipping counts every element once (``clip_grad_norm_``): replicated
-   gradients on one rank, FSDP2's and the expert shards summed over their owners.
+ - the norm for clipping counts every element once (``total_norm``): replicated
+   gradients on one rank, FSDP2's and the expert shards summed over their owners; the
+   trainer's update reads the gradients times the clip coefficient (training/optim.py).
 
 Checkpoints stay whole (the single-process model's names and shapes): ``gather_whole`` puts
 each expert tensor, weights and AdamW moments, gathered over the expert group, into rank 0's
@@ -109,9 +110,10 @@ class ExpertPlan:
             p.grad.div_(self.info.world)
 
     @torch.no_grad()
-    def clip_grad_norm_(self, params, max_norm: float) -> torch.Tensor:
-        """torch.nn.utils.clip_grad_norm_ over the whole model's gradient (2-norm): the same
-        norm on every rank, each element counted once; the gradients scaled in place."""
+    def total_norm(self, params) -> torch.Tensor:
+        """The whole model's gradient 2-norm, the same on every rank, each element counted
+        once: replicated gradients on one rank, FSDP2's and the expert shards summed over
+        their owners."""
         own = {id(p) for p in self.params}
         replicated, sharded, experts = [], [], []
         for p in params:
@@ -127,11 +129,7 @@ class ExpertPlan:
         # the D data groups hold copies of the same expert shards: each counts 1/D
         total = _sum_sq(sharded, dev) + _sum_sq(experts, dev) / self.data
         dist.all_reduce(total)
-        norm = (total + _sum_sq(replicated, dev)).sqrt()
-        grads = replicated + sharded + experts
-        if max_norm != float("inf") and grads:
-            torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
-        return norm
+        return (total + _sum_sq(replicated, dev)).sqrt()
 
     @torch.no_grad()
     def gather_whole(self, model: nn.Module, opt: torch.optim.Optimizer,

@@ -114,7 +114,8 @@ class OptimSpec:
     clip: float = 1.0                 # max global grad norm; 0 = no clipping
     moments: str = "fp32"             # AdamW's two moments: "fp32" (torch's AdamW) or "bf16"
                                       # (fp32 master weights, 4 bytes of state a parameter
-                                      # instead of 8; training/optim.py)
+                                      # instead of 8; one Triton pass a parameter on a GPU;
+                                      # training/optim.py)
 
     def __post_init__(self):
         for name in ("lr", "eps"):

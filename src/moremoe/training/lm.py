@@ -40,7 +40,8 @@ from .config import RunConfig
 from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
-from .optim import cosine_with_warmup, make_optimizer
+from .optim import (clipped_step, cosine_with_warmup, in_place_expert_banks, make_optimizer,
+                    zero_grads)
 from .signals import StopSignals, exit_status
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
@@ -138,6 +139,10 @@ class LMTrainer:
             self.model, self.info, data=par.data, experts=self.experts, mode=self.compile_mode,
             compile_scope=t.compile_scope if t.compile else None, bucket_mb=par.bucket_mb,
             checkpointing=t.activation_checkpointing, reduce_dtype=par.reduce_dtype)
+        # the fused expert banks add their gradients into .grad in the backward where no DDP
+        # reducer or FSDP2 owns them (docs/design.md, "The step's parameter-proportional work")
+        solo = self.info.world == 1 or self.experts is not None
+        self.in_place = in_place_expert_banks(self.model) if solo else []
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)
@@ -155,14 +160,9 @@ class LMTrainer:
     def _zero_grads(self) -> None:
         """Free the gradients; under CUDA graphs keep them allocated and zero them in place:
         a .grad that autograd took over from a backward graph's output (it does when .grad is
-        None) is overwritten by the next micro-step's replay (pytorch #169545)."""
-        if not self.graphs:
-            self.opt.zero_grad(set_to_none=True)
-            return
-        for p in self.model.parameters():
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self.opt.zero_grad(set_to_none=False)
+        None) is overwritten by the next micro-step's replay (pytorch #169545). The expert
+        banks that accumulate in place restart instead (no zeroing pass)."""
+        zero_grads(self.opt, self.model, self.in_place, keep_allocated=self.graphs)
 
     def _resume_or_start(self, resume: bool) -> None:
         latest = stored.latest_checkpoint(self.out)
@@ -243,18 +243,17 @@ class LMTrainer:
                 (out.loss / accum).backward()
             self.coverage.update(out.expert_counts)
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
-        clip = self.cfg.optim.clip or float("inf")
-        if self.experts is None:
-            gnorm = fsdp.whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        else:
+        if self.experts is not None:
             self.experts.reduce_gradients()
-            gnorm = self.experts.clip_grad_norm_(self.model.parameters(), clip)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        gnorm = (fsdp.whole(torch.nn.utils.get_total_norm(grads)) if self.experts is None
+                 else self.experts.total_norm(self.model.parameters()))
         vals = torch.cat([sums / accum, gnorm.detach().float().reshape(1).to(self.dev)])
         update = self._finite(vals)
         self._lrs = {g["name"]: g["lr"] for g in self.opt.param_groups}
         self._updating = True
-        if update:
-            self.opt.step()
+        if update:      # the clip read by the update itself (no pass writes the gradients)
+            clipped_step(self.opt, grads, gnorm.detach(), self.cfg.optim.clip or float("inf"))
         self.sched.step()
         self.batches.advance()
         self.step, self.tokens = self.step + 1, self.tokens + self.tokens_per_step

@@ -4,15 +4,23 @@ scales, the router weights (W, or R1 and R2; PEER's query networks and sub-keys)
 of their own (at router_lr, default lr), and a cosine learning rate after a linear warmup.
 
 optim.moments=bf16 keeps AdamW's two moments in bfloat16 (``LowPrecisionAdamW``): 4 bytes of
-optimizer state a parameter instead of 8, the fp32 weights staying the master copy. Its
-effect on the loss is not measured yet (benchmarks/NOTES.md, issue 26)."""
+optimizer state a parameter instead of 8, the fp32 weights staying the master copy; on a GPU
+each parameter's update is one Triton pass (ops/adamw.py). Its measured effect on the loss:
+benchmarks/NOTES.md (issue 27).
+
+``clipped_step`` folds the global-norm clip into the update: the clip coefficient is a
+device scalar that the update multiplies each gradient by as it reads it (torch's fused
+AdamW: as its grad_scale), so no pass writes the clipped gradients before the update."""
 from __future__ import annotations
 
 import math
 
 import torch
 
+from ..nn.experts import SwiGLUExperts
 from ..nn.peer import PEERLayer
+from ..ops.adamw import adamw_
+from ..ops.dispatch import resolve_impl
 from ..nn.router import LinearRouter, LowRankRouter
 
 ROUTERS = (LinearRouter, LowRankRouter)
@@ -57,8 +65,10 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
     """torch's AdamW update (decoupled weight decay, bias-corrected moments), step for step,
     with the moments exp_avg and exp_avg_sq stored in ``moment_dtype``: each update reads
     them into fp32, updates them and the fp32 parameters, and rounds them back (to nearest).
-    The work runs in slices of at most CHUNK elements, so its fp32 temporaries stay a few
-    hundred MB whatever the largest parameter (an expert bank of MoRE-8192: 1.3G elements).
+    Each parameter's update is one pass of ops/adamw.py (the Triton kernel on a GPU; on a
+    CPU torch's ops in slices of at most CHUNK elements, so that their fp32 temporaries stay
+    a few hundred MB whatever the largest parameter: an expert bank of MoRE-8192 has 1.3G
+    elements). step(grad_coef=c) reads every gradient times the device scalar c (the clip).
     State keys and the step counter are torch's, so checkpoints read like AdamW's."""
 
     CHUNK = 1 << 25
@@ -70,7 +80,7 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
         self.moment_dtype = moment_dtype
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, grad_coef: torch.Tensor | None = None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -78,30 +88,21 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, group)
+                    self._update(p, group, grad_coef)
         return loss
 
-    def _update(self, p: torch.Tensor, group: dict) -> None:
+    def _update(self, p: torch.Tensor, group: dict, coef: torch.Tensor | None) -> None:
         state = self.state[p]
         if not state:
             state["step"] = torch.tensor(0.0)
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key] = torch.zeros_like(p, dtype=self.moment_dtype)
         state["step"] += 1
-        lr, (beta1, beta2), t = float(group["lr"]), group["betas"], float(state["step"])
-        step_size = lr / (1 - beta1 ** t)
-        bc2_sqrt = (1 - beta2 ** t) ** 0.5
-        decay = 1 - lr * group["weight_decay"]
-        flat = [_local(x).view(-1) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
-        for start in range(0, flat[0].numel(), self.CHUNK):
-            w, g, m, v = (x[start:start + self.CHUNK] for x in flat)
-            g = g.float()
-            m32 = m.float().lerp_(g, 1 - beta1)
-            v32 = v.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            w.mul_(decay).addcdiv_(m32, (v32.sqrt() / bc2_sqrt).add_(group["eps"]),
-                                   value=-step_size)
-            m.copy_(m32)
-            v.copy_(v32)
+        (beta1, beta2), t = group["betas"], float(state["step"])
+        w, g, m, v = (_local(x) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
+        adamw_(w, g, m, v, lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
+               weight_decay=group["weight_decay"], step=t,
+               coef=coef, chunk=self.CHUNK)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load casts every state tensor to its parameter's dtype (fp32 here, and all
@@ -116,6 +117,67 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
                 self.state[p] = {k: v if k == "step" else
                                  v.to(device=p.device, dtype=self.moment_dtype)
                                  for k, v in saved[i].items()}
+
+
+def in_place_expert_banks(model: torch.nn.Module) -> list[SwiGLUExperts]:
+    """Every expert bank of the model that trains with the fused kernels where its weights
+    are (impl "auto" on CUDA; "triton", also in the CPU interpreter), set to accumulate its
+    weight gradients into .grad in its backward (nn/experts.py); the caller's zero_grads
+    restarts them."""
+    banks = [m for m in model.modules() if isinstance(m, SwiGLUExperts)
+             and resolve_impl(m.impl, m.w_gate) == "triton"]
+    for m in banks:
+        m.accumulate_grads_in_place()
+    return banks
+
+
+@torch.no_grad()
+def zero_grads(opt: torch.optim.Optimizer, model: torch.nn.Module, banks: list,
+               *, keep_allocated: bool) -> None:
+    """Between steps: every .grad freed, or (keep_allocated) kept and zeroed in place, except
+    the in-place banks' weights, whose buffers are restarted (their next backward stores
+    over the old values) and made the .grad again."""
+    if not keep_allocated:
+        opt.zero_grad(set_to_none=True)
+    else:
+        own = {id(w) for m in banks for w in m.weights()}
+        grads = []
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in own:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+        if grads:
+            torch._foreach_zero_(grads)
+    for m in banks:
+        m.restart_grads()
+
+
+@torch.no_grad()
+def clipped_step(opt: torch.optim.Optimizer, grads: list[torch.Tensor], norm: torch.Tensor,
+                 max_norm: float) -> None:
+    """opt.step() on the gradients times torch's clip_grad_norm_ coefficient
+    min(1, max_norm / (norm + 1e-6)) (norm: the global 2-norm, a device scalar; max_norm inf:
+    no clip), read by the update itself where it can (LowPrecisionAdamW's grad_coef, torch's
+    fused AdamW's grad_scale = 1 / coefficient, which writes the scaled gradient back in
+    the same pass); otherwise (torch's foreach AdamW, FSDP2's DTensor parameters under the
+    fused one) one multiply over the gradients first, as clip_grad_norm_ does."""
+    if max_norm == float("inf") or not grads:
+        opt.step()
+        return
+    coef = (max_norm / (norm.float() + 1e-6)).clamp(max=1.0)
+    if isinstance(opt, LowPrecisionAdamW):
+        opt.step(grad_coef=coef)
+    elif opt.defaults.get("fused") and not any(hasattr(g, "to_local") for g in grads):
+        opt.grad_scale = coef.reciprocal().reshape(())
+        try:
+            opt.step()
+        finally:
+            del opt.grad_scale
+    else:
+        local = [_local(g) for g in grads]        # FSDP2's shards: the global coefficient
+        torch._foreach_mul_(local, coef.to(local[0].device))
+        opt.step()
 
 
 def cosine_with_warmup(total: int, warmup_frac: float, min_frac: float):

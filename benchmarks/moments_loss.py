@@ -1,0 +1,82 @@
+"""The loss with bf16 AdamW moments against fp32 ones: the same preset, data, seed and
+schedule trained twice (optim.moments=fp32, then bf16), the train and validation curves side
+by side in one JSON and one plot.
+
+    PYTHONPATH=src:tests python benchmarks/moments_loss.py OUT_DIR [--preset tiny-more]
+        [--data DIR (default: the tests' prose, byte-level)] [--set key=value ...]
+
+Prints the mean |Δ loss| over the logged steps, the last validation losses and the
+run-to-run spread of two fp32 runs with different data seeds for scale (--noise)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from moremoe.training.compose import build_run_config
+from moremoe.training.lm import train
+
+
+def _run(out: Path, preset: str, data: str, sets: list[str]) -> dict:
+    cfg = build_run_config(preset=preset, overrides=sets, data=data, out=str(out))
+    train(cfg, force=True, echo=lambda text: None)
+    events = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {"train": [(e["step"], e["loss"]) for e in events if e["event"] == "train"],
+            "val": [(e["step"], e["val_loss"]) for e in events if e["event"] == "eval"]}
+
+
+def _gap(a: list, b: list) -> float:
+    pairs = [(x[1], y[1]) for x, y in zip(a, b) if x[1] is not None and y[1] is not None]
+    return sum(abs(x - y) for x, y in pairs) / max(1, len(pairs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--preset", default="tiny-more")
+    ap.add_argument("--data")
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--noise", action="store_true", help="also an fp32 run on another seed")
+    a = ap.parse_args()
+    out = Path(a.out)
+    data = a.data
+    if data is None:
+        from prepared import write_token_dir
+        data = str(write_token_dir(out / "data"))
+    runs = {m: _run(out / m, a.preset, data, a.set + [f"optim.moments={m}"])
+            for m in ("fp32", "bf16")}
+    if a.noise:
+        runs["fp32_seed1"] = _run(out / "fp32_seed1", a.preset, data,
+                                  a.set + ["optim.moments=fp32", "train.seed=1"])
+    summary = {"preset": a.preset, "sets": a.set,
+               "mean_abs_train_gap_bf16": _gap(runs["fp32"]["train"], runs["bf16"]["train"]),
+               "last_val": {k: r["val"][-1][1] for k, r in runs.items()}}
+    if a.noise:
+        summary["mean_abs_train_gap_seed"] = _gap(runs["fp32"]["train"],
+                                                  runs["fp32_seed1"]["train"])
+    (out / "moments_loss.json").write_text(json.dumps({**summary, "runs": runs}, indent=1))
+    print(json.dumps(summary))
+    _plot(runs, out / "moments_loss.png", a.preset)
+
+
+def _plot(runs: dict, path: Path, title: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, r in runs.items():
+        ax.plot(*zip(*r["train"]), label=f"train, moments {name}")
+        ax.plot(*zip(*r["val"]), "o--", label=f"val, moments {name}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{title}: AdamW moments fp32 vs bf16")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
