@@ -21,7 +21,7 @@ def _losses(out):
 
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("moments", ["fp32", "bf16"])
-def test_in_place_expert_gradients_train_like_autograd(text_data, tmp_path, monkeypatch,
+def test_in_place_expert_gradients_train_like_autograd(text_data, tmp_path,
                                                        compiled, moments):
     """tiny-more over 3 accumulation micro-steps, the kernels' weight gradients added into
     .grad by the backward or by AccumulateGrad: the same fp32 adds, so the same losses (to
@@ -31,11 +31,10 @@ def test_in_place_expert_gradients_train_like_autograd(text_data, tmp_path, monk
             f"train.compile={str(compiled).lower()}", "train.compile_mode=reduce-overhead"]
     runs = {}
     for in_place in (True, False):
-        if not in_place:
-            monkeypatch.setattr("moremoe.training.lm.in_place_expert_banks", lambda m: [])
         out = tmp_path / f"in_place_{in_place}"
+        grads = f"optim.expert_grads={'in_place' if in_place else 'autograd'}"
         train(build_run_config(preset="tiny-more", data=str(text_data), out=str(out),
-                               device="cuda", overrides=sets), echo=print)
+                               device="cuda", overrides=sets + [grads]), echo=print)
         runs[in_place] = _losses(out)
     assert len(runs[True]) == 12
     # not bit for bit: two GPU runs may differ in the last bits (the attention backward)

@@ -13,7 +13,8 @@ from runs import assert_same_run, curve, quiet, torchrun_train  # noqa: E402
 
 SETS = ["model.seq_len=16", "model.layers=1", "model.experts_impl=triton",
         "train.batch_size=2", "train.grad_accum=3", "train.log_every=1", "train.eval_every=4",
-        "train.eval_batches=1", "train.ckpt_every=1", "train.max_steps=3", "optim.clip=0.5"]
+        "train.eval_batches=1", "train.ckpt_every=1", "train.max_steps=3", "optim.clip=0.5",
+        "optim.expert_grads=in_place"]
 
 
 def _train(data, out, sets=(), **kw):
@@ -34,8 +35,7 @@ def test_in_place_expert_gradients_train_exactly_like_autograd(text_data, tmp_pa
     _train(text_data, tmp_path / "in_place")
     assert len(banks) == 1 and banks[0].in_place_grads      # the one layer's bank
     monkeypatch.setattr(LMTrainer, "_wrapped", real)
-    monkeypatch.setattr("moremoe.training.lm.in_place_expert_banks", lambda model: [])
-    _train(text_data, tmp_path / "autograd")
+    _train(text_data, tmp_path / "autograd", ["optim.expert_grads=autograd"])
     got, want = curve(tmp_path / "in_place"), curve(tmp_path / "autograd")
     assert len(got) == 3 and all(norm > 0.5 for _, _, norm in got)     # the clip acts
     assert got == want                    # the same fp32 adds in the same order

@@ -29,6 +29,9 @@ gradients), and checkpoints hold the whole model, so a run resumes on another la
 plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
 block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments, one Triton pass a
 parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less.
+--set optim.expert_grads=in_place makes the fused expert backward add its weight gradients
+into .grad across micro-steps (one process or expert shards; not yet the default: its
+CUDA-graph tests have not run on a GPU).
 
 A run directory that already holds a run is continued with --resume (from its newest
 complete checkpoint; incomplete ones are named and skipped) or started over with --force.

@@ -24,6 +24,7 @@ from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more", "peer")
 MOMENTS = ("fp32", "bf16")
+EXPERT_GRADS = ("autograd", "in_place")
 SECTIONS = ("model", "optim", "train", "parallel")
 
 
@@ -116,6 +117,10 @@ class OptimSpec:
                                       # (fp32 master weights, 4 bytes of state a parameter
                                       # instead of 8; one Triton pass a parameter on a GPU;
                                       # training/optim.py)
+    expert_grads: str = "autograd"    # "in_place": the fused expert backward adds the weight
+                                      # gradients into .grad across micro-steps (one process
+                                      # or expert shards; nn/experts.py); off by default until
+                                      # its GPU tests have run under CUDA graphs
 
     def __post_init__(self):
         for name in ("lr", "eps"):
@@ -137,6 +142,9 @@ class OptimSpec:
         if self.moments not in MOMENTS:
             raise ValueError(f"optim.moments must be one of {', '.join(MOMENTS)}, got "
                              f"{self.moments!r}")
+        if self.expert_grads not in EXPERT_GRADS:
+            raise ValueError(f"optim.expert_grads must be one of {', '.join(EXPERT_GRADS)}, "
+                             f"got {self.expert_grads!r}")
 
 
 # CUDA-graph modes: the trainer marks each micro-step and keeps the gradients allocated, so
@@ -249,7 +257,7 @@ class ParallelSpec:
 
 # Keys whose values are names from a list: a value of the wrong type names the list too
 CHOICES = {"parallel.data": DATA_MODES, "parallel.reduce_dtype": REDUCE_DTYPES,
-           "optim.moments": MOMENTS}
+           "optim.moments": MOMENTS, "optim.expert_grads": EXPERT_GRADS}
 
 
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
@@ -261,6 +269,7 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit",
                        "activation_checkpointing"},
              "model": {"router_impl", "experts_impl"},
+             "optim": {"expert_grads"},      # the same sums, added in place or by autograd
              # checkpoints hold the whole state, any layout; a resumed run may reduce in
              # another dtype or bucket size (it then follows another rounding of the average)
              "parallel": {"data", "expert", "bucket_mb", "reduce_dtype"}}

@@ -142,7 +142,8 @@ class LMTrainer:
         # the fused expert banks add their gradients into .grad in the backward where no DDP
         # reducer or FSDP2 owns them (docs/design.md, "The step's parameter-proportional work")
         solo = self.info.world == 1 or self.experts is not None
-        self.in_place = in_place_expert_banks(self.model) if solo else []
+        in_place = solo and o.expert_grads == "in_place"
+        self.in_place = in_place_expert_banks(self.model) if in_place else []
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)
