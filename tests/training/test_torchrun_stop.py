@@ -104,9 +104,13 @@ def test_sigterm_to_torchrun_or_to_one_rank_checkpoints_on_every_rank(text_data,
                                  preset="tiny-moe")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.time() + 60
+    deadline = time.time() + 240         # a loaded 2-core machine starts torchrun slowly
     while not stored.checkpoints(out) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+    # the signal must come once the ranks train (their handlers installed), not before
+    if not stored.checkpoints(out) or proc.poll() is not None:
+        proc.kill()
+        pytest.fail(f"the run left no checkpoint to stop after: {proc.communicate()[1][-3000:]}")
     os.kill(proc.pid if target == "launcher" else _rank_pid(proc.pid, 1), signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == (1 if target == "launcher" else 0), stderr[-3000:]
