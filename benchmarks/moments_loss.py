@@ -1,6 +1,7 @@
 """The loss with bf16 AdamW moments against fp32 ones: the same preset, data, seed and
-schedule trained twice (optim.moments=fp32, then bf16), the train and validation curves side
-by side in one JSON and one plot.
+schedule trained twice (optim.moments=fp32, then bf16), and with --grads a third time with
+bf16 gradients too (optim.grads=bf16), the train and validation curves side by side in one
+JSON and one plot.
 
     PYTHONPATH=src:tests python benchmarks/moments_loss.py OUT_DIR [--preset tiny-more]
         [--data DIR (default: the tests' prose, byte-level)] [--set key=value ...]
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--data")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--noise", action="store_true", help="also an fp32 run on another seed")
+    ap.add_argument("--grads", action="store_true",
+                    help="also bf16 gradients with the bf16 moments (optim.grads=bf16)")
     a = ap.parse_args()
     out = Path(a.out)
     data = a.data
@@ -45,12 +48,18 @@ def main() -> None:
         data = str(write_token_dir(out / "data"))
     runs = {m: _run(out / m, a.preset, data, a.set + [f"optim.moments={m}"])
             for m in ("fp32", "bf16")}
+    if a.grads:
+        runs["bf16_grads"] = _run(out / "bf16_grads", a.preset, data,
+                                  a.set + ["optim.moments=bf16", "optim.grads=bf16"])
     if a.noise:
         runs["fp32_seed1"] = _run(out / "fp32_seed1", a.preset, data,
                                   a.set + ["optim.moments=fp32", "train.seed=1"])
     summary = {"preset": a.preset, "sets": a.set,
                "mean_abs_train_gap_bf16": _gap(runs["fp32"]["train"], runs["bf16"]["train"]),
                "last_val": {k: r["val"][-1][1] for k, r in runs.items()}}
+    if a.grads:
+        summary["mean_abs_train_gap_bf16_grads"] = _gap(runs["fp32"]["train"],
+                                                        runs["bf16_grads"]["train"])
     if a.noise:
         summary["mean_abs_train_gap_seed"] = _gap(runs["fp32"]["train"],
                                                   runs["fp32_seed1"]["train"])

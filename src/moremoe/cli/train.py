@@ -31,7 +31,8 @@ block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments, one Tri
 parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less.
 --set optim.expert_grads=in_place makes the fused expert backward add its weight gradients
 into .grad across micro-steps (one process or expert shards; not yet the default: its
-CUDA-graph tests have not run on a GPU).
+CUDA-graph tests have not run on a GPU). --set optim.grads=bf16 (with optim.moments=bf16, one
+process) keeps the gradients in bf16, 2 bytes a parameter, accumulated in bf16.
 
 A run directory that already holds a run is continued with --resume (from its newest
 complete checkpoint; incomplete ones are named and skipped) or started over with --force.

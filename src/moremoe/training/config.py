@@ -25,6 +25,7 @@ from ..tasks.tokenizer import VOCAB_SIZE
 KINDS = ("moe", "more", "peer")
 MOMENTS = ("fp32", "bf16")
 EXPERT_GRADS = ("autograd", "in_place")
+GRAD_DTYPES = ("fp32", "bf16")
 SECTIONS = ("model", "optim", "train", "parallel")
 
 
@@ -121,6 +122,9 @@ class OptimSpec:
                                       # gradients into .grad across micro-steps (one process
                                       # or expert shards; nn/experts.py); off by default until
                                       # its GPU tests have run under CUDA graphs
+    grads: str = "fp32"               # the parameters' .grad: "fp32", or "bf16" (2 bytes a
+                                      # parameter; micro-steps accumulate in bf16; one
+                                      # process, with moments=bf16; training/optim.py)
 
     def __post_init__(self):
         for name in ("lr", "eps"):
@@ -145,6 +149,13 @@ class OptimSpec:
         if self.expert_grads not in EXPERT_GRADS:
             raise ValueError(f"optim.expert_grads must be one of {', '.join(EXPERT_GRADS)}, "
                              f"got {self.expert_grads!r}")
+        if self.grads not in GRAD_DTYPES:
+            raise ValueError(f"optim.grads must be one of {', '.join(GRAD_DTYPES)}, got "
+                             f"{self.grads!r}")
+        if self.grads == "bf16" and (self.moments, self.expert_grads) != ("bf16", "autograd"):
+            raise ValueError("optim.grads=bf16 needs optim.moments=bf16 (the update that reads "
+                             "bf16 gradients) and optim.expert_grads=autograd (the in-place "
+                             "banks keep fp32 buffers)")
 
 
 # CUDA-graph modes: the trainer marks each micro-step and keeps the gradients allocated, so
@@ -257,7 +268,8 @@ class ParallelSpec:
 
 # Keys whose values are names from a list: a value of the wrong type names the list too
 CHOICES = {"parallel.data": DATA_MODES, "parallel.reduce_dtype": REDUCE_DTYPES,
-           "optim.moments": MOMENTS, "optim.expert_grads": EXPERT_GRADS}
+           "optim.moments": MOMENTS, "optim.expert_grads": EXPERT_GRADS,
+           "optim.grads": GRAD_DTYPES}
 
 
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
@@ -269,7 +281,7 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit",
                        "activation_checkpointing"},
              "model": {"router_impl", "experts_impl"},
-             "optim": {"expert_grads"},      # the same sums, added in place or by autograd
+             "optim": {"expert_grads", "grads"},   # gradients: not part of the saved state
              # checkpoints hold the whole state, any layout; a resumed run may reduce in
              # another dtype or bucket size (it then follows another rounding of the average)
              "parallel": {"data", "expert", "bucket_mb", "reduce_dtype"}}

@@ -42,10 +42,10 @@ class Part:
     share: int                 # held as params / share on each rank
     how: str
 
-    def bytes(self, moments: str) -> tuple[int, int, int]:
+    def bytes(self, moments: str, grads: str = "fp32") -> tuple[int, int, int]:
         """(weights, gradients, optimizer states) on one rank."""
         n = self.params // self.share
-        return 4 * n, 4 * n, (STATE_BYTES[moments] - 8) * n
+        return 4 * n, (2 if grads == "bf16" else 4) * n, (STATE_BYTES[moments] - 8) * n
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,10 @@ class MemoryPlan:
     checkpointing: bool
     have: int
     where: str
+    grads: str = "fp32"        # optim.grads: the gradients' dtype
 
     def state_bytes(self) -> int:
-        return sum(sum(p.bytes(self.moments)) for p in self.parts)
+        return sum(sum(p.bytes(self.moments, self.grads)) for p in self.parts)
 
     def total(self) -> int:
         return self.state_bytes() + self.buffers + self.activations
@@ -68,14 +69,14 @@ class MemoryPlan:
     def to_dict(self) -> dict:
         return {"state_bytes": self.state_bytes(), "buffers": self.buffers,
                 "activations": self.activations, "total": self.total(), "have": self.have,
-                "tokens": self.tokens, "moments": self.moments,
+                "tokens": self.tokens, "moments": self.moments, "grads": self.grads,
                 "parts": [{"name": p.name, "params": p.params, "share": p.share,
                            "how": p.how} for p in self.parts]}
 
     def table(self) -> str:
         rows = []
         for p in self.parts:
-            w, g, o = p.bytes(self.moments)
+            w, g, o = p.bytes(self.moments, self.grads)
             rows.append([p.name, f"{p.params / 1e6:,.1f}M", p.how, gib(w), gib(g), gib(o),
                          gib(w + g + o)])
         if self.buffers:
@@ -85,7 +86,7 @@ class MemoryPlan:
         rows.append(["activations (estimate)", "", f"{self.tokens:,} tokens, {kept}", "", "",
                      "", gib(self.activations)])
         rows.append(["total", "", "", "", "", "", f"{gib(self.total())} of {gib(self.have)}"])
-        head = ["memory per rank", "params", "held as", "weights", "grads",
+        head = ["memory per rank", "params", "held as", "weights", f"grads ({self.grads})",
                 f"AdamW ({self.moments})", "total"]
         return f"memory plan ({self.where}):\n" + table(rows, head)
 
@@ -114,7 +115,7 @@ def memory_plan(cfg, model_config: TransformerConfig, device: torch.device, *,
                       tokens * activation_bytes(model_config, a, E,
                                                 cfg.train.activation_checkpointing),
                       tokens, cfg.train.activation_checkpointing,
-                      memory_bytes(device) if have is None else have, where)
+                      memory_bytes(device) if have is None else have, where, cfg.optim.grads)
 
 
 def activation_bytes(c: TransformerConfig, a: int, expert: int,

@@ -41,7 +41,7 @@ from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
 from .optim import (clipped_step, cosine_with_warmup, in_place_expert_banks, make_optimizer,
-                    zero_grads)
+                    set_grad_dtype, zero_grads)
 from .signals import StopSignals, exit_status
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
@@ -144,6 +144,7 @@ class LMTrainer:
         solo = self.info.world == 1 or self.experts is not None
         in_place = solo and o.expert_grads == "in_place"
         self.in_place = in_place_expert_banks(self.model) if in_place else []
+        set_grad_dtype(self.model, o.grads, self.info.world)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)

@@ -56,6 +56,24 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95), eps:
                              **({"fused": True} if fused else {}))
 
 
+def set_grad_dtype(model: torch.nn.Module, grads: str, world: int) -> None:
+    """optim.grads: "bf16" makes autograd produce and accumulate every trainable parameter's
+    .grad in bfloat16 (Tensor.grad_dtype; the fp32 weights stay the master copy), one
+    process only: DDP's buckets and FSDP2's reduce-scatter hold the parameters' dtype."""
+    if grads == "fp32":
+        return
+    if world > 1:
+        raise ValueError(f"optim.grads=bf16 trains one process ({world} ranks here: DDP's "
+                         f"buckets and FSDP2 reduce in the parameters' dtype); under torchrun "
+                         f"use --set parallel.reduce_dtype=bf16 for bf16 traffic")
+    if not hasattr(torch._C.TensorBase, "grad_dtype"):
+        raise ValueError(f"optim.grads=bf16 needs Tensor.grad_dtype, which torch "
+                         f"{torch.__version__} lacks; use optim.grads=fp32")
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad_dtype = torch.bfloat16
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (FSDP2), a plain tensor as it is."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -145,7 +163,8 @@ def zero_grads(opt: torch.optim.Optimizer, model: torch.nn.Module, banks: list,
         for p in model.parameters():
             if p.requires_grad and id(p) not in own:
                 if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+                    dtype = getattr(p, "grad_dtype", None) or p.dtype   # optim.grads
+                    p.grad = torch.zeros_like(p, dtype=dtype)
                 grads.append(p.grad)
         if grads:
             torch._foreach_zero_(grads)
