@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # DDP's step time on 2 GPUs against one GPU, for the paper pair (issue 27, part 2): each
 # preset trains STEPS steps (the first WARMUP, which compile and record the CUDA graphs, left
-# out of the mean) with its own compile settings (the whole model, compile_mode=auto: CUDA
-# graphs on one GPU and, now, under DDP), once on one GPU and then under DDP over 2 GPUs at
+# out of the mean) with its own compile settings (the whole model) in compile_mode MODE
+# (reduce-overhead: CUDA graphs on one GPU and under DDP, where `auto` does not take them
+# yet), once on one GPU and then under DDP over 2 GPUs at
 # each parallel.bucket_mb in BUCKETS, reducing in each parallel.reduce_dtype in REDUCE. The
 # one-GPU runs of the two presets run at once, one on each GPU. The data are random GPT-2
 # token ids (the step's time does not depend on the text; nothing to prepare).
@@ -36,6 +37,7 @@ WARMUP=${WARMUP:-6}
 LIMIT_S=${LIMIT_S:-290}
 MIN_RUN_S=${MIN_RUN_S:-45}
 SETS=${SETS:-}
+MODE=${MODE:-reduce-overhead}        # train.compile_mode of every run
 TESTS=${TESTS:-0}
 export PYTHONPATH="$ROOT/src:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$ROOT" || exit 1
@@ -92,7 +94,8 @@ run() {           # NAME NPROC GPU_LIST [--set ...]: one run, its summary into R
         --out "$RUNS/$name" --device "$DEVICE" --max-steps "$STEPS" \
         --set train.timing_warmup="$WARMUP" --set train.log_every=5 \
         --set train.eval_every=1000000 --set train.eval_batches=1 \
-        --set train.save_on_stop=false "${sets[@]}" "$@" >"$RUNS/$name.log" 2>&1
+        --set train.save_on_stop=false --set train.compile_mode="$MODE" "${sets[@]}" "$@" \
+        >"$RUNS/$name.log" 2>&1
     rc=$?
     { echo "== $name: exit $rc"; grep -v "^\s*$" "$RUNS/$name.log" | tail -6; } >>"$OUT/runs.log"
     [ -f "$RUNS/$name/summary.json" ] && cp "$RUNS/$name/summary.json" "$RUNS/summaries/$name.json"

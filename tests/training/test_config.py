@@ -167,13 +167,13 @@ def test_peer_presets_and_their_checks(text_data, tmp_path):
     assert len(summary["expert_coverage"]) == 2
 
 
-def test_compile_mode_auto_takes_cuda_graphs_on_one_gpu_and_under_ddp():
+def test_compile_mode_auto_takes_cuda_graphs_on_one_gpu():
     from moremoe.parallel.plan import compile_mode
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert compile_mode("auto", cuda, 1) == "reduce-overhead"
-    assert compile_mode("auto", cuda, 2) == "reduce-overhead"  # DDP: graphs between buckets
+    assert compile_mode("auto", cuda, 2) == "default"   # DDP: graphs asked for by name
+    assert compile_mode("reduce-overhead", cuda, 2) == "reduce-overhead"
     assert compile_mode("auto", cuda, 2, data="fsdp") == "default"     # FSDP2: no graphs
-    assert compile_mode("auto", cuda, 2, expert=2) == "default"
     assert compile_mode("auto", cuda, 1, data="fsdp") == "reduce-overhead"   # one process
     assert compile_mode("auto", cpu, 1) == "default"
     assert compile_mode("max-autotune", cpu, 4) == "max-autotune"   # an explicit mode stays

@@ -21,8 +21,8 @@ global batch is batch_size x GPUs x grad_accum). --set parallel.data=fsdp shards
 gradients and AdamW states over the GPUs (FSDP2); --set parallel.expert=E splits every
 layer's experts over groups of E GPUs (expert parallelism: each GPU keeps its micro-batch
 and sends the tokens to their experts' GPUs by all-to-all; E divides model.experts and the
-GPUs), with DDP or FSDP2 for the rest. DDP runs the compiled model with CUDA graphs too
-(compile_mode=auto) and all-reduces the gradients in buckets of --set parallel.bucket_mb=MB
+GPUs), with DDP or FSDP2 for the rest. DDP runs the compiled model with CUDA graphs when
+asked (--set train.compile_mode=reduce-overhead; not yet the default) and all-reduces the gradients in buckets of --set parallel.bucket_mb=MB
 during the backward, in fp32 or with --set parallel.reduce_dtype=bf16 in bf16. Either way a
 step equals one process on the global batch (bf16: to bf16's rounding of the averaged
 gradients), and checkpoints hold the whole model, so a run resumes on another layout. The memory

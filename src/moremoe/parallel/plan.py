@@ -14,14 +14,15 @@ from .expert_plan import ExpertPlan
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-def compile_mode(mode: str, device: torch.device, world: int, *, data: str = "ddp",
-                 expert: int = 1) -> str:
+def compile_mode(mode: str, device: torch.device, world: int, *, data: str = "ddp") -> str:
     """train.compile_mode as torch.compile takes it. "auto" is CUDA graphs (reduce-overhead)
-    on a GPU, for one process and under DDP, where the paper pair's step measured GPU-bound
-    with them (benchmarks/NOTES.md); "default" on a CPU and where the ranks share the
-    model's state (FSDP2, expert parallelism), whose collectives run inside the blocks'
-    forward and backward on buffers that move between calls, which a graph's replay cannot
-    follow. A CUDA-graph mode named under FSDP2 on several ranks is a ValueError."""
+    for one process on a GPU, where the paper pair's step measured GPU-bound with them
+    (benchmarks/NOTES.md); "default" on a CPU and with several ranks. Under DDP the graphs
+    are built (train.compile_mode=reduce-overhead) but not yet the default: their GPU tests
+    (tests/training/test_ddp_gpu.py) have not run. FSDP2 and expert parallelism share the
+    model's state, whose collectives run inside the blocks' forward and backward on buffers
+    that move between calls, which a graph's replay cannot follow: a CUDA-graph mode named
+    under FSDP2 on several ranks is a ValueError."""
     if mode in CUDA_GRAPH_MODES and world > 1 and data == "fsdp":
         raise ValueError(f"train.compile_mode={mode} (CUDA graphs) does not work with "
                          f"parallel.data=fsdp (FSDP2 gathers each block's weights into new "
@@ -29,8 +30,7 @@ def compile_mode(mode: str, device: torch.device, world: int, *, data: str = "dd
                          f"parallel.data=ddp")
     if mode != "auto":
         return mode
-    shared = world > 1 and (data == "fsdp" or expert > 1)
-    return "reduce-overhead" if device.type == "cuda" and not shared else "default"
+    return "reduce-overhead" if device.type == "cuda" and world == 1 else "default"
 
 
 def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",

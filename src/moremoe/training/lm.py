@@ -76,7 +76,7 @@ class LMTrainer:
         self.dev, self.main = self.info.device, self.info.main
         self.compile_mode = plan.compile_mode(  # a mode that cannot run stops before any work
             t.compile_mode if t.compile else "default", self.dev, self.info.world,
-            data=cfg.parallel.data, expert=cfg.parallel.expert)
+            data=cfg.parallel.data)
         self.out = Path(t.out or default_out(cfg))
         if self.main:                                       # before any data is read
             ckpt.check_run_dir(self.out, force=force)
