@@ -24,7 +24,7 @@ from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more", "peer")
 MOMENTS = ("fp32", "bf16")
-EXPERT_GRADS = ("autograd", "in_place")
+EXPERT_GRADS = ("auto", "autograd", "in_place")
 GRAD_DTYPES = ("fp32", "bf16")
 SECTIONS = ("model", "optim", "train", "parallel")
 
@@ -118,10 +118,10 @@ class OptimSpec:
                                       # (fp32 master weights, 4 bytes of state a parameter
                                       # instead of 8; one Triton pass a parameter on a GPU;
                                       # training/optim.py)
-    expert_grads: str = "autograd"    # "in_place": the fused expert backward adds the weight
+    expert_grads: str = "auto"        # "in_place": the fused expert backward adds the weight
                                       # gradients into .grad across micro-steps (one process
-                                      # or expert shards; nn/experts.py); off by default until
-                                      # its GPU tests have run under CUDA graphs
+                                      # or expert shards; nn/experts.py); "auto": in_place
+                                      # there with fp32 grads, else autograd
     grads: str = "fp32"               # the parameters' .grad: "fp32", or "bf16" (2 bytes a
                                       # parameter; micro-steps accumulate in bf16; one
                                       # process, with moments=bf16; training/optim.py)
@@ -152,10 +152,10 @@ class OptimSpec:
         if self.grads not in GRAD_DTYPES:
             raise ValueError(f"optim.grads must be one of {', '.join(GRAD_DTYPES)}, got "
                              f"{self.grads!r}")
-        if self.grads == "bf16" and (self.moments, self.expert_grads) != ("bf16", "autograd"):
+        if self.grads == "bf16" and (self.moments != "bf16" or self.expert_grads == "in_place"):
             raise ValueError("optim.grads=bf16 needs optim.moments=bf16 (the update that reads "
-                             "bf16 gradients) and optim.expert_grads=autograd (the in-place "
-                             "banks keep fp32 buffers)")
+                             "bf16 gradients) and optim.expert_grads=auto or autograd (the "
+                             "in-place banks keep fp32 buffers)")
 
 
 # CUDA-graph modes: the trainer marks each micro-step and keeps the gradients allocated, so

@@ -142,7 +142,8 @@ class LMTrainer:
         # the fused expert banks add their gradients into .grad in the backward where no DDP
         # reducer or FSDP2 owns them (docs/design.md, "The step's parameter-proportional work")
         solo = self.info.world == 1 or self.experts is not None
-        in_place = solo and o.expert_grads == "in_place"
+        in_place = solo and (o.expert_grads == "in_place"
+                             or o.expert_grads == "auto" and o.grads == "fp32")
         self.in_place = in_place_expert_banks(self.model) if in_place else []
         set_grad_dtype(self.model, o.grads, self.info.world)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
