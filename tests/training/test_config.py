@@ -167,6 +167,19 @@ def test_peer_presets_and_their_checks(text_data, tmp_path):
     assert len(summary["expert_coverage"]) == 2
 
 
+def test_a_compiled_ddp_bucket_under_torchs_first_is_named():
+    """dynamo's DDPOptimizer asserts at the first forward on buckets under 1 MiB (seen on 2
+    H100s with parallel.bucket_mb=0.05): the trainer names the bound before any work."""
+    from moremoe.parallel.plan import check_bucket
+    with pytest.raises(ValueError, match=r"parallel\.bucket_mb=0\.05 is under torch\.compile's "
+                                         r"first DDP bucket \(1 MB.*>= 1 or train\.compile=false"):
+        check_bucket(0.05, compiled=True, world=2)
+    check_bucket(0.05, compiled=False, world=2)                 # eager DDP takes any size
+    check_bucket(0.05, compiled=True, world=1)                  # one process: no DDP
+    check_bucket(0.05, compiled=True, world=2, data="fsdp")     # FSDP2: no DDP buckets
+    check_bucket(1.0, compiled=True, world=2)
+
+
 def test_compile_mode_auto_takes_cuda_graphs_on_one_gpu():
     from moremoe.parallel.plan import compile_mode
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")

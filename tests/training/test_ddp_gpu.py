@@ -33,7 +33,8 @@ def test_ddp_two_nccl_ranks_equal_one_gpu(text_data, tmp_path):
 def test_ddp_with_cuda_graphs_and_bf16_reduction_follows_one_gpu_and_resumes(
         text_data, tmp_path, scope):
     """compile_mode=reduce-overhead takes CUDA graphs under DDP (auto does not yet): each compiled graph split where DDP's
-    buckets end (small buckets: several pieces a block), every piece a CUDA graph, the bf16
+    buckets end (buckets of 1 MB, torch.compile's smallest, in blocks of h = 256: about two
+    pieces a block), every piece a CUDA graph, the bf16
     all-reduce between the replays, 2 accumulation micro-steps. The losses follow one GPU at
     the global batch (compiled the same way) to bf16's rounding, and a run stopped at step 3
     and resumed goes on to the uninterrupted run's losses."""
@@ -41,9 +42,9 @@ def test_ddp_with_cuda_graphs_and_bf16_reduction_follows_one_gpu_and_resumes(
     from moremoe.training.lm import train
     model = ["train.compile=true", "train.compile_mode=reduce-overhead",
              f"train.compile_scope={scope}",
-             "model.router_impl=triton", "model.experts_impl=triton"]
+             "model.router_impl=triton", "model.experts_impl=triton", "model.hidden=256"]
     ddp = model + ["train.batch_size=4", "train.grad_accum=2", "parallel.reduce_dtype=bf16",
-                   "parallel.bucket_mb=0.05"]
+                   "parallel.bucket_mb=1"]
     full = run_torchrun(text_data, tmp_path / "ddp", ddp, device="cuda")
     assert full["compile"] == f"{scope}, reduce-overhead"
     single = train(build_run_config(preset="tiny-moe", data=str(text_data),

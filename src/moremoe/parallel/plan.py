@@ -33,6 +33,21 @@ def compile_mode(mode: str, device: torch.device, world: int, *, data: str = "dd
     return "reduce-overhead" if device.type == "cuda" and world == 1 else "default"
 
 
+# torch.compile under DDP (dynamo's DDPOptimizer) starts its graph pieces at DDP's first
+# bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB) and refuses smaller buckets
+COMPILED_DDP_MIN_BUCKET_MB = 1.0
+
+
+def check_bucket(bucket_mb: float, *, compiled: bool, world: int, data: str = "ddp") -> None:
+    """A DDP bucket under torch.compile's first one is a ValueError naming the bound (dynamo
+    would stop with an assertion at the first forward)."""
+    if compiled and world > 1 and data == "ddp" and bucket_mb < COMPILED_DDP_MIN_BUCKET_MB:
+        raise ValueError(f"parallel.bucket_mb={bucket_mb:g} is under torch.compile's first "
+                         f"DDP bucket ({COMPILED_DDP_MIN_BUCKET_MB:g} MB, where its graphs "
+                         f"split); use parallel.bucket_mb >= {COMPILED_DDP_MIN_BUCKET_MB:g} "
+                         f"or train.compile=false")
+
+
 def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",
                 compile_scope: str | None = None, mode: str = "default",
                 experts: ExpertPlan | None = None, checkpointing: bool = False,

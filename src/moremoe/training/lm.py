@@ -77,6 +77,8 @@ class LMTrainer:
         self.compile_mode = plan.compile_mode(  # a mode that cannot run stops before any work
             t.compile_mode if t.compile else "default", self.dev, self.info.world,
             data=cfg.parallel.data)
+        plan.check_bucket(cfg.parallel.bucket_mb, compiled=t.compile, world=self.info.world,
+                          data=cfg.parallel.data)
         self.out = Path(t.out or default_out(cfg))
         if self.main:                                       # before any data is read
             ckpt.check_run_dir(self.out, force=force)
