@@ -22,16 +22,16 @@ gradients and AdamW states over the GPUs (FSDP2); --set parallel.expert=E splits
 layer's experts over groups of E GPUs (expert parallelism: each GPU keeps its micro-batch
 and sends the tokens to their experts' GPUs by all-to-all; E divides model.experts and the
 GPUs), with DDP or FSDP2 for the rest. DDP runs the compiled model with CUDA graphs when
-asked (--set train.compile_mode=reduce-overhead; not yet the default) and all-reduces the gradients in buckets of --set parallel.bucket_mb=MB
-during the backward, in fp32 or with --set parallel.reduce_dtype=bf16 in bf16. Either way a
+asked (--set train.compile_mode=reduce-overhead; not yet the default) and all-reduces the
+gradients in buckets of --set parallel.bucket_mb=MB (>= 1 when compiled) during the backward, in fp32 or with --set parallel.reduce_dtype=bf16 in bf16. Either way a
 step equals one process on the global batch (bf16: to bf16's rounding of the averaged
 gradients), and checkpoints hold the whole model, so a run resumes on another layout. The memory
 plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
 block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments, one Triton pass a
 parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less.
---set optim.expert_grads=in_place makes the fused expert backward add its weight gradients
-into .grad across micro-steps (one process or expert shards; not yet the default: its
-CUDA-graph tests have not run on a GPU). --set optim.grads=bf16 (with optim.moments=bf16, one
+The fused expert backward adds its weight gradients into .grad across micro-steps
+(optim.expert_grads=auto, the default: one process or expert shards with fp32 gradients;
+=autograd turns it off). --set optim.grads=bf16 (with optim.moments=bf16, one
 process) keeps the gradients in bf16, 2 bytes a parameter, accumulated in bf16.
 
 A run directory that already holds a run is continued with --resume (from its newest
