@@ -92,6 +92,22 @@ def test_memory_plan_of_more8192_on_two_gpus():
     assert without.activations - no_ep.activations == 16 * 1024 * 12 * 2 * 2 * 2 * 512
 
 
+def test_ddp_bf16_reduction_counts_every_buckets_bf16_copy():
+    """parallel.reduce_dtype=bf16: 2 bytes a parameter DDP reduces (the whole model; only the
+    rest with expert shards), shown as its own row; fp32 reduction and FSDP2 add none."""
+    cfg, fp32 = _plan("h512-s64-more1792", 2)
+    total = cfg.model.transformer_config().total_params()
+    _, bf16 = _plan("h512-s64-more1792", 2, ["parallel.reduce_dtype=bf16"])
+    assert fp32.buffers == 0 and bf16.buffers == 2 * total
+    assert bf16.total() - fp32.total() == 2 * total             # 3.56 GiB: measured 3.5
+    assert "DDP bf16 buckets" in bf16.table() and "FSDP2" not in bf16.table()
+    _, ep = _plan("h512-s64-more1792", 2, ["parallel.reduce_dtype=bf16", "parallel.expert=2"])
+    experts, rest = ep.parts
+    assert ep.buffers == 2 * rest.params
+    _, one = _plan("h512-s64-more1792", 1, ["parallel.reduce_dtype=bf16"])
+    assert one.buffers == 0 and one.to_dict()["buffers_how"] == ""
+
+
 def test_a_plan_that_cannot_fit_names_what_would_shrink_it():
     cfg, one = _plan("h512-s64-more8192", 1)
     gpu = torch.device("cuda", 0)
