@@ -23,10 +23,11 @@ layer's experts over groups of E GPUs (expert parallelism: each GPU keeps its mi
 and sends the tokens to their experts' GPUs by all-to-all; E divides model.experts and the
 GPUs), with DDP or FSDP2 for the rest. DDP runs the compiled model with CUDA graphs when
 asked (--set train.compile_mode=reduce-overhead; not yet the default) and all-reduces the
-gradients in buckets of --set parallel.bucket_mb=MB (>= 1 when compiled) during the backward, in fp32 or with --set parallel.reduce_dtype=bf16 in bf16. Either way a
-step equals one process on the global batch (bf16: to bf16's rounding of the averaged
-gradients), and checkpoints hold the whole model, so a run resumes on another layout. The memory
-plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
+gradients in buckets of --set parallel.bucket_mb=MB (>= 1 when compiled) during the
+backward, in fp32 or with --set parallel.reduce_dtype=bf16 in bf16. Either way a step
+equals one process on the global batch (bf16: to bf16's rounding of the averaged
+gradients), and checkpoints hold the whole model, so a run resumes on another layout. The
+memory plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
 block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments, one Triton pass a
 parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less.
 The fused expert backward adds its weight gradients into .grad across micro-steps
