@@ -1,8 +1,9 @@
 """The memory plan of a run, per GPU (per process on a CPU): the fp32 weights, their gradients
 and AdamW's two moments (8 bytes a parameter, 4 with optim.moments=bf16) of each part of the
 model as it is held there, FSDP2's gathered blocks or DDP's bf16 bucket copies, and an
-estimate of the activations; printed at start. The parts: the experts (1/E on each rank of an expert group with parallel.expert=E,
-else as the rest) and the rest (whole under DDP, 1/W under FSDP2 over W ranks). With
+estimate of the activations; printed at start. The parts: the experts (1/E on each rank of
+an expert group with parallel.expert=E, else as the rest) and the rest (whole under DDP, 1/W
+under FSDP2 over W ranks). With
 parallel.reduce_dtype=bf16 DDP's comm hook casts each bucket to bf16 and the copies of all
 buckets are alive at once at the end of the synced backward: 2 bytes a parameter DDP reduces
 (measured on 2 H100s: MoRE-1792's peak 39.7 GiB against 36.2 in fp32, 3.56 GiB predicted).
@@ -19,8 +20,9 @@ projections' inputs, q, k, v and output (8h in the activation dtype), the MoE la
 (h), router (r + 4k) and experts (3ks), with expert parallelism the rows sent and received
 (each token's row goes once to each rank holding one of its experts: at most min(k, E) rows
 each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, and its
-backward their gradients ((2a + 4)V). Activation checkpointing keeps each block's input (4h) and one block at a time.
-torch.compile fuses some of these away: read the estimate as an upper bound.
+backward their gradients ((2a + 4)V). Activation checkpointing keeps each block's input (4h)
+and one block at a time. torch.compile fuses some of these away: read the estimate as an
+upper bound.
 """
 from __future__ import annotations
 
@@ -56,14 +58,14 @@ class MemoryPlan:
     parts: tuple[Part, ...]
     moments: str
     buffers: int               # FSDP2's gathered blocks (weights and gradients, two blocks)
-                               # or DDP's bf16 bucket copies (buffers_how says which)
+                               # or DDP's bf16 bucket copies (buffers_row names which)
     activations: int           # the estimate above
     tokens: int                # per micro-batch and rank
     checkpointing: bool
     have: int
     where: str
     grads: str = "fp32"        # optim.grads: the gradients' dtype
-    buffers_how: str = "FSDP2 gathered blocks\t2 blocks, fp32"
+    buffers_row: tuple[str, str] = ("FSDP2 gathered blocks", "2 blocks, fp32")  # table row
 
     def state_bytes(self) -> int:
         return sum(sum(p.bytes(self.moments, self.grads)) for p in self.parts)
@@ -73,7 +75,7 @@ class MemoryPlan:
 
     def to_dict(self) -> dict:
         return {"state_bytes": self.state_bytes(), "buffers": self.buffers,
-                "buffers_how": self.buffers_how.replace("\t", ": "),
+                "buffers_how": ": ".join(self.buffers_row) if self.buffers else "",
                 "activations": self.activations, "total": self.total(), "have": self.have,
                 "tokens": self.tokens, "moments": self.moments, "grads": self.grads,
                 "parts": [{"name": p.name, "params": p.params, "share": p.share,
@@ -86,7 +88,7 @@ class MemoryPlan:
             rows.append([p.name, f"{p.params / 1e6:,.1f}M", p.how, gib(w), gib(g), gib(o),
                          gib(w + g + o)])
         if self.buffers:
-            name, how = self.buffers_how.split("\t")
+            name, how = self.buffers_row
             rows.append([name, "", how, "", "", "", gib(self.buffers)])
         kept = "block inputs + one block" if self.checkpointing else "every block"
         rows.append(["activations (estimate)", "", f"{self.tokens:,} tokens, {kept}", "", "",
@@ -117,16 +119,16 @@ def memory_plan(cfg, model_config: TransformerConfig, device: torch.device, *,
     tokens = cfg.train.batch_size * cfg.model.seq_len
     where = f"{device}, {world} rank{'s' if world > 1 else ''}" + (
         f", parallel.expert={E} x data {world // E}" if E > 1 else "")
-    buffers, buffers_how = (16 * block, MemoryPlan.buffers_how) if fsdp else (0, "")
+    buffers, row = (16 * block if fsdp else 0), MemoryPlan.buffers_row
     if not fsdp and world > 1 and cfg.parallel.reduce_dtype == "bf16":
         reduced = sum(p.params // p.share for p in parts if p.how == rest_how)
-        buffers, buffers_how = 2 * reduced, "DDP bf16 buckets\tevery bucket's bf16 copy"
+        buffers, row = 2 * reduced, ("DDP bf16 buckets", "every bucket's bf16 copy")
     return MemoryPlan(tuple(parts), cfg.optim.moments, buffers,
                       tokens * activation_bytes(model_config, a, E,
                                                 cfg.train.activation_checkpointing),
                       tokens, cfg.train.activation_checkpointing,
                       memory_bytes(device) if have is None else have, where, cfg.optim.grads,
-                      buffers_how)
+                      row)
 
 
 def activation_bytes(c: TransformerConfig, a: int, expert: int,
