@@ -30,6 +30,7 @@ import torch
 from moremoe.bench.harness import time_fixed_ms
 from moremoe.kernels import swiglu_experts as mg
 from moremoe.model import Transformer
+from moremoe.runtime import environment
 from moremoe.ops import adamw as ops_adamw
 from moremoe.training import optim as optim_mod
 from moremoe.training.optim import LowPrecisionAdamW, clipped_step
@@ -135,8 +136,7 @@ def main() -> None:
         torch.cuda.empty_cache()
         rows += _accumulation_rows(preset, cfg, dev)
         torch.cuda.empty_cache()
-    tag = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-               torch=torch.__version__)
+    tag = environment(dev)          # device, torch, triton, commit, date
     with open(a.out, "w") as f:
         for r in rows:
             f.write(json.dumps({**r, **tag}) + "\n")
