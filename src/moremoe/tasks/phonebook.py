@@ -110,15 +110,16 @@ class Phonebook:
 
 
 def inputs_and_targets(tokens_BS: torch.Tensor, loss_on: str = "number"):
-    """Next-token inputs (B, 15) and targets (B, 15), IGNORE_INDEX where no loss is taken."""
+    """Next-token inputs (B, 15) and targets (B, 15), IGNORE_INDEX where no loss is taken.
+    No host synchronisation (no boolean-mask assignment), so a CUDA graph can capture it."""
     if loss_on not in LOSS_ON:
         raise ValueError(f"loss_on must be one of {LOSS_ON}, got {loss_on!r}")
     inputs = tokens_BS[:, :-1]
-    targets = tokens_BS[:, 1:].clone()
-    if loss_on == "number":
-        targets[:, :SEP_POS] = IGNORE_INDEX        # predictions of the name and of '|'
-    targets[targets == _PAD_ID] = IGNORE_INDEX
-    return inputs, targets
+    targets = tokens_BS[:, 1:]
+    ignore = targets == _PAD_ID
+    if loss_on == "number":                        # predictions of the name and of '|'
+        ignore = ignore | (torch.arange(targets.shape[1], device=targets.device) < SEP_POS)
+    return inputs, torch.where(ignore, IGNORE_INDEX, targets)
 
 
 def number_logits(logits_BTV: torch.Tensor) -> torch.Tensor:

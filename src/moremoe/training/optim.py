@@ -44,16 +44,19 @@ def param_groups(model: torch.nn.Module, *, lr: float, weight_decay: float,
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
                    weight_decay: float = 0.01, router_lr: float | None = None,
-                   fused: bool = False, moments: str = "fp32") -> torch.optim.Optimizer:
-    """AdamW over param_groups (fused: the one-kernel CUDA implementation); moments="bf16":
-    LowPrecisionAdamW, the moments in bfloat16."""
+                   fused: bool = False, moments: str = "fp32",
+                   capturable: bool = False) -> torch.optim.Optimizer:
+    """AdamW over param_groups (fused: the one-kernel implementation; capturable: its step
+    may be captured in a CUDA graph); moments="bf16": LowPrecisionAdamW, the moments in
+    bfloat16."""
     groups = param_groups(model, lr=lr, weight_decay=weight_decay, router_lr=router_lr)
     if moments == "bf16":
         return LowPrecisionAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
     if moments != "fp32":
         raise ValueError(f"moments must be fp32 or bf16, got {moments!r}")
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps,
-                             **({"fused": True} if fused else {}))
+                             **({"fused": True} if fused else {}),
+                             **({"capturable": True} if capturable else {}))
 
 
 def set_grad_dtype(model: torch.nn.Module, grads: str, world: int) -> None:
