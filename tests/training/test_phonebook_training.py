@@ -1,11 +1,11 @@
-"""Phonebook training: a tiny real run whose exact match rises, LR calibration and the
-capacity search's binary search."""
+"""Phonebook training: a tiny real run whose exact match rises, and the sequential LR
+calibration of train_phonebook (the searches: test_phonebook_search.py)."""
 import pytest
 
 from moremoe.nn import MoEConfig
 from moremoe.training import phonebook as tp
-from moremoe.training.phonebook import (PhonebookTrainConfig, capacity_search,
-                                        phonebook_model_config, train_phonebook)
+from moremoe.training.phonebook import (PhonebookTrainConfig, phonebook_model_config,
+                                        train_phonebook)
 
 
 def test_tiny_run_memorises(tmp_path):
@@ -28,37 +28,23 @@ def test_tiny_run_memorises(tmp_path):
 def test_calibration_picks_the_best_char_accuracy(monkeypatch):
     acc = {1e-4: 0.2, 3e-4: 0.7, 1e-3: 0.5}
 
-    def fake_train(model_cfg, cfg, **kw):
-        run = tp.PhonebookRun(name="x", model={}, train={}, lr=cfg.lr, params_total=0,
-                              flops_inference=0, flops_training=0)
-        run.char_accuracy = acc[cfg.lr]
-        assert cfg.max_steps == 7 and cfg.threshold == float("inf")
-        return run, None
+    class Fake:
+        def __init__(self, model_cfg, cfg, lr, **kw):
+            assert cfg.max_steps == 7 and cfg.threshold == float("inf") and cfg.lr == lr
+            self.done, self.run = False, tp.PhonebookRun(
+                name="x", model={}, train={}, lr=lr, params_total=0, flops_inference=0,
+                flops_training=0, char_accuracy=acc[lr])
 
-    monkeypatch.setattr(tp, "train_phonebook", fake_train)
+        def advance(self):
+            pass
+
+        def settle(self):
+            self.done = True
+
+    monkeypatch.setattr(tp, "PhonebookTrainer", Fake)
     cfg = PhonebookTrainConfig(size=10, calibration_steps=7)
     model_cfg = phonebook_model_config(MoEConfig.moe(4, 2, 32, 8), layers=1)
     assert tp.calibrate_lr(model_cfg, cfg, progress=False) == acc
-
-
-@pytest.mark.parametrize("capacity", [None, 100, 300, 1000, 3000, 10000])
-def test_capacity_binary_search(monkeypatch, capacity):
-    tried = []
-
-    def fake_train(model_cfg, cfg, **kw):
-        tried.append(cfg.size)
-        run = tp.PhonebookRun(name="x", model={}, train={"size": cfg.size}, lr=1e-3,
-                              params_total=0, flops_inference=0, flops_training=0)
-        run.reached = capacity is not None and cfg.size <= capacity
-        return run, None
-
-    monkeypatch.setattr(tp, "train_phonebook", fake_train)
-    grid = [10000, 100, 300, 1000, 3000]
-    model_cfg = phonebook_model_config(MoEConfig.moe(4, 2, 32, 8), layers=1)
-    result = capacity_search(model_cfg, grid, PhonebookTrainConfig(size=1, lr=1e-3),
-                             progress=False)
-    assert result.capacity == capacity
-    assert len(tried) <= 3 and result.sizes == sorted(grid)
 
 
 def test_config_errors():
@@ -73,3 +59,6 @@ def test_config_errors():
 def test_planned_steps():
     assert PhonebookTrainConfig(size=2048, batch_size=1024, max_epochs=3).planned_steps() == 6
     assert PhonebookTrainConfig(size=10, max_steps=5).planned_steps() == 5
+    # batches never end short: an epoch of 3,000 entries is 2.93 batches of 1,024
+    assert PhonebookTrainConfig(size=3000, max_epochs=1500).planned_steps() == 4395
+    assert PhonebookTrainConfig(size=100, max_epochs=2).planned_steps() == 2     # b = 100

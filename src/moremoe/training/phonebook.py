@@ -1,9 +1,14 @@
-"""Training on the phonebook: AdamW, constant schedule with warmup, early stopping, LR
-calibration and the capacity search (paper Section 3.2, Appendix C.1).
+"""Training on the phonebook: one run from start to its stopping rule, and the learning-rate
+calibration (paper Section 3.2, Appendix C.1). The capacity search and the sweeps, which
+run many of these at once, are in phonebook_search.py and phonebook_pool.py.
 
 Optimiser: AdamW (β1 0.9, β2 0.95, weight decay 0.01 on matrices, none on norms), constant
 learning rate after a linear warmup over 5 % of the planned steps, batch 1,024. Training
 stops early once exact match on 1,000 training entries reaches the threshold (0.9).
+Evaluations (every eval_every steps) measure exact match and digit accuracy on those
+entries, and H_norm per layer from the routing of the training steps since the last
+evaluation (counted on the device as they run); the final evaluation measures H_norm as the
+paper defines it, over one pass of the whole phonebook through the trained model.
 """
 from __future__ import annotations
 
@@ -16,15 +21,13 @@ import torch
 
 from ..checks import UserError, check_fits, gib
 from ..eval.phonebook import score
-from ..eval.routing import routing_hnorm
+from ..eval.routing import normalized_entropy, routing_hnorm
 from ..model import Transformer, TransformerConfig
 from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
 from ..tasks import phonebook as pb
-from ..runtime import autocast_dtype, duration, progress_bar, progress_note, resolve_device
-from .optim import make_optimizer
-
-HNORM_SAMPLE = 65_536   # entries used for H_norm at intermediate evaluations
+from ..runtime import duration, progress_bar, progress_note, resolve_device
+from .phonebook_step import STEP_MODES, PhonebookStep
 
 
 @dataclass(frozen=True)
@@ -46,20 +49,37 @@ class PhonebookTrainConfig:
     eval_entries: int = 1000
     loss_on: str = "number"
     device: str = "auto"
+    step: str = "auto"                      # graph (one CUDA graph a step), eager, auto
 
     def __post_init__(self):
         if self.loss_on not in pb.LOSS_ON:
             raise ValueError(f"loss_on must be one of {pb.LOSS_ON}, got {self.loss_on!r}")
+        if self.step not in STEP_MODES:
+            raise ValueError(f"step must be one of {STEP_MODES}, got {self.step!r}")
         for name in ("batch_size", "calibration_steps", "eval_every", "eval_entries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
+    @property
+    def rows(self) -> int:
+        """Entries a batch holds: batch_size, or the whole of a smaller phonebook."""
+        return min(self.batch_size, self.size)
+
     def planned_steps(self) -> int:
+        """max_steps, else the steps of max_epochs passes over the phonebook."""
         if self.max_steps is not None:
             return self.max_steps
-        return max(1, math.ceil(self.max_epochs * math.ceil(self.size / self.batch_size)))
+        return max(1, math.ceil(self.max_epochs * self.size / self.rows))
+
+    def experiment(self) -> dict:
+        """What decides a run's result (not where or how it is computed): the key of a
+        finished run that a resumed search reuses."""
+        d = asdict(self)
+        for name in ("device", "step", "max_minutes"):
+            d.pop(name)
+        return d
 
 
 def phonebook_model_config(moe: MoEConfig, *, layers: int = 6,
@@ -76,7 +96,7 @@ def training_memory(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig) -> 
     expert (MoE / MoRE: the (tokens, M) softmax of the balancing loss; PEER: the two
     (tokens, H, sqrt M) key scores), kept for the backward."""
     m = model_cfg.moe
-    tokens = min(cfg.batch_size, cfg.size) * pb.SEQ_LEN
+    tokens = cfg.rows * pb.SEQ_LEN
     scores = 2 * m.heads * math.isqrt(m.experts) if isinstance(m, PEERConfig) else m.experts
     return (16 * model_cfg.total_params() + 8 * cfg.size * pb.SEQ_LEN
             + 4 * model_cfg.layers * tokens * (scores + 4 * m.hidden))
@@ -88,7 +108,7 @@ def check_fits_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig
     check_fits(need, f"{model_cfg.moe.label} x {model_cfg.layers} layers "
                f"({model_cfg.total_params():,} parameters, {gib(16 * model_cfg.total_params())}"
                f" with gradients and AdamW's moments) on batches of "
-               f"{min(cfg.batch_size, cfg.size):,}",
+               f"{cfg.rows:,}",
                "give a smaller model (experts, --hidden, --width, --layers, --top-k, "
                "--peer-heads) or --batch-size", resolve_device(cfg.device))
 
@@ -109,102 +129,138 @@ class PhonebookRun:
     seconds: float = 0.0
     exact_match: float = 0.0
     char_accuracy: float = 0.0
-    hnorm: list = field(default_factory=list)           # per layer, whole training set
+    hnorm: list = field(default_factory=list)           # per layer, whole phonebook
+    step_mode: str = ""                                 # graph or eager
+    diverged_at: int = 0                                # first step whose loss was not finite
+    resumed_at: int = 0                                 # step a resume continued from
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _evaluate(model, book_tokens, eval_tokens, *, full: bool, dev, amp) -> dict:
-    s = score(model, eval_tokens, device=dev, autocast_dtype=amp)
-    tokens = book_tokens
-    if not full and tokens.shape[0] > HNORM_SAMPLE:
-        tokens = tokens[:HNORM_SAMPLE]  # entries are in random order already
-    hnorm = routing_hnorm(model, tokens, device=dev, autocast_dtype=amp)
-    return {"exact_match": s.exact_match, "char_accuracy": s.char_accuracy, "hnorm": hnorm}
+def _evaluate(step: PhonebookStep, *, full: bool) -> dict:
+    """Exact match and digit accuracy on the evaluation entries; H_norm per layer over the
+    whole phonebook (full) or from the training steps' routing since the last read."""
+    with step.on_stream():
+        s = score(step.model, step.eval_tokens, device=step.device, autocast_dtype=step.amp)
+        got = step.read()
+        if full:
+            hnorm = routing_hnorm(step.model, step.tokens_PS, device=step.device,
+                                  autocast_dtype=step.amp)
+        else:
+            hnorm = [normalized_entropy(c) for c in got["counts"]]
+    return {"exact_match": s.exact_match, "char_accuracy": s.char_accuracy, "hnorm": hnorm,
+            "loss": got["loss"], "first_bad": got["first_bad"]}
+
+
+class PhonebookTrainer:
+    """One run (its record, its step, its stopping rule), moved on one evaluation interval
+    at a time: advance() queues the interval's steps and returns at once, settle() waits for
+    them, evaluates and says whether the run has ended. Several trainers on their own CUDA
+    streams share a GPU this way (phonebook_pool.py); train_phonebook alternates the two."""
+
+    def __init__(self, model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, lr: float, *,
+                 name: str, calibration: dict | None = None,
+                 stream: torch.cuda.Stream | None = None, state: dict | None = None):
+        self.cfg = cfg
+        dev = resolve_device(cfg.device)
+        check_fits_phonebook(model_cfg, cfg)
+        self.step = PhonebookStep(model_cfg, cfg, lr, device=dev, mode=cfg.step, stream=stream)
+        self.run = PhonebookRun(
+            name=name, model=model_cfg.to_dict(), train=asdict(cfg), lr=lr,
+            params_total=model_cfg.total_params(), flops_inference=model_cfg.moe.active_flops(),
+            flops_training=model_cfg.moe.active_flops(training=True),
+            calibration={str(k): v for k, v in (calibration or {}).items()},
+            step_mode=self.step.mode)
+        self.total = cfg.planned_steps()
+        self.done = False
+        self._elapsed, self._t0 = 0.0, time.perf_counter()
+        if state is not None:
+            self.step.load_state_dict(state["step"])
+            self.run = PhonebookRun(**{**state["run"], "resumed_at": self.step.steps})
+            self._elapsed = self.run.seconds
+
+    @property
+    def seconds(self) -> float:
+        return self._elapsed + time.perf_counter() - self._t0
+
+    def advance(self) -> None:
+        """Queue the steps up to the next evaluation (or the last step)."""
+        every = self.cfg.eval_every
+        self.step.run(min(every - self.step.steps % every, self.total - self.step.steps))
+
+    def settle(self) -> bool:
+        """Wait for the queued steps, evaluate, apply the stopping rule; True once ended."""
+        cfg, run, steps = self.cfg, self.run, self.step.steps
+        ev = _evaluate(self.step, full=False)
+        run.history.append({"step": steps, "epoch": steps * cfg.rows / cfg.size,
+                            "loss": ev["loss"], "seconds": self.seconds,
+                            "exact_match": ev["exact_match"],
+                            "char_accuracy": ev["char_accuracy"], "hnorm": ev["hnorm"]})
+        run.steps, run.seconds = steps, self.seconds
+        run.reached = ev["exact_match"] >= cfg.threshold
+        run.diverged_at = run.diverged_at or ev["first_bad"]
+        timed_out = cfg.max_minutes is not None and self.seconds > 60 * cfg.max_minutes
+        if run.reached or steps >= self.total or timed_out or run.diverged_at:
+            self._finish()
+        return self.done
+
+    def _finish(self) -> None:
+        final = _evaluate(self.step, full=True)
+        run = self.run
+        run.exact_match, run.char_accuracy = final["exact_match"], final["char_accuracy"]
+        run.hnorm, run.reached = final["hnorm"], final["exact_match"] >= self.cfg.threshold
+        run.seconds = self.seconds
+        self.done = True
+
+    def state_dict(self) -> dict:
+        """The run's record and step state (at a settle): what a resume continues from."""
+        self.run.seconds = self.seconds
+        return {"step": self.step.state_dict(), "run": self.run.to_dict()}
 
 
 def train_phonebook(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
                     progress: bool = True, on_eval: Callable | None = None,
                     desc: str | None = None) -> tuple[PhonebookRun, Transformer]:
-    """Train one model on a phonebook; returns the run record and the trained model."""
-    dev = resolve_device(cfg.device)
-    check_fits_phonebook(model_cfg, cfg)
-    amp = autocast_dtype(dev)
-    book = pb.Phonebook(cfg.size, cfg.seed)
-    tokens = book.tokens()
-    eval_tokens = tokens[book.eval_indices(cfg.eval_entries)]
-    calibration = {}
-    lr = cfg.lr
+    """Train one model on a phonebook (calibrating the learning rate first when cfg.lr is
+    None); returns the run record and the trained model. A step whose loss is not finite
+    is a UserError (the update it would have made is skipped, the weights stay finite)."""
+    calibration, lr = {}, cfg.lr
+    name = desc or model_cfg.moe.label
     if lr is None:
         calibration = calibrate_lr(model_cfg, cfg, progress=progress)
         lr = max(calibration, key=calibration.get)
-    name = desc or model_cfg.moe.label
-    if calibration:
         progress_note(f"{name}: training with lr {lr:g}, the calibration's best",
                       enabled=progress)
-    run = PhonebookRun(name=name, model=model_cfg.to_dict(), train=asdict(cfg), lr=lr,
-                       params_total=model_cfg.total_params(),
-                       flops_inference=model_cfg.moe.active_flops(),
-                       flops_training=model_cfg.moe.active_flops(training=True),
-                       calibration={str(k): v for k, v in calibration.items()})
-    torch.manual_seed(cfg.seed)
-    model = Transformer(model_cfg).to(dev)
-    opt = make_optimizer(model, lr=lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    total = cfg.planned_steps()
-    warmup = max(1, round(cfg.warmup_frac * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
-    order_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    steps_per_epoch = math.ceil(cfg.size / cfg.batch_size)
-    start, loss_sum, loss_n, perm = time.perf_counter(), 0.0, 0, None
-    bar = progress_bar(total, desc=name, enabled=progress)
-    step = 0
-    for step in range(1, total + 1):
-        pos = (step - 1) % steps_per_epoch
-        if pos == 0:
-            perm = torch.randperm(cfg.size, generator=order_gen)
-        batch = tokens[perm[pos * cfg.batch_size:(pos + 1) * cfg.batch_size]].to(dev)
-        inputs, targets = pb.inputs_and_targets(batch, cfg.loss_on)
-        with torch.autocast(device_type=dev.type, dtype=amp, enabled=amp is not None):
-            out = model(inputs, targets)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        loss = out.loss.item()
-        if not math.isfinite(loss):        # before the update: the weights stay finite
-            raise UserError(f"{name}: step {step}: the loss is {loss:g}; lower the learning "
-                            f"rate (--lr {lr:g})")
-        opt.step()
-        sched.step()
-        loss_sum, loss_n = loss_sum + out.lm_loss.item(), loss_n + 1
-        bar.update(1)
-        timed_out = cfg.max_minutes is not None and \
-            time.perf_counter() - start > 60 * cfg.max_minutes
-        if step % cfg.eval_every == 0 or step == total or timed_out:
-            ev = _evaluate(model, tokens, eval_tokens, full=False, dev=dev, amp=amp)
-            run.history.append({"step": step, "epoch": step / steps_per_epoch,
-                                "loss": loss_sum / loss_n, "seconds": time.perf_counter() - start,
-                                **ev})
-            loss_sum, loss_n = 0.0, 0
-            bar.set_postfix(loss=f"{run.history[-1]['loss']:.3f}",
-                            em=f"{ev['exact_match']:.3f}")
-            run.reached = ev["exact_match"] >= cfg.threshold
-            if on_eval is not None:
-                on_eval(run)
-            if run.reached or timed_out:
-                break
+    trainer = PhonebookTrainer(model_cfg, cfg, lr, name=name, calibration=calibration)
+    bar = progress_bar(trainer.total, desc=name, enabled=progress)
+    while not trainer.done:
+        before = trainer.step.steps
+        trainer.advance()
+        trainer.settle()
+        bar.update(trainer.step.steps - before)
+        last = trainer.run.history[-1]
+        bar.set_postfix(loss=f"{last['loss']:.3f}", em=f"{last['exact_match']:.3f}")
+        if on_eval is not None:
+            on_eval(trainer.run)
     bar.close()
-    final = _evaluate(model, tokens, eval_tokens, full=True, dev=dev, amp=amp)
-    run.steps, run.seconds = step, time.perf_counter() - start
-    run.exact_match, run.char_accuracy = final["exact_match"], final["char_accuracy"]
-    run.hnorm, run.reached = final["hnorm"], final["exact_match"] >= cfg.threshold
-    if on_eval is not None:
-        on_eval(run)
-    return run, model
+    if trainer.run.diverged_at:
+        raise UserError(f"{name}: step {trainer.run.diverged_at}: the loss is not finite; "
+                        f"lower the learning rate (--lr {lr:g})")
+    return trainer.run, trainer.step.model
+
+
+def calibration_config(cfg: PhonebookTrainConfig, lr: float) -> PhonebookTrainConfig:
+    """The short run that scores one learning rate: calibration_steps steps, no early stop,
+    one evaluation at the end."""
+    return replace(cfg, lr=lr, max_steps=cfg.calibration_steps, max_minutes=None,
+                   threshold=float("inf"), eval_every=cfg.calibration_steps)
 
 
 def calibrate_lr(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
                  progress: bool = True) -> dict:
-    """Short run per learning rate; returns {lr: char accuracy on the evaluation entries}."""
+    """Short run per learning rate; returns {lr: char accuracy on the evaluation entries}
+    (a rate whose loss stops being finite scores what its run reached before)."""
     name, grid, steps = model_cfg.moe.label, cfg.lr_grid, cfg.calibration_steps
     rates = ", ".join(f"{lr:g}" for lr in grid)
     progress_note(f"{name}: calibrating the learning rate over {rates} ({steps} steps each, "
@@ -212,50 +268,14 @@ def calibrate_lr(model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, *,
                   f"{cfg.planned_steps():,} steps; --lr skips this)", enabled=progress)
     results, seconds = {}, 0.0
     for i, lr in enumerate(grid, 1):
-        short = replace(cfg, lr=lr, max_steps=steps, max_minutes=None,
-                        threshold=float("inf"), eval_every=steps)
-        run, _ = train_phonebook(model_cfg, short, progress=progress,
-                                 desc=f"{name} lr={lr:g} (calibration {i}/{len(grid)})")
+        trainer = PhonebookTrainer(model_cfg, calibration_config(cfg, lr),
+                                   lr, name=f"{name} lr={lr:g} (calibration {i}/{len(grid)})")
+        while not trainer.done:
+            trainer.advance()
+            trainer.settle()
+        run = trainer.run
         results[lr], seconds = run.char_accuracy, seconds + run.seconds
         more = f"; about {duration(seconds / i * (len(grid) - i))} more" if i < len(grid) else ""
         progress_note(f"{name}: lr {lr:g} gives digit accuracy {run.char_accuracy:.3f} "
                       f"({duration(run.seconds)}){more}", enabled=progress)
     return results
-
-
-@dataclass
-class CapacityResult:
-    name: str
-    sizes: list
-    capacity: int | None                    # largest size that reached the threshold
-    trials: list = field(default_factory=list)   # PhonebookRun dicts, in the order run
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def capacity_search(model_cfg: TransformerConfig, sizes, cfg: PhonebookTrainConfig, *,
-                    progress: bool = True, on_trial: Callable | None = None) -> CapacityResult:
-    """Largest phonebook size on the grid whose run reaches the threshold.
-
-    Binary search over the sorted grid, assuming that a model which memorises a phonebook
-    also memorises every smaller one (each trial calibrates its own learning rate when
-    cfg.lr is None).
-    """
-    grid = sorted(set(int(s) for s in sizes))
-    if not grid or grid[0] < 1:
-        raise ValueError(f"sizes must be positive integers, got {sizes!r}")
-    result = CapacityResult(name=model_cfg.moe.label, sizes=grid, capacity=None)
-    lo, hi = 0, len(grid) - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        run, _ = train_phonebook(model_cfg, replace(cfg, size=grid[mid]), progress=progress,
-                                 desc=f"{model_cfg.moe.label} size={grid[mid]}")
-        result.trials.append(run.to_dict())
-        if run.reached:
-            result.capacity, lo = grid[mid], mid + 1
-        else:
-            hi = mid - 1
-        if on_trial is not None:
-            on_trial(result)
-    return result
