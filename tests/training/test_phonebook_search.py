@@ -1,0 +1,155 @@
+"""The phonebook plans (training/phonebook_search.py) and the executor that runs many at once
+(training/phonebook_pool.py): the calibration, the capacity searches, the journal, a resume
+from checkpoints, and worker processes."""
+import json
+
+import pytest
+
+from moremoe.nn import MoEConfig
+from moremoe.training import phonebook_pool as pool
+from moremoe.training.phonebook import PhonebookTrainConfig, phonebook_model_config
+from moremoe.training.phonebook_pool import Executor
+from moremoe.training.phonebook_search import Task, capacity, parallel, trial
+
+MODEL = phonebook_model_config(MoEConfig.moe(4, 2, 32, 8), layers=1)
+
+
+def record(task: Task, reached=False, acc=0.0) -> dict:
+    return {"name": task.name, "train": {"size": task.train.size}, "lr": task.train.lr,
+            "reached": reached, "char_accuracy": acc, "exact_match": float(reached)}
+
+
+def drive(plan, answer):
+    """Run a plan to its result, answering each round's tasks with answer(task)."""
+    rounds = []
+    try:
+        tasks = next(plan)
+        while True:
+            rounds.append(tasks)
+            tasks = plan.send([answer(t) for t in tasks])
+    except StopIteration as stop:
+        return stop.value, rounds
+
+
+def test_trial_calibrates_at_once_then_trains_at_the_best_rate():
+    acc = {1e-4: 0.2, 3e-4: 0.7, 1e-3: 0.5}
+    cfg = PhonebookTrainConfig(size=10, calibration_steps=7)
+    rec, rounds = drive(trial(MODEL, cfg, "x"),
+                        lambda t: record(t, acc=acc[t.train.lr]))
+    assert [len(r) for r in rounds] == [3, 1]
+    assert all(t.purpose == "calibration" and t.train.max_steps == 7 and
+               t.train.threshold == float("inf") for t in rounds[0])
+    assert rounds[1][0].train.lr == 3e-4 and rec["lr"] == 3e-4
+    assert rounds[1][0].calibration == {"0.0001": 0.2, "0.0003": 0.7, "0.001": 0.5}
+    _, given = drive(trial(MODEL, PhonebookTrainConfig(size=10, lr=1e-3), "x"), record)
+    assert [len(r) for r in given] == [1]                   # --lr: no calibration
+
+
+def test_parallel_runs_plans_in_rounds_and_returns_their_results_in_order():
+    cfg = PhonebookTrainConfig(size=10, calibration_steps=7)
+    res, rounds = drive(parallel(trial(MODEL, cfg, "a"), trial(MODEL, cfg.__class__(
+        size=20, lr=1e-3), "b")), lambda t: record(t, acc=t.train.lr or 0))
+    assert [len(r) for r in rounds] == [4, 1]       # a's 3 calibrations with b's run; a's run
+    assert [r["name"] for r in res] == ["a", "b"]
+
+
+@pytest.mark.parametrize("cap", [None, 100, 300, 1000, 3000, 10000])
+@pytest.mark.parametrize("start", [None, 100, 1000, 10000])
+def test_capacity_finds_the_largest_size_reached(cap, start):
+    grid = [10000, 100, 300, 1000, 3000]
+    cfg = PhonebookTrainConfig(size=1, lr=1e-3)
+    res, rounds = drive(capacity(MODEL, grid, cfg, name="m", start=start),
+                        lambda t: record(t, reached=cap is not None and t.train.size <= cap))
+    assert res.capacity == cap and res.sizes == sorted(grid)
+    tried = [t.train.size for r in rounds for t in r]
+    assert len(tried) == len(set(tried))
+    if start is None:
+        assert len(rounds) <= 3                      # binary search over 5 sizes
+    else:                                            # the start and the next size at once
+        first = sorted(grid)[sorted(grid).index(start):][:2]
+        assert sorted(tried[:len(first)]) == first and len(rounds[0]) == len(first)
+
+
+def test_capacity_at_the_papers_value_takes_one_round():
+    grid = [3000, 10000, 30000, 100000]
+    res, rounds = drive(capacity(MODEL, grid, PhonebookTrainConfig(size=1, lr=1e-3), name="m",
+                                 start=10000),
+                        lambda t: record(t, reached=t.train.size <= 10000))
+    assert res.capacity == 10000 and len(rounds) == 1
+
+
+class FakeTrainer:
+    """Finishes a run in one interval: reached when the size is at most CAP."""
+    CAP, built = 100, []
+
+    def __init__(self, model, cfg, lr, *, name, calibration=None, stream=None, state=None):
+        FakeTrainer.built.append(name)
+        self.cfg, self.name, self.done, self.total = cfg, name, False, cfg.planned_steps()
+        self.step = type("S", (), {"steps": 0})()
+        self.run = type("R", (), {"resumed_at": 0})()
+
+    def advance(self):
+        self.step.steps = self.total
+
+    def settle(self):
+        self.done = True
+        reached = self.cfg.size <= self.CAP
+        self.run.exact_match = float(reached)
+        self.run.to_dict = lambda: {"name": self.name, "train": {"size": self.cfg.size},
+                                    "lr": self.cfg.lr, "reached": reached,
+                                    "char_accuracy": self.cfg.lr, "exact_match": float(reached)}
+        return True
+
+
+def test_the_executor_journals_runs_and_a_rerun_trains_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool, "PhonebookTrainer", FakeTrainer)
+    FakeTrainer.built = []
+    cfg = PhonebookTrainConfig(size=1, max_steps=5)
+
+    def plans():
+        return {"a": capacity(MODEL, [30, 100, 300], cfg, name="a", start=100),
+                "b": capacity(MODEL, [30, 100, 300], cfg, name="b", start=100)}
+    ex = Executor(["cpu"], 2, tmp_path, progress=False)
+    res = ex.run(plans())
+    assert res["a"].capacity == res["b"].capacity == 100
+    # the two searches ask for the same runs: each is trained once, answered to both
+    assert len(FakeTrainer.built) == 8            # 2 sizes x (3 calibrations + 1 run)
+    lines = (tmp_path / pool.JOURNAL).read_text().splitlines()
+    assert len(lines) == 8 and all(json.loads(line)["key"] for line in lines)
+    FakeTrainer.built = []
+    again = Executor(["cpu"], 2, tmp_path, progress=False)
+    assert again.run(plans())["a"].capacity == 100
+    assert FakeTrainer.built == [] and len(again.report.reused) == 16
+
+
+def test_a_stopped_search_resumes_from_its_checkpoints_exactly(tmp_path):
+    cfg = PhonebookTrainConfig(size=64, batch_size=32, lr=3e-3, max_steps=2000,
+                               eval_every=20, eval_entries=32, device="cpu")
+    model = phonebook_model_config(MoEConfig.more(8, 2, 32, 8, 4), layers=1)
+    whole = Executor(["cpu"], 1, None, progress=False).run(
+        {"m": trial(model, cfg, "m")})["m"]
+    stopped = Executor(["cpu"], 1, tmp_path, progress=False, checkpoint_minutes=0,
+                       stop_after=0.3)
+    assert stopped.run({"m": trial(model, cfg, "m")}) == {}
+    assert stopped.stopped and stopped.report.stopped == ["m"]
+    assert len(list((tmp_path / pool.CHECKPOINTS).glob("*.pt"))) == 1
+    resumed = Executor(["cpu"], 1, tmp_path, progress=False)
+    rec = resumed.run({"m": trial(model, cfg, "m")})["m"]
+    assert resumed.report.resumed and rec["resumed_at"] > 0
+    assert [h["loss"] for h in rec["history"]] == [h["loss"] for h in whole["history"]]
+    assert not list((tmp_path / pool.CHECKPOINTS).glob("*.pt"))   # dropped once finished
+
+
+def test_worker_processes_give_the_records_of_one_process(tmp_path):
+    cfg = PhonebookTrainConfig(size=32, batch_size=32, lr=3e-3, max_steps=20, eval_every=10,
+                               eval_entries=32, device="cpu")
+    models = [phonebook_model_config(MoEConfig.moe(4, 2, 32, 8), layers=1),
+              phonebook_model_config(MoEConfig.more(8, 2, 32, 8, 4), layers=1)]
+
+    def plans():
+        return {m.moe.label: trial(m, cfg, m.moe.label) for m in models}
+    one = Executor(["cpu"], 1, None, progress=False).run(plans())
+    two = Executor(["cpu", "cpu"], 1, tmp_path, progress=False).run(plans())
+    for name in one:
+        assert [h["loss"] for h in two[name]["history"]] == \
+            [h["loss"] for h in one[name]["history"]]
