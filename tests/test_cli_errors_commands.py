@@ -37,13 +37,13 @@ WRITERS = [
 @pytest.mark.parametrize("argv, files", WRITERS)
 def test_an_earlier_report_and_plot_are_kept_without_force(capsys, tmp_path, monkeypatch,
                                                            argv, files):
-    import moremoe.cli.demo as demo
     import moremoe.training.phonebook as trainer
+    import moremoe.training.phonebook_pool as pool
 
     def no_training(*args, **kwargs):
         raise AssertionError("training started before the outputs were checked")
-    for module in (trainer, demo):
-        monkeypatch.setattr(module, "train_phonebook", no_training)
+    for module in (trainer, pool):
+        monkeypatch.setattr(module, "PhonebookTrainer", no_training)
     out = tmp_path / "out"
     out.mkdir()
     for name in files:
@@ -59,13 +59,25 @@ def test_an_earlier_report_and_plot_are_kept_without_force(capsys, tmp_path, mon
 def test_sweep_with_force_replaces_the_earlier_sweep(capsys, tmp_path, monkeypatch):
     from dataclasses import asdict
     import moremoe.training.phonebook as trainer
+    import moremoe.training.phonebook_pool as pool
 
-    def quick(model_cfg, cfg, **kwargs):          # the sweep's files, not its training
-        return trainer.PhonebookRun(
-            name=model_cfg.moe.name, model=model_cfg.to_dict(), train=asdict(cfg), lr=cfg.lr,
-            params_total=model_cfg.total_params(), flops_inference=1, flops_training=3,
-            exact_match=cfg.seed / 10, hnorm=[0.5]), None
-    monkeypatch.setattr(trainer, "train_phonebook", quick)
+    class Quick:                                  # the sweep's files, not its training
+        def __init__(self, model_cfg, cfg, lr, *, name, **kwargs):
+            self.done, self.total = False, 1
+            self.step = type("S", (), {"steps": 1})()
+            self.run = trainer.PhonebookRun(
+                name=name, model=model_cfg.to_dict(), train=asdict(cfg), lr=cfg.lr,
+                params_total=model_cfg.total_params(), flops_inference=1, flops_training=3,
+                exact_match=cfg.seed / 10, hnorm=[0.5], history=[{"loss": 1.0,
+                                                                   "exact_match": 0.0}])
+
+        def advance(self):
+            pass
+
+        def settle(self):
+            self.done = True
+            return True
+    monkeypatch.setattr(pool, "PhonebookTrainer", Quick)
     out = tmp_path / "sweep"
     argv = ["phonebook", "sweep", "--over", "rank", "--values", "2", *PB, "--out", str(out),
             "--json"]

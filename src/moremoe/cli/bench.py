@@ -171,6 +171,7 @@ _layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
 _pairs_arg = _subset_arg("--pairs", _pair_names)
 # `bench model`'s phases and decode modes (moremoe.bench.model.PHASES, DECODE_MODES)
 MODEL_PHASES, DECODE_MODES = ("prefill", "decode"), ("eager", "captured", "compiled")
+MODES = ("eager", "graph", "compiled")           # bench phonebook (no torch here)
 _phases_arg = _subset_arg("--phases", lambda: MODEL_PHASES)
 _modes_arg = _subset_arg("--decode-modes", lambda: DECODE_MODES)
 
@@ -347,6 +348,11 @@ def cmd_bench(args) -> int:
         args.table, args.summarize = _peer_table, _peer_summary
         args.runner_kwargs = {**quick, "tokens": args.tokens}
         return _run_bench(args, "peer", peer.run_peer, peer_plots.render_peer)
+    if args.bench_command == "phonebook":
+        from ..training import phonebook_bench as pb
+        args.table, args.summarize = pb.phonebook_table, None
+        args.runner_kwargs = {**quick, "modes": args.modes}
+        return _run_bench(args, "phonebook", pb.run_phonebook, None)
     if args.bench_command == "model":
         from ..bench import model, model_plots
         args.table, args.summarize = _model_table, _model_summary
@@ -407,6 +413,10 @@ def add_bench_parser(sub) -> None:
                  "the paper matches it, 4 at inference coefficients) with its fused kernels "
                  "(retrieval and experts) and its torch path, its fused retrieval alone, the "
                  "PEER/MoRE ratios beside the paper's (peer.png)"),
+        "phonebook": ("the phonebook training step: eager, one CUDA graph, runs at once",
+                      "ms a step of MoE-32, MoRE-96 (h=64, s=8) and MoRE-768 (h=512), L=6, "
+                      "batch 1,024: eager, graph, compiled (then captured); the trainer's loop; "
+                      "steps a second of 1-8 runs on CUDA streams and of 2, 4 processes"),
         "ep": ("expert parallelism on E GPUs: router, experts, comm per phase",
                "the paper's Appendix F.3 table, launched as `torchrun --nproc_per_node E -m "
                "moremoe.cli bench ep`: one layer at h=512, s=64, k=4, r=64, bf16, N=262,144 "
@@ -448,6 +458,10 @@ def add_bench_parser(sub) -> None:
                                  "their defaults, forward and backward, at h=512, M=8192 "
                                  "(s=64, 128) and the h512 pair's training micro-batch "
                                  "(to rerun on a new GPU)")
+        if name == "phonebook":
+            pb.add_argument("--modes", type=_subset_arg("--modes", lambda: MODES),
+                            default=list(MODES), help="step modes of the one-run rows "
+                            "(default all; compiled compiles each model, tens of seconds)")
         if name == "peer":
             pb.add_argument("--tokens", type=_int_list, default=None, metavar="N,N,...",
                             help="tokens a step (default 4096,16384,65536,262144)")

@@ -1,17 +1,17 @@
-"""``moremoe phonebook train`` and ``moremoe phonebook capacity``: the phonebook memorisation
-experiment (moremoe.training.phonebook) from the command line."""
+"""``moremoe phonebook train``, ``capacity`` and ``sweep``: the phonebook memorisation
+experiment (moremoe.training.phonebook*) from the command line; ``reproduce`` is in
+phonebook_paper.py, the execution options they share in phonebook_run.py."""
 from __future__ import annotations
 
 import math
 
-import time
-from pathlib import Path
-
 from .. import accounting
 from ..checks import UserError
-from ..report import check_new_output, emit, human, table, write_json
+from ..report import human, table
 from .args import (EPILOG, _add_json, _float_list, _fraction, _int_list, _positive_float,
                    _positive_int, _seed)
+from .phonebook_paper import add_reproduce_parser
+from .phonebook_run import add_execution_args, execute, finish, outputs as _outputs
 
 
 def _check_phonebook_args(args) -> None:
@@ -82,17 +82,7 @@ def _train_config(args, size: int):
         lr_grid=tuple(args.lr_grid), calibration_steps=args.calibration_steps,
         max_epochs=args.max_epochs, max_steps=args.max_steps, max_minutes=args.max_minutes,
         threshold=args.threshold, eval_every=args.eval_every, eval_entries=args.eval_entries,
-        loss_on=args.loss_on, device=args.device)
-
-
-def _outputs(args, command: str, stem: str) -> tuple[Path, Path]:
-    """The report and plot paths in --out (default runs/<command>-<time>), checked before
-    any work: the folder writable, an earlier report and plot kept unless --force."""
-    out = Path(args.out) if args.out else \
-        Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    names = (f"{stem}.json", f"{stem}.png")
-    check_new_output(out, "--out", args.force, names=names)
-    return out / names[0], out / names[1]
+        loss_on=args.loss_on, device=args.device, step=args.step)
 
 
 def _run_row(run: dict) -> list:
@@ -112,54 +102,63 @@ RUN_HEADERS = ["model", "M", "s", "r", "params", "FLOPs/tok/layer", "lr", "steps
                "exact match", "digit acc", "H_norm mean [min, max]", "reached"]
 
 
+def _label(model_cfg) -> str:
+    """The model's full shape, e.g. MoRE(M=96, k=4, h=64, s=8, r=16): a plan's name."""
+    return model_cfg.moe.label
+
+
 def cmd_phonebook_train(args) -> int:
-    from .plots import plot_phonebook_runs
-    from ..training.phonebook import train_phonebook
+    from ..training.phonebook_search import trial
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-train", "phonebook_train")
     report = {"command": "phonebook train", "size": args.size, "plan": plan.to_dict(),
-              "runs": []}
-    for model_cfg in models:
-        def save(run, _i=len(report["runs"])):
-            report["runs"][_i:] = [run.to_dict()]
-            write_json(json_path, report)
-        run, _ = train_phonebook(model_cfg, _train_config(args, args.size),
-                                 progress=not args.no_progress, on_eval=save)
-        save(run)
-    plot_phonebook_runs(report["runs"], png_path,
-                        title=f"phonebook, {args.size:,} entries")
-    report["files"] = {"json": str(json_path), "png": str(png_path)}
-    write_json(json_path, report)
+              "runs": [], "files": {"json": str(json_path), "png": str(png_path)}}
+    plans = {_label(m): trial(m, _train_config(args, args.size), _label(m)) for m in models}
+
+    def render(results):
+        from .plots import plot_phonebook_runs
+        report["runs"] = [results[k] for k in plans if k in results]
+        plot_phonebook_runs(report["runs"], png_path,
+                            title=f"phonebook, {args.size:,} entries")
+    ex = execute(args, plans, json_path, report, render)
+    for run in report["runs"]:
+        if run["diverged_at"]:          # the report keeps the run; the user learns why
+            raise UserError(f"{run['name']}: step {run['diverged_at']}: the loss is not "
+                            f"finite; lower the learning rate (--lr {run['lr']:g})")
     text = (table([_run_row(r) for r in report["runs"]], RUN_HEADERS)
             + f"\nreport: {json_path}\nplot:   {png_path}")
-    emit(args, report, text)
-    return 0
+    return finish(args, ex, report, text)
 
 
 def cmd_phonebook_capacity(args) -> int:
-    from .plots import plot_capacity
-    from ..training.phonebook import capacity_search
+    from ..training.phonebook_search import capacity
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-capacity", "capacity")
     report = {"command": "phonebook capacity", "sizes": sorted(set(args.sizes)),
-              "plan": plan.to_dict(), "results": []}
-    for model_cfg in models:
-        def save(result, _i=len(report["results"])):
-            report["results"][_i:] = [result.to_dict()]
-            write_json(json_path, report)
-        result = capacity_search(model_cfg, args.sizes, _train_config(args, args.sizes[0]),
-                                 progress=not args.no_progress, on_trial=save)
-        save(result)
-    plot_capacity(report["results"], png_path)
-    report["files"] = {"json": str(json_path), "png": str(png_path)}
-    write_json(json_path, report)
+              "start": args.start, "plan": plan.to_dict(), "results": [],
+              "files": {"json": str(json_path), "png": str(png_path)}}
+    partial = {}
+
+    def noted(name):
+        return lambda result: partial.__setitem__(name, result.to_dict())
+    plans = {_label(m): capacity(m, args.sizes, _train_config(args, args.sizes[0]),
+                                 name=_label(m), start=args.start, on_trial=noted(_label(m)))
+             for m in models}
+
+    def render(results):
+        from .plots import plot_capacity
+        report["results"] = [results[k].to_dict() if k in results else
+                             {**partial[k], "unfinished": True} for k in plans if
+                             k in results or k in partial]
+        plot_capacity(report["results"], png_path)
+    ex = execute(args, plans, json_path, report, render)
     rows = [[r["name"], r["capacity"] if r["capacity"] is not None else "none on grid",
-             ", ".join(f"{t['train']['size']:,}: {t['exact_match']:.2f}" for t in r["trials"])]
+             ", ".join(f"{t['train']['size']:,}: {t['exact_match']:.2f}" for t in r["trials"])
+             + (" (unfinished)" if r.get("unfinished") else "")]
             for r in report["results"]]
     text = (table(rows, ["model", "capacity", "trials (size: exact match)"])
             + f"\nreport: {json_path}\nplot:   {png_path}")
-    emit(args, report, text)
-    return 0
+    return finish(args, ex, report, text)
 
 
 SWEEP_KEY = {"rank": "rank", "experts": "more_experts", "hidden": "hidden"}
@@ -184,33 +183,36 @@ def _sweep_models(args):
 
 
 def cmd_phonebook_sweep(args) -> int:
-    from .plots import plot_sweep
-    from ..training.phonebook import train_phonebook
+    from ..training.phonebook_search import trial
     runs = _sweep_models(args)             # every config checked before any training
     json_path, png_path = _outputs(args, "phonebook-sweep", "sweep")
     report = {"command": "phonebook sweep", "over": args.over, "values": args.values,
-              "size": args.size, "runs": []}
-    for value, arch, model_cfg in runs:
-        def save(run, _i=len(report["runs"]), _v=value, _a=arch):
-            report["runs"][_i:] = [{"value": _v, "arch": _a, **run.to_dict()}]
-            write_json(json_path, report)
-        run, _ = train_phonebook(model_cfg, _train_config(args, args.size),
-                                 progress=not args.no_progress, on_eval=save)
-        save(run)
-    plot_sweep(report, png_path)
-    report["files"] = {"json": str(json_path), "png": str(png_path)}
-    write_json(json_path, report)
+              "size": args.size, "runs": [],
+              "files": {"json": str(json_path), "png": str(png_path)}}
+    names = {f"{args.over}={v} {_label(m)}": (v, arch) for v, arch, m in runs}
+    plans = {name: trial(m, _train_config(args, args.size), name)
+             for name, (_, _, m) in zip(names, runs)}
+
+    def render(results):
+        from .plots import plot_sweep
+        report["runs"] = [{"value": names[k][0], "arch": names[k][1], **results[k]}
+                          for k in plans if k in results]
+        plot_sweep(report, png_path)
+    ex = execute(args, plans, json_path, report, render)
     text = (table([[r["value"], *_run_row(r)] for r in report["runs"]],
                   [args.over, *RUN_HEADERS])
             + f"\nreport: {json_path}\nplot:   {png_path}")
-    emit(args, report, text)
-    return 0
+    return finish(args, ex, report, text)
 
 
 def _add_phonebook_args(p, *, sizes: bool) -> None:
     if sizes:
         p.add_argument("--sizes", type=_int_list, required=True,
                        help="grid of phonebook sizes, e.g. 1000,3000,10000,30000")
+        p.add_argument("--start", type=_positive_int, default=None,
+                       help="the size to try first (the nearest on the grid; e.g. the paper's "
+                            "capacity): it and the next size up run at once, then one size "
+                            "at a time up or down until bracketed (default: binary search)")
     else:
         p.add_argument("--size", type=_positive_int, required=True,
                        help="phonebook entries (unique names)")
@@ -268,18 +270,16 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
                    help="training entries sampled for exact match (default 1000)")
     t.add_argument("--loss-on", choices=("number", "all"), default="number",
                    help="tokens that carry the loss: the 8 digits and '.' (default) or all")
-    t.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
-    t.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
-    t.add_argument("--force", action="store_true",
-                   help="replace the report and plot of an earlier run in --out")
-    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_execution_args(p)
     _add_json(p)
 
 
 def add_phonebook_parser(sub) -> None:
     p = sub.add_parser("phonebook", help="the phonebook memorisation experiment",
                        description="Train MoE and/or MoRE on a phonebook of unique names and "
-                       "8-digit numbers, or search the memorisation capacity.")
+                       "8-digit numbers, search the memorisation capacity, or reproduce the "
+                       "paper's capacity figures. Runs that can go at once do: several on "
+                       "each GPU, over every GPU (--jobs, --concurrent).")
     psub = p.add_subparsers(dest="phonebook_command", metavar="SUBCOMMAND", required=True)
     pt = psub.add_parser("train", epilog=EPILOG, help="train on one phonebook size",
                          description="Train on one phonebook; writes a JSON report (loss and "
@@ -287,8 +287,10 @@ def add_phonebook_parser(sub) -> None:
     _add_phonebook_args(pt, sizes=False)
     pt.set_defaults(func=cmd_phonebook_train)
     pc = psub.add_parser("capacity", epilog=EPILOG, help="largest size memorised, on a grid",
-                         description="Binary search of the largest phonebook size on --sizes "
-                         "that reaches the exact-match threshold; JSON report and PNG plot.")
+                         description="Search of the largest phonebook size on --sizes that "
+                         "reaches the exact-match threshold (each size: the learning-rate "
+                         "calibration, then the run at the best rate), the MoE's and the "
+                         "MoRE's at the same time; JSON report and PNG plot.")
     _add_phonebook_args(pc, sizes=True)
     pc.set_defaults(func=cmd_phonebook_capacity)
     ps = psub.add_parser("sweep", epilog=EPILOG, help="exact match against r, M or h",
@@ -301,3 +303,4 @@ def add_phonebook_parser(sub) -> None:
                     help="its values, e.g. 2,4,8,16,32 (rank) or 64,128,256,512 (hidden)")
     _add_phonebook_args(ps, sizes=False)
     ps.set_defaults(func=cmd_phonebook_sweep)
+    add_reproduce_parser(psub)

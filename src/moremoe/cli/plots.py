@@ -64,7 +64,8 @@ def plot_capacity(results: list[dict], path: str | Path, *, title: str = "") -> 
     ax.set_ylabel("exact match")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if results:
+        ax.legend()
     ax.set_title(title or "phonebook capacity (star: largest size reaching the threshold)")
     return save_figure(fig, path)
 

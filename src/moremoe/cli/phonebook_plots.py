@@ -1,0 +1,85 @@
+"""The reproduction's figures, in the paper's layout, ours beside the paper's values:
+capacity against h (s = 8) and against s (h = 64) (Figure phonebook_capacity), and the rank
+figure (Figure memorization_in_training: capacity against r with the MoE's level, H_norm per
+layer against step for MoRE r = 32 and the MoE)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..report import save_figure
+from .plots import _pyplot
+
+COLORS = {"moe": "C3", "more": "C0"}
+NAMES = {"moe": "MoE", "more": "MoRE"}
+
+
+def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
+    """Largest phonebook memorised against h (s = 8) and s (h = 64): ours filled and solid,
+    the paper's hollow and dotted; log-log as the paper draws it."""
+    from ..training.phonebook_paper import POINTS
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    ours = {(r["point"], r["arch"]): r["capacity"] for r in rows if r["point"] != "rank"}
+    for ax, sweep, xkey, xlabel in ((axes[0], "h", "hidden", "hidden size h (s = 8)"),
+                                    (axes[1], "s", "width", "expert width s (h = 64)")):
+        pts = sorted((p for p in POINTS.values() if sweep in p.sweeps),
+                     key=lambda p: getattr(p, xkey))
+        for arch in ("moe", "more"):
+            xs = [getattr(p, xkey) for p in pts]
+            paper = [p.paper_moe if arch == "moe" else p.paper_more for p in pts]
+            ax.plot(xs, paper, linestyle=":", marker="o", markerfacecolor="none",
+                    color=COLORS[arch], label=f"{NAMES[arch]}, paper")
+            got = [(getattr(p, xkey), ours.get((p.key, arch))) for p in pts]
+            got = [(x, c) for x, c in got if c]
+            if got:
+                ax.plot(*zip(*got), linestyle="-", marker="o", color=COLORS[arch],
+                        label=f"{NAMES[arch]}, moremoe")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("largest phonebook memorised (exact match >= 0.9)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle("Phonebook capacity at matched active FLOPs (r = 16, k = 4, L = 6)",
+                 fontsize=10)
+    return save_figure(fig, path)
+
+
+def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
+    """Capacity of MoRE-192 (h = 128, s = 8) against r with the MoE-192's as a dashed level;
+    H_norm per layer against step for MoRE r = 32 and the MoE, at their capacity runs."""
+    from ..training.phonebook_paper import RANK_START
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    rank = [r for r in rows if r["point"] == "rank"]
+    more = sorted((r["rank"], r["capacity"]) for r in rank if r["arch"] == "more"
+                  and r["capacity"])
+    if more:
+        axes[0].plot(*zip(*more), marker="o", color=COLORS["more"], label="MoRE-192, moremoe")
+    moe = next((r for r in rank if r["arch"] == "moe"), None)
+    if moe is not None and moe["capacity"]:
+        axes[0].axhline(moe["capacity"], color=COLORS["moe"], linestyle="--",
+                        label="MoE-192, moremoe")
+    axes[0].plot([16], [RANK_START], marker="o", markerfacecolor="none", linestyle="none",
+                 color=COLORS["more"], label="paper (r = 16: 100K; matches the MoE)")
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("router rank r")
+    axes[0].set_ylabel("largest phonebook memorised")
+    for ax, row, title in ((axes[1], next((r for r in rank if r["rank"] == 32), None),
+                            "MoRE-192, r = 32"), (axes[2], moe, "MoE-192")):
+        hist = row["history_at_capacity"] if row else []
+        layers = len(hist[0]["hnorm"]) if hist and hist[0]["hnorm"] else 0
+        for layer in range(layers):
+            ax.plot([h["step"] for h in hist], [h["hnorm"][layer] for h in hist],
+                    label=f"layer {layer}")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("step")
+        ax.set_ylabel("H_norm")
+        ax.set_title(title + (f" ({row['capacity']:,} entries)" if row and row["capacity"]
+                              else " (not measured)"), fontsize=9)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    return save_figure(fig, path)
