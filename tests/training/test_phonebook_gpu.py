@@ -37,19 +37,22 @@ def losses(step: PhonebookStep, chunks: int, every: int) -> list[float]:
     return out
 
 
+@pytest.mark.parametrize("mode", ["graph", "compiled"])
 @pytest.mark.parametrize("model", PAIR, ids=["MoE-32", "MoRE-96"])
-def test_the_captured_step_is_the_eager_step(model):
-    """The same kernels queued by a graph replay or one by one: the same losses to the
-    run-to-run bits of the GPU (a few bf16 ulps after 60 steps), the same weights."""
+def test_the_captured_step_is_the_eager_step(model, mode):
+    """The same step queued by a graph replay (of the eager modules, or of the compiled
+    blocks) or op by op: the same losses within a few bf16 ulps after 60 steps, the same
+    weights within a few AdamW steps (lr each: a gradient near zero can flip the sign of an
+    update)."""
     eager = PhonebookStep(model, cfg(), 1e-3, device=CUDA, mode="eager")
-    graph = PhonebookStep(model, cfg(), 1e-3, device=CUDA, mode="graph")
+    graph = PhonebookStep(model, cfg(), 1e-3, device=CUDA, mode=mode)
     a, b = losses(eager, 6, 10), losses(graph, 6, 10)
     assert graph.graph is not None and eager.graph is None
     assert a[0] == pytest.approx(b[0], rel=2 * BF16_EPS)
     assert a == pytest.approx(b, rel=8 * BF16_EPS)
     assert a[-1] < a[0] - 0.2                               # it learns
     for p, q in zip(eager.model.parameters(), graph.model.parameters()):
-        torch.testing.assert_close(p, q, rtol=0.05, atol=1e-3)
+        torch.testing.assert_close(p, q, rtol=0.05, atol=4 * 1e-3)
 
 
 @pytest.mark.parametrize("model", PAIR, ids=["MoE-32", "MoRE-96"])

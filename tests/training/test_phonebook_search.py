@@ -9,7 +9,7 @@ from moremoe.nn import MoEConfig
 from moremoe.training import phonebook_pool as pool
 from moremoe.training.phonebook import PhonebookTrainConfig, phonebook_model_config
 from moremoe.training.phonebook_pool import Executor
-from moremoe.training.phonebook_search import Task, capacity, parallel, trial
+from moremoe.training.phonebook_search import Task, best_rate, capacity, parallel, trial
 
 MODEL = phonebook_model_config(MoEConfig.moe(4, 2, 32, 8), layers=1)
 
@@ -43,6 +43,18 @@ def test_trial_calibrates_at_once_then_trains_at_the_best_rate():
     assert rounds[1][0].calibration == {"0.0001": 0.2, "0.0003": 0.7, "0.001": 0.5}
     _, given = drive(trial(MODEL, PhonebookTrainConfig(size=10, lr=1e-3), "x"), record)
     assert [len(r) for r in given] == [1]                   # --lr: no calibration
+
+
+def test_rates_at_chance_are_tied_and_the_lower_loss_wins():
+    """After 200 steps every rate sits near 0.1 digit accuracy: 0.103 against 0.109 over
+    8,000 digits is noise (se 0.0035), so the loss decides; 0.15 is not noise."""
+    cfg = PhonebookTrainConfig(size=10000, lr_grid=(1e-4, 3e-4, 1e-3))
+
+    def recs(accs, losses):
+        return [{"char_accuracy": a, "history": [{"loss": x}]} for a, x in zip(accs, losses)]
+    assert best_rate(cfg, recs([0.101, 0.109, 0.103], [2.9, 2.5, 2.2])) == 1e-3
+    assert best_rate(cfg, recs([0.101, 0.150, 0.103], [2.9, 2.5, 2.2])) == 3e-4
+    assert best_rate(cfg, recs([0.60, 0.61, 0.20], [0.9, 1.0, 0.5])) == 1e-4
 
 
 def test_parallel_runs_plans_in_rounds_and_returns_their_results_in_order():
@@ -95,6 +107,7 @@ class FakeTrainer:
         self.done = True
         reached = self.cfg.size <= self.CAP
         self.run.exact_match = float(reached)
+        self.run.history = [{"loss": 1.0, "exact_match": float(reached)}]
         self.run.to_dict = lambda: {"name": self.name, "train": {"size": self.cfg.size},
                                     "lr": self.cfg.lr, "reached": reached,
                                     "char_accuracy": self.cfg.lr, "exact_match": float(reached)}

@@ -1,28 +1,34 @@
-"""``moremoe demo``: a matched-active-FLOP MoE / MoRE pair trained on the same phonebook.
+"""``moremoe demo``: which of a matched-active-FLOP MoE / MoRE pair memorises more, live.
 
 Plans the pair at the paper's smallest phonebook point (h = 64, s = 8, k = 4, r = 16) with
 the paper's convention: MoE-32 against MoRE-96, the optimum's s' = 6 rounded up to 8 and M'
-kept, which spends 1.12x the MoE's inference FLOPs (both are printed). Trains both with the
-same data, seed, learning rate and step budget, and compares experts, total parameters,
-active FLOPs, exact match, H_norm per layer and the router's inference time per token.
-The defaults finish in a few minutes on a 2-core CPU; a GPU is used when present.
+kept, which spends 1.12x the MoE's inference FLOPs (both are printed). Both train, with the
+same data, seed and learning rate, on a phonebook sized between what the two can memorise
+in the demo's epoch budget, each to the stopping rule of the paper's protocol: exact match
+0.9, or the epoch limit. A model that reaches 0.9 has memorised the phonebook; one that
+does not, has not. That verdict (a capacity comparison), the epochs each took and the
+exact match each reached are printed beside experts, parameters, FLOPs, H_norm per layer and
+the router's time per token, and under them the paper-scale capacities measured by
+`moremoe phonebook reproduce` (benchmarks/results/*/phonebook_capacity.jsonl) beside the
+paper's. About 4 minutes on a 2-core CPU, under a minute on a GPU.
 """
 from __future__ import annotations
 
+import json
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .. import accounting
-from ..bench.harness import router_seconds_per_token
 from ..nn.moe import MoEConfig
 from ..report import check_new_output, emit, human, table, write_json
 from ..runtime import __version__, resolve_device
-from ..training.phonebook import PhonebookTrainConfig, phonebook_model_config, train_phonebook
-from .args import _add_json, _positive_int
+from .args import _add_json, _positive_float, _positive_int, _seed
 from .plots import plot_phonebook_runs
+
+THRESHOLD = 0.9
 
 
 @dataclass(frozen=True)
@@ -32,46 +38,76 @@ class DemoConfig:
     top_k: int = 4
     rank: int = 16
     layers: int = 2
-    size: int | None = None      # phonebook entries (default 2,048)
-    steps: int | None = None     # training steps per model (default 600)
-    lr: float = 1e-3
-    batch_size: int = 1024
-    eval_every: int = 50
+    size: int | None = None          # phonebook entries (default DEFAULT_SIZE)
+    max_epochs: float = 300.0        # the stopping rule's epoch limit
+    steps: int | None = None         # a step limit instead (checks and tests)
+    lr: float = 3e-3
+    batch_size: int = 512
+    eval_every: int = 20
     seed: int = 0
     device: str = "auto"
 
     def resolved(self) -> "DemoConfig":
-        from dataclasses import replace
-        return replace(self, size=self.size or 2048, steps=self.steps or 600)
+        return replace(self, size=self.size or DEFAULT_SIZE)
 
 
-def run_demo(cfg: DemoConfig, *, out_dir: Path, progress: bool = True) -> dict:
-    cfg = cfg.resolved()
-    dev = resolve_device(cfg.device)
+DEFAULT_SIZE = 2048
+
+
+def _models(cfg: DemoConfig):
+    from ..training.phonebook import phonebook_model_config
     plan = accounting.plan_matched(hidden=cfg.hidden, width=cfg.width, top_k=cfg.top_k,
                                    rank=cfg.rank, round_width=8, refit=False)
     moes = [MoEConfig.moe(plan.moe.experts, cfg.top_k, cfg.hidden, plan.moe.width),
-            MoEConfig.more(plan.more.experts, cfg.top_k, cfg.hidden, plan.more.width, cfg.rank)]
+            MoEConfig.more(plan.more.experts, cfg.top_k, cfg.hidden, plan.more.width,
+                           cfg.rank)]
+    return plan, [phonebook_model_config(m, layers=cfg.layers) for m in moes]
+
+
+def run_demo(cfg: DemoConfig, *, out_dir: Path, progress: bool = True) -> dict:
+    from ..bench.harness import router_seconds_per_token
+    from ..nn.moe import MoELayer
+    from ..training.phonebook import PhonebookTrainConfig
+    from ..training.phonebook_pool import Executor
+    from ..training.phonebook_search import trial
+    cfg = cfg.resolved()
+    dev = resolve_device(cfg.device)
+    plan, models = _models(cfg)
     train_cfg = PhonebookTrainConfig(size=cfg.size, seed=cfg.seed, batch_size=cfg.batch_size,
-                                     lr=cfg.lr, max_steps=cfg.steps, eval_every=cfg.eval_every,
+                                     lr=cfg.lr, max_epochs=cfg.max_epochs, max_steps=cfg.steps,
+                                     eval_every=cfg.eval_every, threshold=THRESHOLD,
                                      device=str(dev))
     result = {"command": "demo", "config": asdict(cfg), "plan": plan.to_dict(),
               "device": _device_name(dev), "torch": torch.__version__, "moremoe": __version__,
               "runs": []}
     json_path, png_path = out_dir / "demo.json", out_dir / "demo.png"
-    for moe in moes:
-        model_cfg = phonebook_model_config(moe, layers=cfg.layers)
-        run, model = train_phonebook(model_cfg, train_cfg, progress=progress,
-                                     desc=moe.name)
-        record = run.to_dict()
-        record["router_seconds_per_token"] = router_seconds_per_token(model.blocks[0].moe.router)
-        result["runs"].append(record)
-        write_json(json_path, result)
-    plot_phonebook_runs(result["runs"], png_path, title=f"{moes[0].name} vs {moes[1].name}, "
+    names = [m.moe.name for m in models]
+    device = "cpu" if dev.type == "cpu" else f"cuda:{dev.index or 0}"
+    done = Executor([device], 1 if dev.type == "cpu" else 2, None, progress=progress).run(
+        {name: trial(m, train_cfg, name) for name, m in zip(names, models)})
+    for name, model in zip(names, models):
+        router = MoELayer(model.moe).router.to(dev)
+        result["runs"].append({**done[name],
+                               "router_seconds_per_token": router_seconds_per_token(router)})
+    result["capacities"] = measured_capacities()
+    plot_phonebook_runs(result["runs"], png_path, title=f"{names[0]} vs {names[1]}, "
                         f"phonebook of {cfg.size:,} entries")
     result["files"] = {"json": str(json_path), "png": str(png_path)}
     write_json(json_path, result)
     return result
+
+
+def measured_capacities() -> list[dict]:
+    """The newest row of each search in the source tree's committed capacity results
+    (benchmarks/results/*/phonebook_capacity.jsonl), when the demo runs from a checkout."""
+    root = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+    rows = {}
+    for path in sorted(root.glob("*/phonebook_capacity.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[(row["name"], row["device"])] = row
+    return sorted(rows.values(), key=lambda r: (r["point"], r["name"]))
 
 
 def _device_name(dev: torch.device) -> str:
@@ -86,6 +122,53 @@ def _evaluated(run: dict) -> int:
     return min(run["train"]["size"], run["train"]["eval_entries"])
 
 
+def _epochs(run: dict) -> float:
+    return run["history"][-1]["epoch"] if run["history"] else 0.0
+
+
+def verdict(result: dict) -> str:
+    """Which model memorised the phonebook (reached the threshold) within the epoch limit."""
+    moe, more = result["runs"]
+    size, limit = result["config"]["size"], _limit(result)
+    ratio = more["flops_inference"] / moe["flops_inference"]
+    experts = more["model"]["moe"]["experts"] / moe["model"]["moe"]["experts"]
+    head = (f"At {ratio:.2f}x the MoE's active FLOPs, {more['name']} holds {experts:.0f}x the "
+            f"experts. ")
+    fmt = "{name} {verb} (exact match {em:.3f} after {ep:.0f} epochs)"
+    words = {True: "memorises it", False: f"does not within {limit}"}
+
+    def say(run):
+        return fmt.format(name=run["name"], verb=words[run["reached"]],
+                          em=run["exact_match"], ep=_epochs(run))
+    if more["reached"] != moe["reached"]:
+        winner = more if more["reached"] else moe
+        loser = moe if more["reached"] else more
+        return (head + f"On a phonebook of {size:,} entries, {say(winner)}; {say(loser)}: "
+                f"{winner['name']} memorises more.")
+    if more["reached"]:
+        return (head + f"Both memorise the {size:,} entries: {say(more)}; {say(moe)}. The "
+                f"phonebook is below both capacities: give --size larger to separate them.")
+    return (head + f"Neither memorises the {size:,} entries within {limit}: {say(more)}; "
+            f"{say(moe)}. Give --size smaller or --max-epochs larger.")
+
+
+def _limit(result: dict) -> str:
+    cfg = result["config"]
+    return f"{cfg['steps']:,} steps" if cfg.get("steps") else f"{cfg['max_epochs']:g} epochs"
+
+
+def capacity_table(rows: list[dict]) -> str:
+    if not rows:
+        return ("\nNo measured paper-scale capacities in this tree: `moremoe phonebook "
+                "reproduce` writes them (benchmarks/results/<device>/phonebook_capacity.jsonl).")
+    lines = [[r["name"], f"{r['paper_capacity']:,}" if r["paper_capacity"] else "-",
+              f"{r['capacity']:,}" if r["capacity"] else "none on grid",
+              f"{r['device']}, {r['commit'][:8]}, {r['date'][:10]}"] for r in rows]
+    return ("\n\nThe paper's capacities (L = 6, up to 1,500 epochs, exact match 0.9), measured "
+            "by `moremoe phonebook reproduce`:\n"
+            + table(lines, ["search", "paper", "moremoe", "measured on"]))
+
+
 def format_demo(result: dict) -> str:
     cfg, (moe, more) = result["config"], result["runs"]
 
@@ -93,25 +176,24 @@ def format_demo(result: dict) -> str:
         m = run["model"]["moe"]
         return [m["experts"], m["width"], m["rank"] or "-", human(run["params_total"]),
                 f"{run['flops_inference']:,}", f"{run['flops_training']:,}",
+                "yes" if run["reached"] else "no", f"{_epochs(run):.0f}",
                 f"{run['exact_match']:.3f}", f"{run['char_accuracy']:.3f}",
                 " ".join(f"{v:.2f}" for v in run["hnorm"]),
                 f"{run['router_seconds_per_token'] * 1e9:.1f} ns", f"{run['seconds']:.0f} s"]
     labels = ["experts M", "expert width s", "router rank r", "total parameters",
               "active FLOPs/token/layer (inference)", "active FLOPs/token/layer (training)",
-              f"exact match ({_evaluated(moe):,} entries)", "digit accuracy", "H_norm per layer",
-              "router time per token", "training time"]
+              f"memorised (exact match >= {THRESHOLD})", "epochs trained",
+              f"exact match ({_evaluated(moe):,} entries)", "digit accuracy",
+              "H_norm per layer", "router time per token", "training time"]
     rows = [[label, a, b] for label, a, b in zip(labels, col(moe), col(more))]
     head = (f"moremoe demo: the paper's first phonebook pair, planned at matched active FLOPs "
             f"({result['device']}, torch {result['torch']})\n"
-            f"phonebook {cfg['size']:,} entries, {cfg['layers']} layers, h={cfg['hidden']}, "
-            f"k={cfg['top_k']}, batch {cfg['batch_size']}, lr {cfg['lr']:g}, "
-            f"{cfg['steps']} steps each, same data and seed\n")
-    verdict = (f"\nAt {more['flops_inference'] / moe['flops_inference']:.2f}x the MoE's active "
-               f"FLOPs, MoRE holds {more['model']['moe']['experts'] / moe['model']['moe']['experts']:.0f}x "
-               f"the experts and reaches exact match {more['exact_match']:.3f} against "
-               f"{moe['exact_match']:.3f}.")
+            f"phonebook of {cfg['size']:,} entries, {cfg['layers']} layers, h={cfg['hidden']}, "
+            f"k={cfg['top_k']}, batch {cfg['batch_size']}, lr {cfg['lr']:g}, same data and "
+            f"seed; each trains until exact match {THRESHOLD} or {_limit(result)}\n")
     files = f"\nreport: {result['files']['json']}\nplot:   {result['files']['png']}"
-    return head + table(rows, ["", moe["name"], more["name"]]) + verdict + files
+    return (head + table(rows, ["", moe["name"], more["name"]]) + "\n\n" + verdict(result)
+            + capacity_table(result.get("capacities", [])) + files)
 
 
 def cmd_demo(args) -> int:
@@ -121,21 +203,30 @@ def cmd_demo(args) -> int:
                          f"names a phonebook can hold")
     out_dir = Path(args.out) if args.out else Path("runs") / "demo"
     check_new_output(out_dir, "--out", args.force, names=("demo.json", "demo.png"))
-    result = run_demo(DemoConfig(device=args.device, size=args.size, steps=args.steps),
-                      out_dir=out_dir, progress=not args.no_progress)
+    cfg = DemoConfig(device=args.device, size=args.size, steps=args.steps, seed=args.seed,
+                     **({"max_epochs": args.max_epochs} if args.max_epochs else {}))
+    result = run_demo(cfg, out_dir=out_dir, progress=not args.no_progress)
     emit(args, result, format_demo(result))
     return 0
 
 
 def add_demo_parser(sub) -> None:
-    p = sub.add_parser("demo", help="the main job: a matched MoE / MoRE pair on a phonebook",
-                       description="Plan a matched-FLOP MoE/MoRE pair at h=64, train both on "
-                       "the same phonebook and compare experts, parameters, FLOPs, exact match, "
-                       "H_norm and router time per token. Uses the GPU when one is present; "
-                       "a few minutes on a 2-core CPU.")
+    p = sub.add_parser("demo", help="the main job: does MoRE memorise more? a matched pair, live",
+                       description="Plan a matched-FLOP MoE/MoRE pair at h=64 (MoE-32, MoRE-96), "
+                       f"train both on the same {DEFAULT_SIZE:,}-entry phonebook to the paper's "
+                       f"stopping rule (exact match {THRESHOLD}, or {DemoConfig.max_epochs:g} "
+                       "epochs here) and say which memorises it; then the paper-scale "
+                       "capacities measured by `moremoe phonebook reproduce` beside the "
+                       "paper's. Uses the GPU when one is present; about 4 minutes on a 2-core "
+                       "CPU.")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
-    p.add_argument("--size", type=_positive_int, default=None, help="phonebook entries")
-    p.add_argument("--steps", type=_positive_int, default=None, help="training steps per model")
+    p.add_argument("--size", type=_positive_int, default=None,
+                   help=f"phonebook entries (default {DEFAULT_SIZE:,})")
+    p.add_argument("--max-epochs", type=_positive_float, default=None,
+                   help=f"the epoch limit (default {DemoConfig.max_epochs:g})")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help="a step limit instead of the epoch limit (quick checks)")
+    p.add_argument("--seed", type=_seed, default=0, help="phonebook, init and data-order seed")
     p.add_argument("--out", default=None, help="output folder (default runs/demo)")
     p.add_argument("--force", action="store_true",
                    help="replace the demo.json and demo.png of an earlier demo in --out")

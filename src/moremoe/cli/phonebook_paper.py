@@ -61,9 +61,10 @@ def cmd_phonebook_reproduce(args) -> int:
         from ..report import check_output_file
         check_output_file(Path(args.rows), "--rows")
     cfg = _train_config(args)
-    found = paper.searches(args.points)
+    found = [s for s in paper.searches(args.points) if args.arch in ("both", s.arch)]
     partial = {}
-    report = {"command": "phonebook reproduce", "points": args.points, "grid": args.grid,
+    report = {"command": "phonebook reproduce", "points": args.points, "arch": args.arch,
+              "grid": args.grid,
               "train": cfg.experiment(), "searches": [], "rows": [],
               "files": {"json": str(json_path), "png": str(png_path), "rank": str(rank_png),
                         "rows": str(rows_path)}}
@@ -117,6 +118,8 @@ def add_reproduce_parser(psub) -> None:
                    help=f"dot pairs to measure, among {', '.join(POINTS)}, and rank (MoRE-192 "
                         f"at r = 4, 8, 16, 32 beside MoE-192, h = 128, s = 8) (default "
                         f"{','.join(DEFAULT_POINTS)})")
+    p.add_argument("--arch", choices=("moe", "more", "both"), default="both",
+                   help="the MoE searches, the MoRE ones, or both (default)")
     p.add_argument("--grid", type=_int_list, default=list(PAPER_GRID),
                    help="phonebook sizes (default: the paper's reported capacities and 3,000)")
     p.add_argument("--seed", type=_seed, default=0, help="phonebook, init and data-order seed")

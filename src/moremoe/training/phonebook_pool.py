@@ -136,12 +136,16 @@ def _worker(slot: int, device: str, slots: int, checkpoint_dir, minutes: float, 
     """Worker process `slot`: a DevicePool on `device`, fed tasks through inbox ("stop"
     checkpoints its runs and ends it); every event goes to outbox with the slot."""
     from ..checks import UserError
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent decides when to stop
+    for sig in (signal.SIGINT, signal.SIGTERM):     # the parent decides when to stop
+        signal.signal(sig, signal.SIG_IGN)
+    parent = os.getppid()
     pool = DevicePool(device, slots, Path(checkpoint_dir) if checkpoint_dir else None, minutes)
     try:
         while True:
+            if os.getppid() != parent:              # the parent died without a word
+                return
             try:
-                msg = inbox.get(block=not pool.active, timeout=None if not pool.active else 0)
+                msg = inbox.get(timeout=5 if not pool.active else 0.001)
             except queue.Empty:
                 msg = None
             if msg == "stop":
