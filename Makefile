@@ -9,13 +9,14 @@
 #                     allows: what a user installing today gets
 #   make test-lowest  the suite in a fresh .venv-lowest with every dependency at its lower bound
 #   make lock         regenerate requirements/lock-cpu.txt from the newest allowed versions
+#   make test-demo    the demo's conclusion on 3 seeds at 1 and 2 threads (about 12 minutes)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LOCK := requirements/lock-cpu.txt
 
-.PHONY: demo test test-cpus test-latest test-lowest lock setup clean
+.PHONY: demo test test-cpus test-demo test-latest test-lowest lock setup clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +31,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-demo: setup
+	$(BIN)/python -m pytest -q -m demo tests/test_demo_conclusion.py
 
 NUMERICS = tests/kernels tests/ops tests/nn tests/model tests/hf tests/training/test_checkpoint.py \
            tests/training/test_lm_training.py tests/test_pipeline.py

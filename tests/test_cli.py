@@ -149,8 +149,9 @@ def test_demo_small(capsys, tmp_path):
     assert main(["demo", "--size", "32", "--steps", "4", "--device", "cpu", "--no-progress",
                  "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    for needle in ("MoE-32", "MoRE-96", "exact match", "H_norm per layer",
-                   "router time per token", "total parameters"):
+    for needle in ("MoE-32", "MoRE-112", "exact match", "H_norm per layer",
+                   "router time per token", "total parameters", "memorised (exact match >= 0.9)",
+                   "Neither memorises the 32 entries within 4 steps"):
         assert needle in text
     data = json.loads((tmp_path / "demo.json").read_text())
     assert len(data["runs"]) == 2 and data["runs"][1]["router_seconds_per_token"] > 0

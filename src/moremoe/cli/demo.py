@@ -1,16 +1,17 @@
 """``moremoe demo``: which of a matched-active-FLOP MoE / MoRE pair memorises more, live.
 
-Plans the pair at the paper's smallest phonebook point (h = 64, s = 8, k = 4, r = 16) with
-the paper's convention: MoE-32 against MoRE-96, the optimum's s' = 6 rounded up to 8 and M'
-kept, which spends 1.12x the MoE's inference FLOPs (both are printed). Both train, with the
-same data, seed and learning rate, on a phonebook sized between what the two can memorise
-in the demo's epoch budget, each to the stopping rule of the paper's protocol: exact match
-0.9, or the epoch limit. A model that reaches 0.9 has memorised the phonebook; one that
-does not, has not. That verdict (a capacity comparison), the epochs each took and the
+Plans a matched pair small enough to run to the paper's stopping rule on a CPU: h = 32,
+s = 8, k = 4, r = 8, one layer, by the paper's convention (the optimum's s' = 7 rounded up
+to 8, M' kept): MoE-32 against MoRE-112, 3.5x the experts for 1.06x the active FLOPs (both
+printed). Both train, with the same data, seed and learning rate, on a phonebook of 1,024
+entries, between what the two can memorise in the demo's 800 epochs, each to the stopping
+rule: exact match 0.9, or the epoch limit. A model that reaches 0.9 has memorised the
+phonebook; one that does not, has not. That verdict (a capacity comparison, the same on 3
+seeds at 1 and 2 threads: tests/test_demo_conclusion.py), the epochs each took and the
 exact match each reached are printed beside experts, parameters, FLOPs, H_norm per layer and
 the router's time per token, and under them the paper-scale capacities measured by
 `moremoe phonebook reproduce` (benchmarks/results/*/phonebook_capacity.jsonl) beside the
-paper's. About 4 minutes on a 2-core CPU, under a minute on a GPU.
+paper's. About 2.5 minutes on a 2-core CPU.
 """
 from __future__ import annotations
 
@@ -33,17 +34,17 @@ THRESHOLD = 0.9
 
 @dataclass(frozen=True)
 class DemoConfig:
-    hidden: int = 64
+    hidden: int = 32
     width: int = 8
     top_k: int = 4
-    rank: int = 16
-    layers: int = 2
+    rank: int = 8
+    layers: int = 1
     size: int | None = None          # phonebook entries (default DEFAULT_SIZE)
-    max_epochs: float = 300.0        # the stopping rule's epoch limit
+    max_epochs: float = 800.0        # the stopping rule's epoch limit
     steps: int | None = None         # a step limit instead (checks and tests)
     lr: float = 3e-3
-    batch_size: int = 512
-    eval_every: int = 20
+    batch_size: int = 256
+    eval_every: int = 40
     seed: int = 0
     device: str = "auto"
 
@@ -51,7 +52,7 @@ class DemoConfig:
         return replace(self, size=self.size or DEFAULT_SIZE)
 
 
-DEFAULT_SIZE = 2048
+DEFAULT_SIZE = 1024
 
 
 def _models(cfg: DemoConfig):
@@ -107,7 +108,8 @@ def measured_capacities() -> list[dict]:
             if line.strip():
                 row = json.loads(line)
                 rows[(row["name"], row["device"])] = row
-    return sorted(rows.values(), key=lambda r: (r["point"], r["name"]))
+    return sorted(rows.values(), key=lambda r: (r["hidden"], r["width"], r["rank"] or 0,
+                                                r["arch"] != "moe", r["name"]))
 
 
 def _device_name(dev: torch.device) -> str:
@@ -132,7 +134,7 @@ def verdict(result: dict) -> str:
     size, limit = result["config"]["size"], _limit(result)
     ratio = more["flops_inference"] / moe["flops_inference"]
     experts = more["model"]["moe"]["experts"] / moe["model"]["moe"]["experts"]
-    head = (f"At {ratio:.2f}x the MoE's active FLOPs, {more['name']} holds {experts:.0f}x the "
+    head = (f"At {ratio:.2f}x the MoE's active FLOPs, {more['name']} holds {experts:.1f}x the "
             f"experts. ")
     fmt = "{name} {verb} (exact match {em:.3f} after {ep:.0f} epochs)"
     words = {True: "memorises it", False: f"does not within {limit}"}
@@ -186,9 +188,9 @@ def format_demo(result: dict) -> str:
               f"exact match ({_evaluated(moe):,} entries)", "digit accuracy",
               "H_norm per layer", "router time per token", "training time"]
     rows = [[label, a, b] for label, a, b in zip(labels, col(moe), col(more))]
-    head = (f"moremoe demo: the paper's first phonebook pair, planned at matched active FLOPs "
+    head = (f"moremoe demo: does MoRE memorise more? A pair planned at matched active FLOPs "
             f"({result['device']}, torch {result['torch']})\n"
-            f"phonebook of {cfg['size']:,} entries, {cfg['layers']} layers, h={cfg['hidden']}, "
+            f"phonebook of {cfg['size']:,} entries, L={cfg['layers']}, h={cfg['hidden']}, "
             f"k={cfg['top_k']}, batch {cfg['batch_size']}, lr {cfg['lr']:g}, same data and "
             f"seed; each trains until exact match {THRESHOLD} or {_limit(result)}\n")
     files = f"\nreport: {result['files']['json']}\nplot:   {result['files']['png']}"
@@ -212,13 +214,13 @@ def cmd_demo(args) -> int:
 
 def add_demo_parser(sub) -> None:
     p = sub.add_parser("demo", help="the main job: does MoRE memorise more? a matched pair, live",
-                       description="Plan a matched-FLOP MoE/MoRE pair at h=64 (MoE-32, MoRE-96), "
-                       f"train both on the same {DEFAULT_SIZE:,}-entry phonebook to the paper's "
-                       f"stopping rule (exact match {THRESHOLD}, or {DemoConfig.max_epochs:g} "
-                       "epochs here) and say which memorises it; then the paper-scale "
-                       "capacities measured by `moremoe phonebook reproduce` beside the "
-                       "paper's. Uses the GPU when one is present; about 4 minutes on a 2-core "
-                       "CPU.")
+                       description="Plan a matched-FLOP MoE/MoRE pair small enough for a CPU "
+                       "(h=32, s=8, k=4, r=8, one layer: MoE-32, MoRE-112), train both on the "
+                       f"same {DEFAULT_SIZE:,}-entry phonebook to the paper's stopping rule "
+                       f"(exact match {THRESHOLD}, or {DemoConfig.max_epochs:g} epochs here) and "
+                       "say which memorises it; then the paper-scale capacities measured by "
+                       "`moremoe phonebook reproduce` beside the paper's. Uses the GPU when one "
+                       "is present; about 2.5 minutes on a 2-core CPU.")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
     p.add_argument("--size", type=_positive_int, default=None,
                    help=f"phonebook entries (default {DEFAULT_SIZE:,})")

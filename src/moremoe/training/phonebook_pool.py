@@ -14,13 +14,14 @@ stop (a signal, --stop-after), into OUT/checkpoints/<key>.pt, and continues from
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
 import signal
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ import torch
 from ..report import dumps, write_atomic
 from ..runtime import progress_bar, progress_note
 from .phonebook import PhonebookTrainer
-from .phonebook_search import Plan, Task
+from .phonebook_search import Task
 
 JOURNAL, CHECKPOINTS = "trials.jsonl", "checkpoints"
 
@@ -64,8 +65,7 @@ class DevicePool:
         path = self._path(task.key)
         if path is not None and path.exists():
             state = torch.load(path, map_location="cpu", weights_only=False)
-        cfg = task.train if task.train.device == self.device else \
-            _with_device(task.train, self.device)
+        cfg = replace(task.train, device=self.device)
         stream = torch.cuda.Stream(cfg.device) if cfg.device.startswith("cuda") else None
         trainer = PhonebookTrainer(task.model, cfg, cfg.lr, name=task.name,
                                    calibration=task.calibration, stream=stream, state=state)
@@ -115,7 +115,6 @@ class DevicePool:
         return None if self.checkpoint_dir is None else self.checkpoint_dir / f"{key}.pt"
 
     def _save(self, key: str, trainer: PhonebookTrainer) -> None:
-        import io
         buf = io.BytesIO()
         torch.save(trainer.state_dict(), buf)
         write_atomic(self._path(key), buf.getvalue())
@@ -124,11 +123,6 @@ class DevicePool:
         path = self._path(key)
         if path is not None:
             path.unlink(missing_ok=True)
-
-
-def _with_device(cfg, device: str):
-    from dataclasses import replace
-    return replace(cfg, device=device)
 
 
 def _worker(slot: int, device: str, slots: int, checkpoint_dir, minutes: float, inbox,

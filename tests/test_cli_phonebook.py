@@ -1,0 +1,107 @@
+"""`moremoe phonebook reproduce` and the execution options the phonebook commands share, with
+a stand-in trainer (the training itself: tests/training/test_phonebook_*.py)."""
+import json
+from dataclasses import asdict
+
+import pytest
+
+from cli_checks import fails
+from moremoe.cli import main
+
+import moremoe.training.phonebook as trainer
+import moremoe.training.phonebook_pool as pool
+
+
+class Instant:
+    """A run that ends at its first evaluation: reached when the phonebook is at most the
+    paper's capacity of its model (h64-s8: MoE-32 10K, MoRE-96 30K)."""
+    CAP = {32: 10_000, 96: 30_000}
+    built = []
+
+    def __init__(self, model_cfg, cfg, lr, *, name, calibration=None, **kw):
+        Instant.built.append(name)
+        self.done, self.total = False, cfg.planned_steps()
+        self.step = type("S", (), {"steps": 0})()
+        reached = cfg.size <= self.CAP.get(model_cfg.moe.experts, 0)
+        em = 0.95 if reached else 0.2
+        self.run = trainer.PhonebookRun(
+            name=name, model=model_cfg.to_dict(), train=asdict(cfg), lr=lr,
+            params_total=model_cfg.total_params(), flops_inference=1, flops_training=3,
+            calibration={str(k): v for k, v in (calibration or {}).items()},
+            exact_match=em, char_accuracy=lr, reached=reached, hnorm=[0.9] * 6,
+            history=[{"step": 1, "epoch": 1.0, "loss": 1.0 - lr, "exact_match": em,
+                      "hnorm": [0.9] * 6}], step_mode="eager")
+
+    def advance(self):
+        self.step.steps = self.total
+
+    def settle(self):
+        self.done = True
+        return True
+
+
+@pytest.fixture
+def instant(monkeypatch):
+    monkeypatch.setattr(pool, "PhonebookTrainer", Instant)
+    Instant.built = []
+
+
+def test_reproduce_finds_the_papers_capacities_and_writes_rows_and_figures(
+        capsys, tmp_path, instant):
+    out, rows = tmp_path / "r", tmp_path / "rows.jsonl"
+    argv = ["phonebook", "reproduce", "--points", "h64-s8", "--out", str(out), "--device",
+            "cpu", "--no-progress", "--rows", str(rows)]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    got = {s["name"]: s["capacity"] for s in report["searches"]}
+    assert got == {"h64-s8 MoE-32": 10_000, "h64-s8 MoRE-96": 30_000}
+    # each search: the paper's size and the next at once, with their calibrations: 2 x 4 runs
+    assert len(Instant.built) == 16
+    written = [json.loads(line) for line in (out / "phonebook_capacity.jsonl").open()]
+    assert [(r["name"], r["capacity"], r["paper_capacity"]) for r in written] == [
+        ("h64-s8 MoE-32", 10_000, 10_000), ("h64-s8 MoRE-96", 30_000, 30_000)]
+    assert {t["size"] for t in written[0]["trials"]} == {10_000, 30_000}
+    assert written[0]["device"] == "cpu" and written[0]["commit"]
+    assert (out / "reproduce.png").stat().st_size > 0
+    assert len(rows.read_text().splitlines()) == 2
+    # again with --resume: every run comes from the journal, the rows file gains nothing
+    Instant.built = []
+    assert main([*argv, "--resume"]) == 0
+    text = capsys.readouterr().out
+    assert Instant.built == [] and "h64-s8 MoRE-96" in text and "30,000" in text
+    assert len(rows.read_text().splitlines()) == 2
+    assert len(json.loads((out / "reproduce.json").read_text())["execution"]["reused"]) == 16
+
+
+def test_reproduce_one_arm(capsys, tmp_path, instant):
+    assert main(["phonebook", "reproduce", "--points", "h64-s8", "--arch", "more", "--out",
+                 str(tmp_path), "--device", "cpu", "--no-progress", "--json"]) == 0
+    names = [s["name"] for s in json.loads(capsys.readouterr().out)["searches"]]
+    assert names == ["h64-s8 MoRE-96"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--points", "h64-s9"], r"argument --points: expected points among h64-s8, .*rank, got "
+                             r"'h64-s9'"),
+    (["--points", "rank", "--resume", "--out", "{tmp}/none"],
+     r"--resume: \S+/none holds no trials.jsonl, so there is nothing to continue; drop "
+     r"--resume to start"),
+    (["--resume"], "--resume continues the work in --out: give --out"),
+    (["--jobs", "2", "--device", "cpu"], r"--jobs 2 spreads the runs over GPUs, but --device "
+                                         r"cpu names one device; use --device auto or cuda"),
+])
+def test_reproduce_refuses_in_one_line(capsys, tmp_path, argv, message):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    fails(capsys, ["phonebook", "reproduce", *argv], message)
+
+
+def test_an_earlier_search_is_kept_without_force_or_resume(capsys, tmp_path, instant):
+    argv = ["phonebook", "reproduce", "--points", "h64-s8", "--out", str(tmp_path),
+            "--device", "cpu", "--no-progress"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    fails(capsys, argv, r"already holds reproduce.json, reproduce.png, trials.jsonl from an "
+                        r"earlier run; give another folder or --force")
+    Instant.built = []
+    assert main([*argv, "--force"]) == 0               # starts afresh: trains again
+    assert len(Instant.built) == 16
