@@ -47,6 +47,18 @@ def test_temperature_zero_is_the_argmax_and_a_generator_repeats_its_draws():
     assert torch.equal(sample(logits, Sampling(1e-6)), logits.argmax(-1))   # tiny T: greedy
 
 
+def test_a_temperature_or_top_p_below_float32s_range_still_keeps_the_likeliest():
+    """logits / 1e-40 overflows and top_p = 1e-300 rounds to 0 in float32: neither may turn
+    the row into NaN (whose argmax is token 0); both leave the argmax."""
+    logits = torch.randn(6, 50) * 3
+    logits[:, 0] = -10.0                          # token 0 is never the answer
+    best = logits.argmax(-1)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(sample(logits, Sampling(1e-40), g), best)
+    assert torch.equal(sample(logits, Sampling(1.0, top_p=1e-300), g), best)
+    assert torch.isfinite(restrict(logits, None, 1e-300)).sum(-1).tolist() == [1] * 6
+
+
 @pytest.mark.parametrize("kw,match", [({"temperature": -1.0}, "temperature"),
                                       ({"temperature": math.nan}, "temperature"),
                                       ({"top_k": 0}, "top_k must be >= 1"),

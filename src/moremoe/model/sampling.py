@@ -53,7 +53,9 @@ def restrict(logits_BV: torch.Tensor, top_k: int | None, top_p: float | None) ->
         sorted_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
         probs_BV = torch.softmax(sorted_BV, dim=-1)
         before_BV = probs_BV.cumsum(-1) - probs_BV        # mass of the larger ones
-        sorted_BV = sorted_BV.masked_fill(before_BV >= top_p, -math.inf)
+        drop_BV = before_BV >= top_p                      # a top_p under fp32's range is 0:
+        drop_BV[:, 0] = False                             # the largest is kept all the same
+        sorted_BV = sorted_BV.masked_fill(drop_BV, -math.inf)
         logits_BV = torch.full_like(logits_BV, -math.inf).scatter(-1, order_BV, sorted_BV)
     return logits_BV
 
@@ -63,8 +65,11 @@ def sample(logits_BV: torch.Tensor, sampling: Sampling = Sampling(),
     """The next token of each row (B,) int64."""
     if sampling.greedy:
         return logits_BV.argmax(-1)
-    logits_BV = restrict(logits_BV.float() / sampling.temperature, sampling.top_k,
-                         sampling.top_p)
+    # the largest logit made 0 before dividing: a temperature so small that logits / T would
+    # overflow (1e-40) leaves the largest at 0 and the others at -inf, i.e. greedy, not NaN
+    logits_BV = logits_BV.float()
+    logits_BV = (logits_BV - logits_BV.amax(-1, keepdim=True)) / sampling.temperature
+    logits_BV = restrict(logits_BV, sampling.top_k, sampling.top_p)
     probs_BV = torch.softmax(logits_BV, dim=-1)
     race_BV = torch.empty_like(probs_BV).exponential_(generator=generator)
     # a draw of exactly 0 would make 0 / 0 = NaN for an excluded token, which argmax takes
