@@ -99,6 +99,19 @@ def test_mistakes_are_one_line(capsys, gpt2_run, text_data, tmp_path):
           r"with the GPT-2 tokenizer")
 
 
+def test_weights_that_are_not_finite_are_named_not_decoded(capsys, gpt2_run, tmp_path):
+    """A diverged checkpoint decoded to "!!!!" (every logit NaN, argmax 0) with exit 0."""
+    from safetensors.torch import load_file, save_file
+    ckpt = Path(shutil.copytree(gpt2_run / "checkpoints" / "step_00000002", tmp_path / "nan"))
+    weights = load_file(str(ckpt / "model.safetensors"))
+    name = sorted(weights)[3]
+    weights[name][0] = float("nan")
+    save_file(weights, str(ckpt / "model.safetensors"))
+    fails(capsys, ["generate", str(ckpt), "--prompt", "a"],
+          rf"MODEL {ckpt}: its weights are not finite \(1 of \d+ tensors hold NaN or infinity, "
+          rf"\S+ first\): the run that wrote them diverged; use an earlier checkpoint")
+
+
 @pytest.mark.parametrize("report,command", [("demo.json", "demo"),
                                             ("phonebook_train.json", "phonebook"),
                                             ("sweep.json", "phonebook")])

@@ -54,9 +54,24 @@ def load_eval_model(path: str | Path, device="cpu"):
     if not path.exists():
         raise ValueError(f"model path {str(path)!r} does not exist")
     if _transformers_dir(path):
-        return _load_export(path).to(device).eval()
-    from ..model.checkpoint import load_model
-    return load_model(path, device=device).eval()
+        model = _load_export(path).to(device).eval()
+    else:
+        from ..model.checkpoint import load_model
+        model = load_model(path, device=device).eval()
+    check_finite(model, path)
+    return model
+
+
+def check_finite(model, path) -> None:
+    """ValueError naming the tensors of weights that hold NaN or infinity: such a model
+    answers every prompt with the same token and scores no perplexity, silently."""
+    import torch
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        total = sum(1 for _ in model.parameters())
+        raise ValueError(f"MODEL {path}: its weights are not finite ({len(bad)} of {total} "
+                         f"tensors hold NaN or infinity, {bad[0]} first): the run that wrote "
+                         f"them diverged; use an earlier checkpoint")
 
 
 def _load_export(path: Path):
