@@ -74,7 +74,10 @@ def test_mistakes_are_one_line(capsys, gpt2_run, text_data, tmp_path):
     g = ["generate", str(gpt2_run)]
     fails(capsys, ["generate", str(tmp_path / "nope"), "--prompt", "a"], r"does not exist")
     fails(capsys, g + ["--prompt", ""], r"--prompt is empty")
-    fails(capsys, g + ["--prompt-file", str(tmp_path / "p.txt")], r"--prompt-file .*no such")
+    fails(capsys, g + ["--prompt-file", str(tmp_path / "p.txt")], r"--prompt-file .*no such "
+                                                                  r"file; give a text file")
+    fails(capsys, g + ["--prompt-file", str(tmp_path)], rf"--prompt-file {tmp_path}: is a "
+                                                        r"folder, not a file; give a text file")
     (tmp_path / "blank.txt").write_text("\n \n")
     fails(capsys, g + ["--prompt-file", str(tmp_path / "blank.txt")], r"holds no prompt")
     fails(capsys, g + ["--prompt", "a", "--max-new-tokens", "40"],

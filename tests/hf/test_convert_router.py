@@ -68,6 +68,9 @@ def test_convert_router_errors(capsys, tmp_path):
           r"--rank 40 exceeds min\(experts, hidden\) = 8 of the model")
     fails(capsys, ["convert-router", str(model), "--rank", "2", "--out", str(tmp_path / "o3"),
                    "--text", str(tmp_path / "missing.txt")], r"--text .*missing.txt: no such file")
+    fails(capsys, ["convert-router", str(model), "--rank", "2", "--out", str(tmp_path / "o4"),
+                   "--text", str(tmp_path)], r"--text \S+: is a folder, not a file; give a text "
+                                             r"file")
 
 
 def test_low_rank_router_from_a_trained_weight():

@@ -72,8 +72,8 @@ def _read_text(args) -> str | None:
         return None
     text = Path(args.text)
     if not text.is_file():
-        raise ValueError(f"--text {args.text}: {'a folder' if text.is_dir() else 'no such'} "
-                         f"file; give a text file")
+        what = "is a folder, not a file" if text.is_dir() else "no such file"
+        raise ValueError(f"--text {args.text}: {what}; give a text file")
     try:
         return text.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:

@@ -27,8 +27,9 @@ def _read_prompts(args) -> list[tuple[int, str]]:
         return [(1, args.prompt)]
     path = Path(args.prompt_file)
     if not path.is_file():
-        raise ValueError(f"--prompt-file {path}: {'a folder' if path.is_dir() else 'no such'} "
-                         f"file; give a text file with one prompt a line")
+        what = "is a folder, not a file" if path.is_dir() else "no such file"
+        raise ValueError(f"--prompt-file {path}: {what}; give a text file with one prompt a "
+                         f"line")
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except UnicodeDecodeError as err:
