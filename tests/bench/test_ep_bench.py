@@ -95,7 +95,7 @@ def test_targets_read_the_newest_rows():
     assert "(a) MoRE over MoE with our fused router (reported): 2.00x" in text
 
 
-def test_plot_only_draws_the_stacked_bars(tmp_path):
+def test_plot_only_draws_the_stacked_bars(tmp_path, capsys):
     path = tmp_path / "ep.jsonl"
     rows = [_row(f, v, 5.0 + i, p) for i, (f, v) in enumerate(
         [("a", "moe_torch"), ("a", "more"), ("b", "more"), ("one_gpu", "more")])
@@ -103,4 +103,8 @@ def test_plot_only_draws_the_stacked_bars(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["bench", "ep", "--plot-only", str(path)]) == 0
     assert (tmp_path / "ep.png").stat().st_size > 10_000
+    capsys.readouterr()
+    assert main(["bench", "ep", "--plot-only", str(path), "--json"]) == 0   # JSON, not a path
+    assert json.loads(capsys.readouterr().out) == {
+        "plots": [str(tmp_path / "ep.png")], "rows": len(rows), "file": str(path)}
     assert render_ep([], tmp_path) == []

@@ -30,10 +30,11 @@ def _bench_table(rows: list[dict]) -> str:
                        "vs unfused", "vs Alg. 1", "peak MiB"])
 
 
-def _plot_only(path: str, name: str, render) -> int:
+def _plot_only(args, name: str, render) -> int:
     """Render the plots of an existing results file, refusing one that holds no rows or
-    rows of another benchmark (harness.read_rows_of)."""
+    rows of another benchmark (harness.read_rows_of); --json prints the plots' paths."""
     from ..bench import harness
+    path = args.plot_only
     rows = harness.read_rows_of(path, name, "--plot-only")
     if render is None:
         raise ValueError(f"--plot-only {path}: `moremoe bench {name}` draws no plots; its "
@@ -46,7 +47,8 @@ def _plot_only(path: str, name: str, render) -> int:
     if not paths:
         raise ValueError(f"--plot-only {path}: nothing to plot in its {len(rows)} rows of "
                          f"`moremoe bench {name}`")
-    print("\n".join(str(p) for p in paths))
+    _emit(args, {"plots": [str(p) for p in paths], "rows": len(rows), "file": str(path)},
+          "\n".join(str(p) for p in paths))
     return 0
 
 
@@ -54,7 +56,7 @@ def _run_bench(args, name: str, runner, render) -> int:
     """Measure with runner, append each row to benchmarks/results/<device>/<name>.jsonl as
     it lands, render the plots beside it, print a table (or JSON)."""
     if args.plot_only:
-        return _plot_only(args.plot_only, name, render)
+        return _plot_only(args, name, render)
     import torch
     from ..bench import harness
     from ..kernels import HAS_TRITON, INTERPRET
@@ -302,7 +304,7 @@ def _run_ep(args) -> int:
     if args.plot_only:
         if int(os.environ.get("RANK", "0")):
             return 0
-        return _plot_only(args.plot_only, "ep", ep_plots.render_ep)
+        return _plot_only(args, "ep", ep_plots.render_ep)
     device, (out, refused) = _ep_setup(args)
     try:
         rank = dist.get_rank()
