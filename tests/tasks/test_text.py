@@ -91,6 +91,15 @@ def test_meta_problems(tmp_path, prepared):
     write_dir(prepared, np.zeros((1, T)), np.zeros((0, T)), tokens=99)
     with pytest.raises(ValueError, match="train \\+ val \\+ dropped tokens = 8, but tokens = 99"):
         verify_tokens(prepared)
+    # a digest map that lost its entries: meta.json is what is corrupt, not the token files
+    write_dir(prepared, np.zeros((1, T)), np.zeros((0, T)), sha256={})
+    with pytest.raises(ValueError, match=r"sha256 holds no digest of train.bin or val.bin \(it "
+                                         r"must map each of train.bin, val.bin to 64 hex "
+                                         r"digits\): meta.json is corrupt"):
+        verify_tokens(prepared)
+    write_dir(prepared, np.zeros((1, T)), np.zeros((0, T)), sha256={"train.bin": "ab"})
+    with pytest.raises(ValueError, match=r"no digest of train.bin or val.bin"):
+        read_meta(prepared)
 
 
 def test_empty_split_is_an_empty_array(tmp_path):

@@ -81,7 +81,16 @@ def read_meta(dir: str | Path) -> dict:
     sha = meta["sha256"]
     if not isinstance(sha, dict) or not all(isinstance(v, str) for v in sha.values()):
         raise ValueError(f"{path}: sha256 must map file names to hex digests, got {sha!r}")
+    lacking = [f"{s}.bin" for s in SPLITS if not _is_digest(sha.get(f"{s}.bin"))]
+    if lacking:      # the metadata is what is damaged, not the token files it describes
+        raise ValueError(f"{path}: sha256 holds no digest of {' or '.join(lacking)} (it must "
+                         f"map each of {', '.join(f'{s}.bin' for s in SPLITS)} to 64 hex "
+                         f"digits): meta.json is corrupt; prepare the data again (--force)")
     return meta
+
+
+def _is_digest(v) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 
 
 def open_tokens(dir: str | Path, split: str, *, verify: bool = False) -> np.memmap:
