@@ -81,11 +81,6 @@ def read_meta(dir: str | Path) -> dict:
     sha = meta["sha256"]
     if not isinstance(sha, dict) or not all(isinstance(v, str) for v in sha.values()):
         raise ValueError(f"{path}: sha256 must map file names to hex digests, got {sha!r}")
-    lacking = [f"{s}.bin" for s in SPLITS if not _is_digest(sha.get(f"{s}.bin"))]
-    if lacking:      # the metadata is what is damaged, not the token files it describes
-        raise ValueError(f"{path}: sha256 holds no digest of {' or '.join(lacking)} (it must "
-                         f"map each of {', '.join(f'{s}.bin' for s in SPLITS)} to 64 hex "
-                         f"digits): meta.json is corrupt; prepare the data again (--force)")
     return meta
 
 
@@ -118,6 +113,11 @@ def verify_tokens(dir: str | Path) -> dict:
         raise ValueError(f"{Path(dir) / 'meta.json'}: train + val + dropped tokens = "
                          f"{n_total + meta['dropped_tokens']:,}, but tokens = "
                          f"{meta['tokens']:,}: the file is inconsistent")
+    lacking = [f"{s}.bin" for s in SPLITS if not _is_digest(meta["sha256"].get(f"{s}.bin"))]
+    if lacking:      # the metadata is what lacks them, not the token files it describes
+        raise ValueError(f"{Path(dir) / 'meta.json'}: its sha256 map holds no digest of "
+                         f"{' or '.join(lacking)} (64 hex digits each), so the files cannot be "
+                         f"verified; prepare the data again (--force) to record them")
     report = {"dir": str(dir), "seq_len": meta["seq_len"], "splits": {}}
     for split in SPLITS:
         path, n, seq_len = _checked_path(Path(dir), split, meta)
