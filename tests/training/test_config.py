@@ -197,3 +197,26 @@ def test_compile_mode_auto_takes_cuda_graphs_on_one_gpu():
         build_run_config(overrides=["parallel.data=fsdp", "parallel.reduce_dtype=bf16"])
     paper = build_run_config(preset="h512-s64-more1792").train
     assert (paper.compile, paper.compile_mode, paper.compile_scope) == (True, "auto", "model")
+
+
+@pytest.mark.parametrize("value", [[1], {"a": 1}, True, None, "x", 1.5],
+                         ids=["list", "mapping", "bool", "null", "text", "fraction"])
+def test_a_value_of_the_wrong_yaml_type_names_its_key(tmp_path, value):
+    """Every key of every section, and the preset, given a value of each YAML type: an error
+    a user can act on that names the key (`preset: [1]` was "unhashable type: 'list'")."""
+    import dataclasses
+    import yaml
+    from moremoe.cli.main import EXPECTED
+    from moremoe.training.config import ModelSpec, OptimSpec, ParallelSpec, TrainSpec
+    cases = [({"preset": value}, "preset")]
+    for section, cls in (("model", ModelSpec), ("optim", OptimSpec), ("train", TrainSpec),
+                         ("parallel", ParallelSpec)):
+        cases += [({section: {f.name: value}}, f"{section}.{f.name}")
+                  for f in dataclasses.fields(cls)]
+    f = tmp_path / "run.yaml"
+    for d, key in cases:
+        f.write_text(yaml.safe_dump(d))
+        try:
+            build_run_config(config_file=str(f))
+        except EXPECTED as err:
+            assert key.split(".")[-1] in str(err), (key, err)

@@ -90,7 +90,7 @@ def preset_names() -> list[str]:
 
 
 def get_preset(name: str) -> RunConfig:
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:   # a YAML list or mapping too
         raise KeyError(f"preset must be one of {', '.join(PRESETS)}; got {name!r}")
     args = PRESETS[name]
     if name == "h512-peer150544":
