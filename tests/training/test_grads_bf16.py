@@ -69,3 +69,15 @@ def test_what_bf16_gradients_cannot_serve_is_named(sets, words):
 def test_bf16_gradients_are_one_process():
     with pytest.raises(ValueError, match="parallel.reduce_dtype=bf16"):
         set_grad_dtype(torch.nn.Linear(2, 2), "bf16", world=2)
+
+
+def test_bf16_gradients_resume_exactly(text_data, tmp_path):
+    """Stopped at step 2 and resumed: the losses of the run that never stopped (loading the
+    optimizer state made fp32 gradients for parameters whose .grad is bf16, and failed)."""
+    sets = SETS + ["optim.grads=bf16", "train.ckpt_every=2"]
+    kw = dict(preset="tiny-more", data=str(text_data), device="cpu")
+    train(build_run_config(out=str(tmp_path / "whole"), overrides=sets, **kw), echo=quiet)
+    cut = tmp_path / "cut"
+    train(build_run_config(out=str(cut), overrides=sets, stop_step=2, **kw), echo=quiet)
+    train(build_run_config(out=str(cut), overrides=sets, **kw), resume=True, echo=quiet)
+    assert _losses(cut) == pytest.approx(_losses(tmp_path / "whole"), rel=1e-6)

@@ -147,7 +147,6 @@ class LMTrainer:
         in_place = solo and (o.expert_grads == "in_place"
                              or o.expert_grads == "auto" and o.grads == "fp32")
         self.in_place = in_place_expert_banks(self.model) if in_place else []
-        set_grad_dtype(self.model, o.grads, self.info.world)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
                                   fused=self.dev.type == "cuda", moments=o.moments)
@@ -160,6 +159,9 @@ class LMTrainer:
             fsdp.load_optim_state(self.model, self.opt, state)
             self.sched.load_state_dict(self._pending["scheduler"])
             self._pending = None
+        # after the load: torch's loader makes the optimizer's state by a step over fp32
+        # zero gradients, which a bf16 grad_dtype refuses
+        set_grad_dtype(self.model, o.grads, self.info.world)
         self._zero_grads()
 
     def _zero_grads(self) -> None:
