@@ -28,8 +28,8 @@ export MOREMOE_COMMIT=${MOREMOE_COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HE
 cd "$ROOT"
 
 copy() {
-  (cd runs && tar -cf "$OUT/results.tar" --exclude='checkpoints' repro-* 2>/dev/null)
-  small=$(find runs/repro-* -path '*/checkpoints/*.pt' -size -15M -printf '%s %p\n' 2>/dev/null |
+  (cd runs && tar -cf "$OUT/results.tar" --exclude='trial_checkpoints' repro-* 2>/dev/null)
+  small=$(find runs/repro-* -path '*/trial_checkpoints/*.pt' -size -15M -printf '%s %p\n' 2>/dev/null |
           sort -n | awk '{t += $1; if (t < 15 * 2^20) print $2}')
   rm -f "$OUT/checkpoints.tar"
   [ -n "$small" ] && tar -cf "$OUT/checkpoints.tar" $small 2>/dev/null

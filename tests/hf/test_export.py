@@ -70,3 +70,70 @@ def test_export_of_another_vocabulary_writes_no_tokenizer_and_says_so(tmp_path):
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "None written: the vocabulary has 64 ids, not GPT-2's 50,257" in card
     assert "Not known (the run's files were not found" in card
+
+
+def test_nothing_a_run_made_is_written_into_even_with_force(capsys, gpt2_run, tmp_path):
+    """hf export, convert-router --write-model and --out, the phonebook commands and the
+    demo never write into a run or a checkpoint, a weights-only one included (export
+    replaced its config.json and weights; convert-router a run's config.json; a phonebook
+    --force would have deleted a checkpoints folder)."""
+    import shutil
+    from cli_checks import fails
+    weights_only = tmp_path / "weights"
+    shutil.copytree(gpt2_run / "checkpoints" / "step_00000002", weights_only)
+    (weights_only / "state.pt").unlink()
+    before = {p.name: p.read_bytes() for p in weights_only.iterdir()}
+    never = r"holds a {} of moremoe; it is never written into \(not even with --force\)"
+    fails(capsys, ["hf", "export", str(gpt2_run), str(weights_only), "--force"],
+          rf"OUT_DIR {weights_only} " + never.format("checkpoint"))
+    for target, what in ((weights_only, "checkpoint"), (gpt2_run, "run")):
+        for flag in ("--out", "--write-model"):
+            argv = ["convert-router", str(tmp_path / "src"), "--rank", "2", "--out",
+                    str(tmp_path / "conv"), "--force"]
+            argv = [*argv[:5], str(target), *argv[6:]] if flag == "--out" else \
+                [*argv, "--write-model", str(target)]
+            fails(capsys, argv, rf"{flag} {target} " + never.format(what))
+        fails(capsys, ["demo", "--out", str(target), "--force", "--steps", "1"],
+              rf"--out {target} " + never.format(what))
+        fails(capsys, ["phonebook", "train", "--size", "40", "--out", str(target), "--force",
+                       "--device", "cpu"], rf"--out {target} " + never.format(what))
+    assert {p.name: p.read_bytes() for p in weights_only.iterdir()} == before
+    assert (gpt2_run / "checkpoints" / "step_00000002" / "state.pt").is_file()
+
+
+def test_a_forced_export_of_another_vocabulary_drops_the_old_tokenizer(capsys, gpt2_run,
+                                                                        tmp_path):
+    from safetensors.torch import save_file
+    out = tmp_path / "export"
+    assert main(["hf", "export", str(gpt2_run), str(out)]) == 0
+    assert (out / "tokenizer.json").is_file()
+    cfg = TransformerConfig(vocab=64, layers=1, heads=2, moe=MoEConfig.moe(8, 2, 32, 8),
+                            max_seq_len=16)
+    ckpt = tmp_path / "small"
+    ckpt.mkdir()
+    save_file(Transformer(cfg).state_dict(), str(ckpt / "model.safetensors"))
+    (ckpt / "config.json").write_text(json.dumps({"model": cfg.to_dict(), "train": {}}))
+    capsys.readouterr()
+    assert main(["hf", "export", str(ckpt), str(out), "--force", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokenizer"] is False
+    names = {p.name for p in out.iterdir()}
+    assert not names & {"tokenizer.json", "tokenizer_config.json"}, names
+
+
+def test_the_exported_tokenizer_loads_without_the_folders_code(gpt2_run, tmp_path,
+                                                               monkeypatch):
+    """transformers 5's AutoTokenizer reads the model's config first, whose class is the
+    folder's code, and asks at a terminal whether to run it: PreTrainedTokenizerFast never
+    does, AutoTokenizer not after register() (the card and the README say so)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    def asked(*a, **kw):
+        raise AssertionError("transformers asked whether to run the folder's code")
+    monkeypatch.setattr("builtins.input", asked)
+    out = tmp_path / "export"
+    assert main(["hf", "export", str(gpt2_run), str(out)]) == 0
+    ids = gpt2_encoding().encode("The meaning of")
+    assert PreTrainedTokenizerFast.from_pretrained(out)("The meaning of")["input_ids"] == ids
+    register()
+    assert AutoTokenizer.from_pretrained(out)("The meaning of")["input_ids"] == ids
+    assert "moremoe.hf.register()" in (out / "README.md").read_text()

@@ -135,6 +135,10 @@ def cmd_convert_router(args) -> int:
     from safetensors.torch import save_file
     from ..hf.convert_router import (capture_router_inputs, convert_routers, find_routers,
                                      plot_agreement)
+    from ..model.checkpoint import check_not_a_run
+    for flag, folder in (("--out", args.out), ("--write-model", args.write_model)):
+        if folder is not None:
+            check_not_a_run(folder, flag)
     out = check_new_output(args.out, "--out", args.force, folder=True)
     if args.write_model is not None:
         if len(args.rank) != 1:

@@ -203,7 +203,9 @@ def cmd_demo(args) -> int:
     if args.size is not None and args.size > NAME_SPACE:
         raise ValueError(f"--size {args.size:,} exceeds the {NAME_SPACE:,} unique five-letter "
                          f"names a phonebook can hold")
+    from ..model.checkpoint import check_not_a_run
     out_dir = Path(args.out) if args.out else Path("runs") / "demo"
+    check_not_a_run(out_dir, "--out")
     check_new_output(out_dir, "--out", args.force, names=("demo.json", "demo.png"))
     cfg = DemoConfig(device=args.device, size=args.size, steps=args.steps, seed=args.seed,
                      **({"max_epochs": args.max_epochs} if args.max_epochs else {}))

@@ -25,13 +25,17 @@ def cmd_hf_export(args) -> int:
     try:
         export(model, staging, info=run_info(ckpt), name=out.name)
         out.mkdir(exist_ok=True)
+        written = {f.name for f in staging.iterdir()}
+        for name in STALE - written:                 # an earlier export's tokenizer, say
+            (out / name).unlink(missing_ok=True)
         for f in staging.iterdir():                  # each file lands whole or not at all
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     result = {"checkpoint": str(args.checkpoint), "out_dir": str(out),
               "files": sorted(f.name for f in out.iterdir())}
-    tokenizer = ("AutoTokenizer reads its GPT-2 tokenizer" if model.config.vocab == VOCAB_SIZE
+    tokenizer = ("its GPT-2 tokenizer: PreTrainedTokenizerFast.from_pretrained (AutoTokenizer "
+                 "after moremoe.hf.register())" if model.config.vocab == VOCAB_SIZE
                  else f"no tokenizer: the vocabulary of {model.config.vocab:,} is not GPT-2's")
     _emit(args, {**result, "tokenizer": model.config.vocab == VOCAB_SIZE},
           f"wrote {out} ({', '.join(result['files'])}); load it with moremoe.hf.register() "
@@ -39,20 +43,24 @@ def cmd_hf_export(args) -> int:
     return 0
 
 
+# what an earlier export may have left that this one does not write: the files of GPT-2's
+# tokenizer (a model of another vocabulary gets none)
+STALE = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+         "vocab.json", "merges.txt"}
+
+
 def _export_target(src: Path, out: Path, *, force: bool) -> Path:
     """OUT_DIR, checked: never a file, never the checkpoint or a folder inside it, never a
     moremoe run or checkpoint (even with --force), and not a non-empty folder unless
     --force; its parent writable. ValueError naming the problem."""
-    from ..model.checkpoint import CKPT_DIR, STATE_FILE
+    from ..model.checkpoint import check_not_a_run
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT_DIR {out} is a file; give a folder to write into")
     src_r, out_r = src.resolve(), out.resolve()
     if out_r == src_r or src_r in out_r.parents:
         raise ValueError(f"OUT_DIR {out} is {'the checkpoint' if out_r == src_r else 'inside'} "
                          f"{src}: write the export to a folder of its own")
-    if (out / STATE_FILE).exists() or (out / CKPT_DIR).is_dir() or (out / "log.jsonl").exists():
-        raise ValueError(f"OUT_DIR {out} holds a moremoe run or checkpoint; it is never "
-                         f"written into (not even with --force): choose another folder")
+    check_not_a_run(out, "OUT_DIR")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"OUT_DIR {out} is not empty; pass --force to write into it "
                          f"(the export's files are replaced, other files kept)")
@@ -68,8 +76,9 @@ def add_hf_parser(sub) -> None:
                         "model.safetensors that AutoModelForCausalLM loads after "
                         "moremoe.hf.register() (or with trust_remote_code=True), GPT-2's "
                         "tokenizer files (tokenizer.json, tokenizer_config.json) when the "
-                        "model's vocabulary is GPT-2's, so that AutoTokenizer and "
-                        "pipeline('text-generation') read the folder, and a model card "
+                        "model's vocabulary is GPT-2's (PreTrainedTokenizerFast reads them; "
+                        "AutoTokenizer and pipeline('text-generation') after "
+                        "moremoe.hf.register()), and a model card "
                         "(README.md: the architecture, the training configuration, the data "
                         "and the run's last metrics).")
     e.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint or run directory")

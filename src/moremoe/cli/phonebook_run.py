@@ -37,7 +37,7 @@ def add_execution_args(p) -> None:
                    help="replace the report, plot and journal of an earlier run in --out")
     e.add_argument("--resume", action="store_true",
                    help="continue the work in --out: finished runs (OUT/trials.jsonl) are "
-                        "reused, interrupted ones continue from OUT/checkpoints")
+                        "reused, interrupted ones continue from OUT/trial_checkpoints")
     e.add_argument("--stop-after", type=_positive_float, default=None, metavar="MINUTES",
                    help="after this many minutes checkpoint every running run and stop (exit "
                         "status 75); --resume continues")
@@ -50,9 +50,11 @@ def outputs(args, command: str, stem: str) -> tuple[Path, Path]:
     """The report and plot paths in --out (default runs/<command>-<time>), checked before
     any work: an earlier report, plot or journal kept unless --force (which starts afresh)
     or --resume (which continues it)."""
+    from ..model.checkpoint import check_not_a_run
     from ..training.phonebook_pool import CHECKPOINTS, JOURNAL
     out = Path(args.out) if args.out else \
         Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_not_a_run(out, "--out")          # --force would delete its checkpoints folder
     names = (f"{stem}.json", f"{stem}.png")
     if args.resume:
         if args.out is None:
@@ -111,11 +113,12 @@ def execute(args, plans: dict, json_path: Path, report: dict, render):
 def finish(args, ex, report: dict, text: str) -> int:
     """Print the report (a table, or JSON); a stopped command says how to continue and
     exits 75."""
+    from ..training.phonebook_pool import CHECKPOINTS
     emit(args, report, text)
     if not ex.stopped:
         return 0
     run = report["execution"]
     print(f"stopped after {duration(run['seconds'])}: {len(run['stopped'])} run(s) "
-          f"checkpointed in {Path(args.out or '.') / 'checkpoints'}; the same command with "
+          f"checkpointed in {Path(args.out or '.') / CHECKPOINTS}; the same command with "
           f"--resume continues", file=sys.stderr)
     return EXIT_STOPPED

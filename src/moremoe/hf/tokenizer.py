@@ -1,7 +1,8 @@
 """GPT-2's tokenizer as transformers files (tokenizer.json, tokenizer_config.json), built
 offline from the ranks file the package ships (tasks/tokenizer.py), so that
-``AutoTokenizer.from_pretrained(export)`` and ``pipeline("text-generation", model=export)``
-read text exactly as moremoe's data was tokenized.
+``PreTrainedTokenizerFast.from_pretrained(export)`` (and, after moremoe.hf.register(),
+``AutoTokenizer`` and ``pipeline("text-generation", model=export)``) read text exactly as
+moremoe's data was tokenized.
 
 A tiktoken ranks file is a byte-level BPE given by its vocabulary alone: a token of rank r is
 made by the merge of the two pieces that BPE over its own bytes, using only the ranks below

@@ -94,6 +94,34 @@ def _config_ok(path: Path) -> str | None:
     return None
 
 
+def holds_moremoe_run(path: str | Path) -> str | None:
+    """What of a moremoe run or checkpoint `path` holds ("a run", "a checkpoint"), or None:
+    the folders no command writes into, not even with --force. A checkpoint is any folder
+    whose config.json has the sections model and train (a weights-only one included: the
+    kind `generate` and `hf export` read)."""
+    path = Path(path)
+    if (path / "log.jsonl").exists() or _step_dirs(path):
+        return "a run"
+    if (path / STATE_FILE).exists() or _NAME.match(path.name) and path.is_dir() and \
+            any(path.iterdir()):
+        return "a checkpoint"
+    try:
+        if _config_ok(path / CONFIG_FILE) is None:
+            return "a checkpoint"
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def check_not_a_run(path: str | Path, flag: str) -> None:
+    """ValueError when an output folder holds a moremoe run or checkpoint: no command writes
+    into one, --force or not (it would replace or delete what training made)."""
+    held = holds_moremoe_run(path)
+    if held:
+        raise ValueError(f"{flag} {path} holds {held} of moremoe; it is never written into "
+                         f"(not even with --force): choose another folder")
+
+
 def _state_ok(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as z:

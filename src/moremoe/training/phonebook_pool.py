@@ -10,7 +10,8 @@ the plans of phonebook_search.py: it hands their tasks to free slots, journals e
 finished run (OUT/trials.jsonl, one record a line) and answers a task it has already
 journaled at once, so a resumed search replays its plans without training them again. A
 running task is checkpointed every `checkpoint_minutes` and when the command is asked to
-stop (a signal, --stop-after), into OUT/checkpoints/<key>.pt, and continues from there.
+stop (a signal, --stop-after), into OUT/trial_checkpoints/<key>.pt, and continues from
+there.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from ..runtime import progress_bar, progress_note
 from .phonebook import PhonebookTrainer
 from .phonebook_search import Task
 
-JOURNAL, CHECKPOINTS = "trials.jsonl", "checkpoints"
+JOURNAL, CHECKPOINTS = "trials.jsonl", "trial_checkpoints"  # not a run's checkpoints/
 
 
 @dataclass
@@ -226,7 +227,7 @@ class Workers:
 @dataclass
 class ExecutorReport:
     reused: list = field(default_factory=list)      # task names answered from the journal
-    resumed: list = field(default_factory=list)     # (task name, step) continued from a checkpoint
+    resumed: list = field(default_factory=list)     # (task name, step): from a checkpoint
     stopped: list = field(default_factory=list)     # task names checkpointed at a stop
 
 
