@@ -41,6 +41,25 @@ def test_eval_runs_tasks_and_writes_the_table_and_json(tmp_path, capsys, lm_eval
     assert set(report["tasks"]["nq_open_fixture"]["metrics"]) == {"exact_match", "f1"}
 
 
+def test_no_progress_silences_every_bar_and_line_of_the_libraries(tmp_path, capfd,
+                                                                   lm_eval_tasks, monkeypatch):
+    """--no-progress: nothing on stderr from lm-eval, datasets or transformers ("Building
+    contexts", "Loading weights"), nor lm-eval's `git describe` failing outside a repository
+    ("fatal: not a git repository"); generate of an export likewise."""
+    export = hf_dir(tmp_path, tiny_gpt2_model())
+    capfd.readouterr()
+    monkeypatch.chdir(tmp_path)                           # no git repository here
+    assert main(["eval", str(export), "--tasks", "sciq_fixture", "--include-path",
+                 str(lm_eval_tasks), "--limit", "2", "--device", "cpu", "--json",
+                 "--no-progress"]) == 0
+    err = capfd.readouterr().err
+    assert "fatal" not in err and "%|" not in err and "Loading" not in err, err[-2000:]
+    assert main(["generate", str(export), "--prompt", "The", "--max-new-tokens", "2",
+                 "--device", "cpu", "--no-progress", "--json"]) == 0
+    err = capfd.readouterr().err
+    assert "Loading" not in err and "%|" not in err, err[-2000:]
+
+
 def write_data_dir(path: Path, val_NT: np.ndarray) -> Path:
     """A prepared directory in the documented format (contract of `moremoe data prepare`)."""
     path.mkdir()

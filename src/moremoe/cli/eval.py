@@ -15,15 +15,6 @@ from ..report import check_new_output, table, write_json
 from ..report import emit as _emit
 
 
-def _quiet_transformers() -> None:
-    """No per-load progress bars from transformers on stderr (the command reports itself)."""
-    try:
-        from transformers.utils import logging
-    except ImportError:
-        return
-    logging.disable_progress_bar()
-
-
 def _model_and_device(args):
     """(model, device, checkpoint): checkpoint is {"path", "step"} of the moremoe checkpoint
     evaluated (None for a transformers directory); a run's newer checkpoints passed over
@@ -37,7 +28,6 @@ def _model_and_device(args):
         print(f"{args.prog}: warning: the newest checkpoint of {args.model} is incomplete: "
               f"{describe_incomplete(passed)}; evaluating {path} (step {checkpoint['step']}), "
               f"the newest complete one", file=sys.stderr)
-    _quiet_transformers()
     try:
         return load_eval_model(path, device), device, checkpoint
     except ImportError as err:
@@ -61,7 +51,7 @@ def _val_rows(data: str, config):
 
 
 def cmd_eval(args) -> int:
-    from ..eval.zero_shot import offline_unless_hub_reachable, task_manager
+    from ..eval.zero_shot import offline_unless_hub_reachable, quiet_libraries, task_manager
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
@@ -71,7 +61,8 @@ def cmd_eval(args) -> int:
         offline_unless_hub_reachable()
     with advise_on_memory(f"{args.model} at --batch-size {args.batch_size}",
                           "lower --batch-size (and --max-gen-toks for generation tasks), or "
-                          "evaluate on a device with more memory (--device)"):
+                          "evaluate on a device with more memory (--device)"), \
+            quiet_libraries(not args.no_progress, lm_eval=bool(tasks)):
         model, device, checkpoint = _model_and_device(args)
         # every task is known before any work (and progress line) starts
         manager = task_manager(tasks, include_path=args.include_path) if tasks else None

@@ -75,7 +75,7 @@ def _load(args):
     """(model in eval mode on its device and dtype, {"path", "step"} or None)."""
     import torch
 
-    from ..eval.zero_shot import load_eval_model, resolve_eval_model
+    from ..eval.zero_shot import load_eval_model, quiet_libraries, resolve_eval_model
     from ..model.checkpoint import describe_incomplete
     from ..runtime import resolve_device
     from ..tasks.tokenizer import VOCAB_SIZE
@@ -86,7 +86,8 @@ def _load(args):
         print(f"{args.prog}: warning: the newest checkpoint of {args.model} is incomplete: "
               f"{describe_incomplete(passed)}; generating with {path}, the newest complete "
               f"one", file=sys.stderr)
-    model = load_eval_model(path, device)
+    with quiet_libraries(not args.no_progress):
+        model = load_eval_model(path, device)
     if model.config.vocab != VOCAB_SIZE:
         raise ValueError(f"MODEL {args.model} has a vocabulary of {model.config.vocab:,} "
                          f"tokens, not GPT-2's {VOCAB_SIZE:,}: generate reads the prompt with "

@@ -14,6 +14,7 @@ from .args import _add_json
 
 
 def cmd_hf_export(args) -> int:
+    from ..eval.zero_shot import quiet_libraries
     from ..hf import export
     from ..hf.card import run_info
     from ..model.checkpoint import load_model, resolve
@@ -23,7 +24,8 @@ def cmd_hf_export(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
-        export(model, staging, info=run_info(ckpt), name=out.name)
+        with quiet_libraries(True):        # no "Writing model shards" bar: one line says it
+            export(model, staging, info=run_info(ckpt), name=out.name)
         out.mkdir(exist_ok=True)
         written = {f.name for f in staging.iterdir()}
         for name in STALE - written:                 # an earlier export's tokenizer, say

@@ -9,12 +9,15 @@ lm_eval is imported inside the functions (the ``eval`` extra).
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
 import os
 import re
 import socket
 import string
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -142,6 +145,64 @@ def run_harness(lm, tasks, *, num_fewshot: int = 0, limit: int | float | None = 
                         f"~/.cache/huggingface, or set HF_HOME to a copy), or give local "
                         f"task YAMLs with --include-path") from err
     return summarize(results)
+
+
+@contextlib.contextmanager
+def quiet_libraries(progress: bool, *, lm_eval: bool = False):
+    """While a command evaluates or loads a model: no per-load bar of transformers (the
+    command reports itself), no git error line from lm-eval (it asks `git describe` for the
+    results' git_hash, with stderr on the terminal: outside a repository that prints
+    "fatal: not a git repository"; the hash asked quietly instead), and with progress off
+    no bar of lm-eval (its modules' tqdm made a disabled one), datasets or the hub either
+    (their switches)."""
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    saved = []                                     # (module, name, what it was)
+
+    def swap(module, name, value):
+        if module is not None and hasattr(module, name):
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
+    if lm_eval:
+        swap(_module("lm_eval.evaluator"), "get_git_commit_hash", _git_hash)
+    if not progress:
+        if lm_eval:
+            from tqdm import tqdm
+            for name in LM_EVAL_BARS:
+                swap(_module(name), "tqdm", lambda *a, **kw: tqdm(*a, **{**kw, "disable": True}))
+        for name in ("datasets", "huggingface_hub.utils"):
+            switch = getattr(_module(name), "disable_progress_bars", None)
+            if switch is not None:
+                switch()
+    try:
+        yield
+    finally:
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
+
+
+# lm-eval's modules that draw tqdm bars of their own (building contexts, tokenizing, metrics)
+LM_EVAL_BARS = ("lm_eval.api.task", "lm_eval.api.model", "lm_eval.api.metrics",
+                "lm_eval.evaluator", "lm_eval.models.utils")
+
+
+def _module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _git_hash() -> str | None:
+    """lm-eval's git_hash of the working folder, asked without writing to the terminal."""
+    try:
+        out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
 
 
 HUB = ("huggingface.co", 443)
