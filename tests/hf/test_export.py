@@ -61,6 +61,14 @@ def test_export_of_a_gpt2_run_has_its_tokenizer_card_and_runs_in_a_pipeline(
     assert ids == ours["prompt_ids"] + ours["token_ids"]
 
 
+@pytest.mark.parametrize("context, new", [(16, 15), (33, 32), (1024, 32)])
+def test_the_cards_example_fits_the_context(tmp_path, context, new):
+    from moremoe.hf.card import model_card
+    cfg = TransformerConfig(vocab=50257, layers=1, heads=2, moe=MoEConfig.moe(8, 2, 32, 8),
+                            max_seq_len=context)
+    assert f"max_new_tokens={new})" in model_card(cfg, {}, name="x")
+
+
 def test_export_of_another_vocabulary_writes_no_tokenizer_and_says_so(tmp_path):
     cfg = TransformerConfig(vocab=64, layers=1, heads=2, moe=MoEConfig.moe(8, 2, 32, 8),
                             max_seq_len=16)

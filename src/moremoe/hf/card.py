@@ -96,9 +96,10 @@ def model_card(cfg: TransformerConfig, info: dict, *, name: str) -> str:
               "AutoModelForCausalLM" + (", AutoTokenizer" if gpt2 else ""), "",
               "moremoe.hf.register()", 'model = AutoModelForCausalLM.from_pretrained("PATH")']
     if gpt2:
+        new = min(32, cfg.max_seq_len - 1)        # "The" is one token; the context holds
         lines += ['tokenizer = AutoTokenizer.from_pretrained("PATH")',
                   'ids = tokenizer("The", return_tensors="pt").input_ids',
-                  "print(tokenizer.decode(model.generate(ids, max_new_tokens=32)[0]))"]
+                  f"print(tokenizer.decode(model.generate(ids, max_new_tokens={new})[0]))"]
     lines += ["```", ""] + (["or `moremoe generate PATH --prompt TEXT`.", ""] if gpt2 else [])
     lines += _section("Training configuration", info.get("train"))
     lines += _section("Data", info.get("data"), DATA_KEYS)
