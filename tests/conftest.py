@@ -20,6 +20,11 @@ def _seed():
     # the interpreter evaluates -inf - (-inf) on padded rows; those lanes are masked
     with np.errstate(invalid="ignore", over="ignore"):
         yield
+    if torch.cuda.is_available():       # each GPU test starts with the memory the last freed
+        import gc
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -16,6 +15,7 @@ import torch
 from cli_checks import fails
 from moremoe.cli import main
 from moremoe.model import checkpoint as stored
+from procs import finish, launched
 from test_cli_eval import hf_dir, tiny_gpt2_model, write_data_dir
 
 PB = ["--size", "40", "--hidden", "32", "--width", "8", "--rank", "4", "--layers", "1",
@@ -319,15 +319,14 @@ def test_a_signalled_run_checkpoints_and_exits_non_zero(tmp_path, text_data, sig
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
            "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "moremoe.cli", "train", "--data",
-                             str(text_data), "--out", str(out), *TRAIN, "--set",
-                             "train.max_steps=100000", "--json"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not stored.checkpoints(out) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=120)
+    argv = [sys.executable, "-m", "moremoe.cli", "train", "--data", str(text_data), "--out",
+            str(out), *TRAIN, "--set", "train.max_steps=100000", "--json"]
+    with launched(argv, env=env) as proc:
+        deadline = time.time() + 120
+        while not stored.checkpoints(out) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        stdout, stderr = finish(proc, argv, 120)
     assert proc.returncode == code, stderr[-2000:]
     summary = strict_json(stdout)
     assert summary["stopped"] == sig.name and summary["exit_code"] == code

@@ -5,12 +5,11 @@ size is spawned once and runs every check of ep_workers.py."""
 import json
 import os
 import socket
-import time
 
 import pytest
-import torch.multiprocessing as mp
 
 import ep_workers
+from procs import spawn_bounded
 
 
 def free_port() -> int:
@@ -20,18 +19,15 @@ def free_port() -> int:
 
 
 def spawn(world: int, out_dir, timeout_s: float = 240.0) -> None:
+    old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"            # inherited by the spawned ranks
-    ctx = mp.start_processes(ep_workers.main, args=(world, free_port(), str(out_dir)),
-                             nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
     try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{world} ranks still running after {timeout_s:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+        spawn_bounded(ep_workers.main, (world, free_port(), str(out_dir)), world, timeout_s)
+    finally:                                       # not left to the tests after this one
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -50,9 +50,8 @@ def _rank(rank, world, port, out_dir):
 
 
 def test_two_gpus_equal_one_in_bf16(tmp_path):
-    import torch.multiprocessing as mp
+    from procs import spawn_bounded
     from test_expert_parallel import free_port
-    mp.start_processes(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2,
-                       start_method="spawn")
+    spawn_bounded(_rank, (2, free_port(), str(tmp_path)), 2, timeout=300)
     results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
     assert all(v == "ok" for v in results.values()), results

@@ -1,13 +1,13 @@
 """Helpers of the pretraining tests: a small run's settings and readers of its log."""
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from moremoe.model.checkpoint import load_model
+from procs import run_bounded
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SMALL = ["model.seq_len=64", "train.batch_size=4", "train.log_every=1", "train.eval_every=20",
@@ -56,6 +56,6 @@ def torchrun_train(data, out, sets, *, preset, nproc=2, device="cpu", flags=(), 
     finished process."""
     argv, env = torchrun_command(data, out, sets, preset=preset, nproc=nproc, device=device,
                                  flags=flags)
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    done = run_bounded(argv, env=env, timeout=240)   # every rank killed when it ends
     assert done.returncode in codes, done.stderr[-3000:]
     return done

@@ -4,7 +4,6 @@ neither reports a failure nor kills a rank in its last writes (2 gloo ranks)."""
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from moremoe.model import checkpoint as stored
 from moremoe.training.signals import REPEAT_S, StopSignals, exit_status
+from procs import finish, launched, run_bounded
 from runs import SRC, events, torchrun_command, torchrun_train
 
 TINY = ["model.seq_len=64", "train.batch_size=2", "train.log_every=1", "train.eval_batches=1",
@@ -63,7 +63,7 @@ def test_ten_budget_stops_in_a_row_each_leave_a_checkpoint_and_a_summary(text_da
     for s in TINY + ["train.save_on_stop=true"]:
         argv += ["--set", s]
     env = {**os.environ, "PYTHONPATH": f"{SRC}:{here}", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    done = run_bounded(argv, env=env, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0] == ranks[1] and len(ranks[0]) == 10
@@ -102,17 +102,16 @@ def test_sigterm_to_torchrun_or_to_one_rank_checkpoints_on_every_rank(text_data,
     out = tmp_path / "run"
     argv, env = torchrun_command(text_data, out, TINY + ["train.ckpt_every=2"],
                                  preset="tiny-moe")
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.time() + 240         # a loaded 2-core machine starts torchrun slowly
-    while not stored.checkpoints(out) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    # the signal must come once the ranks train (their handlers installed), not before
-    if not stored.checkpoints(out) or proc.poll() is not None:
-        proc.kill()
-        pytest.fail(f"the run left no checkpoint to stop after: {proc.communicate()[1][-3000:]}")
-    os.kill(proc.pid if target == "launcher" else _rank_pid(proc.pid, 1), signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=60)
+    with launched(argv, env=env) as proc:
+        deadline = time.time() + 240     # a loaded 2-core machine starts torchrun slowly
+        while not stored.checkpoints(out) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        # the signal must come once the ranks train (their handlers installed), not before
+        if not stored.checkpoints(out) or proc.poll() is not None:
+            pytest.fail(f"the run left no checkpoint to stop after: "
+                        f"{finish(proc, argv, 10)[1][-3000:]}")
+        os.kill(proc.pid if target == "launcher" else _rank_pid(proc.pid, 1), signal.SIGTERM)
+        stdout, stderr = finish(proc, argv, 90)
     assert proc.returncode == (1 if target == "launcher" else 0), stderr[-3000:]
     assert "forcefully exiting" not in stderr                 # no rank was SIGKILLed
     summary = json.loads(stdout)
