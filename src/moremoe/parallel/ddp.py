@@ -7,6 +7,8 @@ gloo on CPU. NCCL's own environment (NCCL_NVLS_ENABLE and the rest) is left as t
 """
 from __future__ import annotations
 
+import inspect
+
 import os
 from dataclasses import dataclass
 
@@ -98,10 +100,14 @@ def wrap(model: torch.nn.Module, info: DistInfo, *, ignore: list[str] = (),
         for name, p in model.named_parameters():
             if p.requires_grad and p.grad is None and name not in skip:
                 p.grad = torch.zeros_like(p)
-    # no buffer the forward depends on changes (rotary tables are fixed), so none is sent;
-    # the gradients end as views of the buckets (nothing copied back after the all-reduce)
-    wrapped = DDP(model, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True,
-                  process_group=group, bucket_cap_mb=bucket_mb)
+    # no buffer the forward depends on changes (rotary tables are fixed), so none is sent
+    # at each forward (torch >= 2.13 names it forward_sync_buffers; its init sync only sends
+    # rank 0's rotary tables, equal everywhere); the gradients end as views of the buckets
+    # (nothing copied back after the all-reduce)
+    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in
+               inspect.signature(DDP.__init__).parameters else "broadcast_buffers")
+    wrapped = DDP(model, device_ids=ids, gradient_as_bucket_view=True, process_group=group,
+                  bucket_cap_mb=bucket_mb, **{no_sync: False})
     if reduce_dtype == "bf16":
         wrapped.register_comm_hook(group, bf16_all_reduce)
     return wrapped
