@@ -292,6 +292,9 @@ class Executor:
             except StopIteration as stop:
                 results[name] = stop.value
                 return
+            if not wanted:                          # a round with nothing to train
+                ask(name, [])
+                return
             waiting[name] = ([t.key for t in wanted], {})
             for t in wanted:
                 tasks[t.key] = t
