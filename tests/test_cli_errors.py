@@ -273,8 +273,8 @@ def test_hf_export_never_overwrites_a_checkpoint(capsys, run2, tmp_path):
     before = {p.name: p.read_bytes() for p in step.iterdir()}
     fails(capsys, ["hf", "export", str(step), str(step)], "is the checkpoint")
     fails(capsys, ["hf", "export", str(run2), str(step)], "is inside")
-    fails(capsys, ["hf", "export", str(step), str(run2)], "holds a moremoe run or checkpoint; "
-                                                          "it is never written into")
+    fails(capsys, ["hf", "export", str(step), str(run2)], "holds a run of moremoe; it is never "
+                                                          "written into")
     fails(capsys, ["hf", "export", str(step), str(run2), "--force"], "never written into")
     other = tmp_path / "other"
     other.mkdir()
