@@ -12,7 +12,7 @@ Optimiser: AdamW at lr 1e-3 for every configuration (router lr = lr), cosine sch
 16 per GPU × 4 accumulation steps.
 The paper presets torch.compile the whole model (train.compile, compile_scope=model) with
 CUDA graphs on one GPU (compile_mode=auto): eager, MoE-256's step on an H100 was host-bound
-(305 ms a step for 170 ms of kernels); so compiled it takes 160 ms, GPU-bound.
+(305 ms a step for 170 ms of kernels); so compiled it takes 166 ms (3de2414), GPU-bound.
 
 Tiny presets (h = 64, 2 layers, T = 128, vocabulary from the data) train in seconds on a CPU;
 tiny-more is matched in active FLOPs to tiny-moe (6·k·h·s + 6·router at k = 2, r = 8).
