@@ -11,7 +11,8 @@
 # (default "0,1:h64-s8:both 2:h128-s8:moe 3:h64-s16:moe": a long failing run gets a GPU to
 # itself soon); RESUME=1 continues them; EXTRA adds options. start then runs the phonebook GPU
 # tests (TESTS=0 skips them) and the demo on the busy GPUs, and watches until SECONDS_
-# (default 480) after the call began. stop sends SIGTERM (each process checkpoints its runs,
+# (default 480) after the call began; DEMO=1 first runs `moremoe demo` alone, timed, into
+# $OUT/demo.log. stop sends SIGTERM (each process checkpoints its runs,
 # writes its report and exits 75) and waits. $OUT gets results.tar (every group's report,
 # rows, journal, plots, log), checkpoints.tar (the small ones, under 15 MiB in all), the test
 # log and summary.txt.
@@ -31,8 +32,13 @@ copy() {
   (cd runs && tar -cf "$OUT/results.tar" --exclude='trial_checkpoints' repro-* 2>/dev/null)
   small=$(find runs/repro-* -path '*/trial_checkpoints/*.pt' -size -15M -printf '%s %p\n' 2>/dev/null |
           sort -n | awk '{t += $1; if (t < 15 * 2^20) print $2}')
-  rm -f "$OUT/checkpoints.tar"
+  rm -f "$OUT/checkpoints.tar" "$OUT"/bigckpt.part-*
   [ -n "$small" ] && tar -cf "$OUT/checkpoints.tar" $small 2>/dev/null
+  # the newest larger checkpoint (under 60 MiB) in 15 MiB parts: what comes back is at most 8
+  # files of 16 MiB; `cat bigckpt.part-* | tar -x` joins them (BIG=0 skips)
+  big=$(find runs/repro-* -path '*/trial_checkpoints/*.pt' -size +15M -size -60M -printf '%T@ %p\n' \
+        2>/dev/null | sort -rn | awk 'NR == 1 {print $2}')
+  [ "${BIG:-1}" = 1 ] && [ -n "$big" ] && tar -cf - "$big" | split -b 15M -a 1 - "$OUT/bigckpt.part-"
   for log in runs/repro-*.log; do
     echo "== $log"
     grep -E ": (training with|resumed)|stopped after|rror" "$log" | tail -8
@@ -54,6 +60,14 @@ watch() {   # until $1 seconds after T0, or every process ended
 
 case "$ACTION" in
   start)
+    if [ "${DEMO:-0}" = 1 ]; then   # the demo alone on the machine first: its GPU time
+      t=$(date +%s.%N)
+      timeout -k 10 180 $PY -m moremoe.cli demo --out /tmp/pb-demo --force --no-progress \
+        > "$OUT/demo.log" 2>&1
+      echo "demo: exit $?, wall $(python3 -c "import time; print(round(time.time() - $t, 1))") s" \
+        >> "$OUT/demo.log"
+      tail -25 "$OUT/demo.log"
+    fi
     i=0
     for group in $GROUPS_; do
       IFS=: read -r gpus points arch <<< "$group"
