@@ -1,6 +1,8 @@
 """`moremoe phonebook reproduce` and the execution options the phonebook commands share, with
 a stand-in trainer (the training itself: tests/training/test_phonebook_*.py)."""
 import json
+import os
+import signal
 from dataclasses import asdict
 
 import pytest
@@ -71,6 +73,50 @@ def test_reproduce_finds_the_papers_capacities_and_writes_rows_and_figures(
     assert Instant.built == [] and "h64-s8 MoRE-96" in text and "30,000" in text
     assert len(rows.read_text().splitlines()) == 2
     assert len(json.loads((out / "reproduce.json").read_text())["execution"]["reused"]) == 16
+
+
+class Endless(Instant):
+    """Instant below the capacity and in calibration; above it, a run that never ends and
+    stops the command as a SIGTERM would (once it has started)."""
+
+    def advance(self):
+        if not self.ends():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def ends(self):
+        return self.run.reached or self.run.train["threshold"] == float("inf")
+
+    def settle(self):
+        self.done = self.ends()
+        return self.done
+
+    def state_dict(self):
+        return {}
+
+
+def test_a_stopped_search_reports_what_it_measured(capsys, tmp_path, monkeypatch):
+    """Stopped while the next size up still trains: the report keeps the size that was
+    reached in that round (a lower bound, marked unfinished), the table says >=."""
+    monkeypatch.setattr(pool, "PhonebookTrainer", Endless)
+    rows = tmp_path / "rows.jsonl"
+    argv = ["phonebook", "reproduce", "--points", "h64-s8", "--arch", "more", "--out",
+            str(tmp_path / "r"), "--device", "cpu", "--no-progress", "--rows", str(rows)]
+    assert main([*argv, "--json"]) == 75
+    report = json.loads(capsys.readouterr().out)
+    [search] = report["searches"]
+    assert search["unfinished"] and search["capacity"] == 30_000
+    assert [(t["train"]["size"], t["reached"]) for t in search["trials"]] == [(30_000, True)]
+    [row] = [json.loads(line) for line in rows.open()]      # a row, marked a lower bound
+    assert row["unfinished"] and row["capacity"] == 30_000 and report["rows_appended"] == 1
+    assert main([*argv, "--resume"]) == 75
+    assert ">= 30,000" in capsys.readouterr().out
+    assert len(rows.read_text().splitlines()) == 1          # the same point: not again
+    monkeypatch.setattr(pool, "PhonebookTrainer", Instant)  # the next session finishes it
+    assert main([*argv, "--resume"]) == 0
+    last = [json.loads(line) for line in rows.open()]
+    assert [(r["capacity"], r["unfinished"]) for r in last] == [(30_000, True), (30_000, False)]
+    from moremoe.cli.demo import capacity_table
+    assert ">= 30,000" in capacity_table(last[:1]) and ">=" not in capacity_table(last[1:])
 
 
 def test_reproduce_one_arm(capsys, tmp_path, instant):

@@ -100,14 +100,17 @@ def run_demo(cfg: DemoConfig, *, out_dir: Path, progress: bool = True) -> dict:
 
 def measured_capacities() -> list[dict]:
     """The newest row of each search in the source tree's committed capacity results
-    (benchmarks/results/*/phonebook_capacity.jsonl), when the demo runs from a checkout."""
+    (benchmarks/results/*/phonebook_capacity.jsonl), when the demo runs from a checkout; a
+    finished search's row before any row of it stopped early."""
     root = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
     rows = {}
     for path in sorted(root.glob("*/phonebook_capacity.jsonl")):
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                rows[(row["name"], row["device"])] = row
+                had = rows.get((row["name"], row["device"]))
+                if had is None or had.get("unfinished") or not row.get("unfinished"):
+                    rows[(row["name"], row["device"])] = row
     return sorted(rows.values(), key=lambda r: (r["hidden"], r["width"], r["rank"] or 0,
                                                 r["arch"] != "moe", r["name"]))
 
@@ -164,11 +167,14 @@ def capacity_table(rows: list[dict]) -> str:
         return ("\nNo measured paper-scale capacities in this tree: `moremoe phonebook "
                 "reproduce` writes them (benchmarks/results/<device>/phonebook_capacity.jsonl).")
     lines = [[r["name"], f"{r['paper_capacity']:,}" if r["paper_capacity"] else "-",
-              f"{r['capacity']:,}" if r["capacity"] else "none on grid",
+              (">= " if r.get("unfinished") else "")
+              + (f"{r['capacity']:,}" if r["capacity"] else "none on grid"),
               f"{r['device']}, {r['commit'][:8]}, {r['date'][:10]}"] for r in rows]
+    more = ("\n>= : the search is not finished; it reached this size, the next is still to "
+            "run." if any(r.get("unfinished") for r in rows) else "")
     return ("\n\nThe paper's capacities (L = 6, up to 1,500 epochs, exact match 0.9), measured "
             "by `moremoe phonebook reproduce`:\n"
-            + table(lines, ["search", "paper", "moremoe", "measured on"]))
+            + table(lines, ["search", "paper", "moremoe", "measured on"]) + more)
 
 
 def format_demo(result: dict) -> str:

@@ -11,7 +11,7 @@ from ..report import human, table
 from .args import (EPILOG, _add_json, _float_list, _fraction, _int_list, _positive_float,
                    _positive_int, _seed)
 from .phonebook_paper import add_reproduce_parser
-from .phonebook_run import add_execution_args, execute, finish, outputs as _outputs
+from .phonebook_run import add_execution_args, capacity_text, execute, finish, outputs as _outputs
 
 
 def _check_phonebook_args(args) -> None:
@@ -115,7 +115,7 @@ def cmd_phonebook_train(args) -> int:
               "runs": [], "files": {"json": str(json_path), "png": str(png_path)}}
     plans = {_label(m): trial(m, _train_config(args, args.size), _label(m)) for m in models}
 
-    def render(results):
+    def render(results, in_round):
         from .plots import plot_phonebook_runs
         report["runs"] = [results[k] for k in plans if k in results]
         plot_phonebook_runs(report["runs"], png_path,
@@ -131,7 +131,7 @@ def cmd_phonebook_train(args) -> int:
 
 
 def cmd_phonebook_capacity(args) -> int:
-    from ..training.phonebook_search import capacity
+    from ..training.phonebook_search import capacity, unfinished
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-capacity", "capacity")
     report = {"command": "phonebook capacity", "sizes": sorted(set(args.sizes)),
@@ -145,14 +145,14 @@ def cmd_phonebook_capacity(args) -> int:
                                  name=_label(m), start=args.start, on_trial=noted(_label(m)))
              for m in models}
 
-    def render(results):
+    def render(results, in_round):
         from .plots import plot_capacity
         report["results"] = [results[k].to_dict() if k in results else
-                             {**partial[k], "unfinished": True} for k in plans if
-                             k in results or k in partial]
+                             unfinished(k, partial.get(k), in_round.get(k, []))
+                             for k in plans if k in results or k in partial or k in in_round]
         plot_capacity(report["results"], png_path)
     ex = execute(args, plans, json_path, report, render)
-    rows = [[r["name"], r["capacity"] if r["capacity"] is not None else "none on grid",
+    rows = [[r["name"], capacity_text(r),
              ", ".join(f"{t['train']['size']:,}: {t['exact_match']:.2f}" for t in r["trials"])
              + (" (unfinished)" if r.get("unfinished") else "")]
             for r in report["results"]]
@@ -193,7 +193,7 @@ def cmd_phonebook_sweep(args) -> int:
     plans = {name: trial(m, _train_config(args, args.size), name)
              for name, (_, _, m) in zip(names, runs)}
 
-    def render(results):
+    def render(results, in_round):
         from .plots import plot_sweep
         report["runs"] = [{"value": names[k][0], "arch": names[k][1], **results[k]}
                           for k in plans if k in results]

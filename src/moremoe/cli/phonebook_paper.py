@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..report import table
 from .args import EPILOG, _add_json, _fraction, _int_list, _positive_float, _positive_int, _seed
-from .phonebook_run import add_execution_args, execute, finish, outputs
+from .phonebook_run import add_execution_args, capacity_text, execute, finish, outputs
 
 ROWS = "phonebook_capacity.jsonl"
 
@@ -33,16 +33,25 @@ def _train_config(args):
                                 step=args.step)
 
 
+def _row_keys(row: dict) -> tuple:
+    """(the search on its device, the same as far as an unfinished row went)."""
+    where = (row.get("search"), row.get("device"))
+    return where, (*where, row.get("capacity"), len(row.get("trials", [])))
+
+
 def _append_rows(path: Path, rows: list[dict]) -> int:
-    """Append the rows a results file lacks (same search on the same device); returns how
-    many were added."""
-    have = set()
+    """Append the rows a results file lacks: a finished search once per device; a stopped
+    one (its capacity a lower bound) while no finished row of it is there, once for each
+    point it reached. Returns how many were added."""
+    finished, partial = set(), set()
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                have.add((row.get("search"), row.get("device")))
-    new = [r for r in rows if (r["search"], r["device"]) not in have]
+                where, went = _row_keys(row)
+                (partial.add(went) if row.get("unfinished") else finished.add(where))
+    new = [r for r in rows if _row_keys(r)[0] not in finished
+           and not (r.get("unfinished") and _row_keys(r)[1] in partial)]
     if new:
         from ..report import dumps
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +63,7 @@ def _append_rows(path: Path, rows: list[dict]) -> int:
 def cmd_phonebook_reproduce(args) -> int:
     from ..runtime import environment, resolve_device
     from ..training import phonebook_paper as paper
+    from ..training.phonebook_search import unfinished
     from .phonebook_plots import plot_rank_figure, plot_reproduction
     json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce")
     rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
@@ -73,14 +83,17 @@ def cmd_phonebook_reproduce(args) -> int:
     def noted(name):
         return lambda result: partial.__setitem__(name, result.to_dict())
 
-    def render(results):
+    def render(results, in_round):
         report["searches"] = [
             {"name": s.name, "point": s.point, "arch": s.arch, "paper": s.paper,
              **(results[s.name].to_dict() if s.name in results else
-                {**partial.get(s.name, {"capacity": None, "trials": []}), "unfinished": True})}
+                unfinished(s.name, partial.get(s.name), in_round.get(s.name, [])))}
             for s in found]
-        report["rows"] = [paper.capacity_row(s, results[s.name].to_dict(), args.grid, cfg, env)
-                          for s in found if s.name in results]
+        # a stopped search that reached a size gives a row too: its capacity a lower bound
+        report["rows"] = [paper.capacity_row(s, got, args.grid, cfg, env) for s, got in
+                          ((s, results[s.name].to_dict() if s.name in results else
+                            report["searches"][i]) for i, s in enumerate(found))
+                          if got["capacity"] is not None or s.name in results]
         from ..report import dumps, write_atomic
         write_atomic(rows_path, "".join(dumps(r) + "\n" for r in report["rows"]).encode())
         plot_reproduction(report["rows"], png_path)
@@ -90,7 +103,7 @@ def cmd_phonebook_reproduce(args) -> int:
     if args.rows is not None:
         report["rows_appended"] = _append_rows(Path(args.rows), report["rows"])
     lines = [[s["name"], f"{s['paper']:,}" if s["paper"] else "-",
-              f"{s['capacity']:,}" if s["capacity"] else "none on grid",
+              capacity_text(s),
               ", ".join(f"{t['train']['size']:,}: {t['exact_match']:.2f}" for t in
                         sorted(s["trials"], key=lambda t: t["train"]["size"])),
               "unfinished" if s.get("unfinished") else "done"] for s in report["searches"]]
@@ -110,7 +123,8 @@ def add_reproduce_parser(psub) -> None:
         "entries; L = 6, k = 4, r = 16): for each point, the largest phonebook size on the "
         "grid the MoE and the matched MoRE memorise, each search starting at the paper's "
         "value. Every search runs at once, several runs on each GPU, over every GPU. Writes "
-        "OUT/reproduce.json, OUT/phonebook_capacity.jsonl (one row per finished search), "
+        "OUT/reproduce.json, OUT/phonebook_capacity.jsonl (one row per search: a stopped one "
+        "that reached a size too, marked unfinished, its capacity a lower bound), "
         "OUT/reproduce.png (capacity against h and s, the paper's values beside ours) and, "
         "with the rank point, OUT/rank.png. Long: --stop-after and --resume carry it over "
         "several sessions.")

@@ -19,7 +19,7 @@ def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
     from ..training.phonebook_paper import POINTS
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    ours = {(r["point"], r["arch"]): r["capacity"] for r in rows if r["point"] != "rank"}
+    ours = {(r["point"], r["arch"]): r for r in rows if r["point"] != "rank"}
     for ax, sweep, xkey, xlabel in ((axes[0], "h", "hidden", "hidden size h (s = 8)"),
                                     (axes[1], "s", "width", "expert width s (h = 64)")):
         pts = sorted((p for p in POINTS.values() if sweep in p.sweeps),
@@ -30,10 +30,15 @@ def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
             ax.plot(xs, paper, linestyle=":", marker="o", markerfacecolor="none",
                     color=COLORS[arch], label=f"{NAMES[arch]}, paper")
             got = [(getattr(p, xkey), ours.get((p.key, arch))) for p in pts]
-            got = [(x, c) for x, c in got if c]
+            got = [(x, r) for x, r in got if r and r["capacity"]]
             if got:
-                ax.plot(*zip(*got), linestyle="-", marker="o", color=COLORS[arch],
-                        label=f"{NAMES[arch]}, moremoe")
+                ax.plot([x for x, _ in got], [r["capacity"] for _, r in got], linestyle="-",
+                        color=COLORS[arch], label=f"{NAMES[arch]}, moremoe")
+                for x, r in got:    # a stopped search: at least this much (an up-triangle)
+                    ax.plot([x], [r["capacity"]], marker="^" if r.get("unfinished") else "o",
+                            color=COLORS[arch])
+        ax.plot([], [], marker="^", linestyle="none", color="gray",
+                label="at least (search not finished)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
@@ -52,7 +57,7 @@ def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
     from ..training.phonebook_paper import RANK_START
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    rank = [r for r in rows if r["point"] == "rank"]
+    rank = [r for r in rows if r["point"] == "rank" and not r.get("unfinished")]
     more = sorted((r["rank"], r["capacity"]) for r in rank if r["arch"] == "more"
                   and r["capacity"])
     if more:

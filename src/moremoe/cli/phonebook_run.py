@@ -87,8 +87,9 @@ def devices(args) -> list[str]:
 
 
 def execute(args, plans: dict, json_path: Path, report: dict, render):
-    """Run the plans; render(results) fills the report and draws the plot after every
-    finished run and at the end (the report is written each time)."""
+    """Run the plans; render(results, in_round) fills the report and draws the plot after
+    every finished run and at the end (the report is written each time). in_round: plan
+    name -> the finished training runs of the round an unfinished plan still waits on."""
     from ..training.phonebook_pool import Executor
     devs = devices(args)
     slots = args.concurrent or (1 if devs == ["cpu"] else DEFAULT_CONCURRENT)
@@ -98,7 +99,7 @@ def execute(args, plans: dict, json_path: Path, report: dict, render):
     t0 = time.monotonic()
 
     def update(results):
-        render(results)
+        render(results, ex.in_round)
         report["execution"] = {
             "devices": devs, "concurrent": slots, "step": args.step,
             "seconds": time.monotonic() - t0, "finished": len(results) == len(plans),
@@ -108,6 +109,13 @@ def execute(args, plans: dict, json_path: Path, report: dict, render):
     ex.run(plans, on_change=update)
     update(ex.results)
     return ex
+
+
+def capacity_text(result: dict) -> str:
+    """10,000; >= 10,000 while the search is unfinished; none on grid."""
+    if result["capacity"] is None:
+        return "none yet" if result.get("unfinished") else "none on grid"
+    return (">= " if result.get("unfinished") else "") + f"{result['capacity']:,}"
 
 
 def finish(args, ex, report: dict, text: str) -> int:

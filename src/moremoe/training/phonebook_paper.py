@@ -131,7 +131,8 @@ def capacity_row(search: Search, result: dict, grid, cfg: PhonebookTrainConfig,
                  env: dict) -> dict:
     """One row of phonebook_capacity.jsonl: the configuration, our capacity beside the
     paper's, every trial (size, learning rate chosen, epochs, final exact match), the H_norm
-    history of the run at the capacity, and where and how it was measured."""
+    history of the run at the capacity, and where and how it was measured. A result marked
+    unfinished (a stopped search) gives a row whose capacity is a lower bound."""
     m = search.model.moe
     trials = sorted(result["trials"], key=lambda t: t["train"]["size"])
     at = next((t for t in trials if t["train"]["size"] == result["capacity"]), None)
@@ -147,4 +148,5 @@ def capacity_row(search: Search, result: dict, grid, cfg: PhonebookTrainConfig,
                                                        "hnorm")} for h in at["history"]]
             if at else [],
             "hnorm_at_capacity": at["hnorm"] if at else [],
-            "step_mode": trials[0]["step_mode"] if trials else None, **env}
+            "step_mode": trials[0]["step_mode"] if trials else None,
+            "unfinished": bool(result.get("unfinished")), **env}

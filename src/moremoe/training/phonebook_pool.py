@@ -246,6 +246,9 @@ class Executor:
         self.report = ExecutorReport()
         self.stopped = False
         self.results: dict = {}         # plan name -> result, as the plans finish
+        # plan name -> the finished training runs (not calibrations) of the round it waits
+        # on: what a stopped search has measured beyond its last whole round
+        self.in_round: dict = {}
 
     def _read_journal(self) -> dict:
         done = {}
@@ -310,8 +313,11 @@ class Executor:
             for name, (keys, got) in list(waiting.items()):
                 if key in keys:
                     got[key] = record
+                    self.in_round[name] = [got[k] for k in keys if k in got
+                                           and tasks[k].purpose == "train"]
                     if len(got) == len(set(keys)):
                         del waiting[name]
+                        self.in_round.pop(name)
                         ask(name, [got[k] for k in keys])
             if on_change is not None:
                 on_change(results)

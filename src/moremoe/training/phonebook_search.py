@@ -120,6 +120,16 @@ class CapacityResult:
                 "start": self.start, "trials": self.trials}
 
 
+def unfinished(name: str, partial: dict | None, running: list) -> dict:
+    """An unfinished search as far as it went: the trials of its whole rounds (partial, the
+    last on_trial result) and those finished in the round it waits on (running); capacity is
+    then a lower bound (the largest size reached so far)."""
+    trials = list(partial["trials"] if partial else []) + list(running)
+    reached = [t["train"]["size"] for t in trials if t["reached"]]
+    return {**(partial or {"name": name}), "trials": trials,
+            "capacity": max(reached) if reached else None, "unfinished": True}
+
+
 def capacity(model: TransformerConfig, sizes, cfg: PhonebookTrainConfig, *, name: str,
              start: int | None = None, on_trial=None) -> Plan:
     """The largest size on the grid whose trial reaches the threshold (None: none does).
