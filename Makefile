@@ -10,17 +10,18 @@
 #   make test-lowest  the suite in a fresh .venv-lowest with every dependency at its lower bound
 #   make lock         regenerate requirements/lock-cpu.txt from the newest allowed versions
 #   make test-demo    the demo's conclusion on 3 seeds at 1 and 2 threads (about 12 minutes)
-#   make test-gpu     on a machine with CUDA GPUs and torch installed (no .venv): every test
-#                     marked gpu, in one pytest run (the 2-GPU ones where 2 are visible);
-#                     each multi-process test is bounded and kills its processes
-#                     (tests/procs.py). GPU_PYTHON picks the interpreter (default python3)
+#   make test-gpu     on a machine with a CUDA GPU and torch installed (no .venv): every test
+#                     marked gpu that needs one GPU, in one pytest run (about 9 minutes)
+#   make test-gpu-multi  the tests that need 2 GPUs (skipped with fewer), in one run; each
+#                     launches processes, bounded, and kills them (tests/procs.py).
+#                     GPU_PYTHON picks the interpreter (default python3)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LOCK := requirements/lock-cpu.txt
 
-.PHONY: demo test test-cpus test-demo test-gpu test-latest test-lowest lock setup clean
+.PHONY: demo test test-cpus test-demo test-gpu test-gpu-multi test-latest test-lowest lock setup clean
 GPU_PYTHON ?= python3
 
 setup: $(VENV)/.installed
@@ -37,8 +38,12 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+GPU_PYTEST = PYTHONPATH=src:tests $(GPU_PYTHON) -m pytest -q -p no:cacheprovider --durations=10
 test-gpu:
-	PYTHONPATH=src:tests $(GPU_PYTHON) -m pytest -q -m gpu -p no:cacheprovider $(PYTEST_ARGS) tests
+	$(GPU_PYTEST) -m "gpu and not multi_gpu" $(PYTEST_ARGS) tests
+
+test-gpu-multi:
+	$(GPU_PYTEST) -m multi_gpu $(PYTEST_ARGS) tests
 
 test-demo: setup
 	$(BIN)/python -m pytest -q -m demo tests/test_demo_conclusion.py

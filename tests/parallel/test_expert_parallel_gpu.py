@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
 
 H, S, R, M, K, N = 256, 64, 32, 64, 4, 2048

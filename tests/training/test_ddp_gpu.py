@@ -8,7 +8,7 @@ import torch
 
 from test_ddp import COMMON, logged, run_torchrun  # (tests/training on sys.path)
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
 
 

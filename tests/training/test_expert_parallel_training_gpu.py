@@ -11,7 +11,7 @@ import torch
 from runs import events
 from test_expert_parallel_training import EP2, ONE, one_process, torchrun
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
 KERNELS = ["model.router_impl=triton", "model.experts_impl=triton"]
 

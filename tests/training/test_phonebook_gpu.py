@@ -111,6 +111,7 @@ def test_runs_sharing_a_gpu_train_as_alone():
             pytest.approx([h["loss"] for h in ref["history"]], rel=4 * BF16_EPS)
 
 
+@pytest.mark.multi_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_worker_processes_on_two_gpus_train_as_one(tmp_path):
     plans = {m.moe.label: trial(m, cfg(max_steps=40), m.moe.label) for m in PAIR}

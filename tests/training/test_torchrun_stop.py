@@ -119,6 +119,7 @@ def test_sigterm_to_torchrun_or_to_one_rank_checkpoints_on_every_rank(text_data,
 
 
 @pytest.mark.gpu
+@pytest.mark.multi_gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="needs 2 CUDA GPUs")
 def test_budget_stops_on_two_nccl_ranks_end_cleanly(text_data, tmp_path):
