@@ -74,6 +74,29 @@ def test_small_batch_split_matches_one_sweep():
 
 
 @pytest.mark.parametrize("router", ["lowrank", "linear"])
+def test_routing_does_not_depend_on_the_batch(router):
+    """The issue's setup (bf16, h = 512, M = 8,192, k = 4, r = 64): the same rows routed at
+    once and in chunks from 8,192 down to 1 (across the small-batch switch, where the
+    experts are split and merged) get the same experts."""
+    from moremoe.kernels import router_linear, router_lowrank
+    x, R1, R2 = _lowrank(16384, 512, 8192, 64, seed=3)
+    if router == "lowrank":
+        def route(rows):
+            return router_lowrank.infer(rows, R1, R2, 4)
+    else:
+        W = (torch.randn(8192, 512, device="cuda") * 0.05).bfloat16()
+
+        def route(rows):
+            return router_linear.infer(rows, W, 4)
+    whole = route(x)[1]
+    for chunk in (8192, 4096, 1024, 64, 7, 1):
+        n = 16384 if chunk >= 64 else 64 * chunk
+        got = torch.cat([route(x[i:i + chunk])[1] for i in range(0, n, chunk)])
+        differ = int((got != whole[:n]).any(1).sum())
+        assert differ == 0, f"chunks of {chunk}: {differ} rows routed otherwise"
+
+
+@pytest.mark.parametrize("router", ["lowrank", "linear"])
 def test_int64_indexing_beyond_2_pow_31(router):
     """N·h = (2^22 + 37) · 512 > 2^31 elements of x: the last rows must still be right."""
     from moremoe.kernels import router_linear as kl

@@ -58,6 +58,26 @@ def test_expert_splits_agree_with_one_sweep(splits):
     torch.testing.assert_close(small[2], one[2], **tol)
 
 
+def test_a_near_tie_across_splits_routes_as_one_sweep():
+    """Experts 10 and 200 (in different splits) give every row logits 2^-18 apart, below
+    what the selection keys resolve: one sweep takes the lower expert; the small-batch path
+    (split over the experts, then merged) must take the same one, or a row's experts would
+    depend on how many rows were routed with it."""
+    N, r, M = 24, 8, 300
+    x = torch.rand(N, r, device=DEV) + 0.5
+    R2 = torch.eye(r, device=DEV)                         # z = x exactly
+    R1 = torch.randn(M, r, device=DEV) * 0.05
+    R1[10] = 3.0
+    R1[200] = 3.0 * (1 + 2 ** -18)                        # larger by less than a key step
+    one = kr.infer(x, R1, R2, 1, splits=1)
+    # most rows' two keys truncate to the same value (then the lower expert wins); a row
+    # whose two logits straddle a key step takes the larger
+    assert (one[1][:, 0] == 10).float().mean() > 0.5
+    small = kr.infer(x, R1, R2, 1, splits=3, config={"small": True})
+    assert torch.equal(small[1], one[1])
+    assert torch.equal(small[0], one[0]) and torch.equal(small[2], one[2])
+
+
 def test_strided_inputs():
     x, R1, R2 = make(33, 40, 150, 16)
     expect = kr.infer(x, R1, R2, 3)

@@ -40,9 +40,10 @@ def test_reference_selection_costs_about_one_topk(dtype, k):
 def test_reference_router_costs_about_the_plain_torch_router():
     x, R1, R2 = _inputs()
 
-    def plain():
-        val, idx = torch.topk((x @ R2.T) @ R1.T, 4, dim=1)
-        return torch.softmax(val.float(), dim=1), val.float()
+    def plain():       # the same logits (fp32 accumulation, z rounded to bf16), torch.topk
+        z = (x.float() @ R2.float().T).bfloat16()
+        val, idx = torch.topk(z.float() @ R1.float().T, 4, dim=1)
+        return torch.softmax(val, dim=1), val
 
     def reference():
         val, idx, _ = ref.router_lowrank_ref(x, R1, R2, 4)

@@ -18,7 +18,8 @@ Kernels (grid, reads -> writes):
   _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO] -> top-k val fp32, idx int32,
                                     gates fp32 [+ online-softmax row max m and normaliser Z]
                                     or, split, each split's top-k (N, SPLITS, k)
-  _merge_kernel      (N/BN,)        the SPLITS top-k lists -> top-k val, idx, gates
+  _merge_kernel      (N/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
+                                    truncated key as one sweep would, ordered by value)
 
 Selection (docs/design.md, "Selection semantics"; keys in _common.py):
   * the running buffer keeps keys truncated (code bits cleared) and only a strictly larger
@@ -101,7 +102,7 @@ def _select_exact(keys, top, m0, bk, bi, thr, BM: tl.constexpr):
 
 
 @triton.jit
-def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, ROWS_N,
+def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM, ROWS, ROWS_N,
                   N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
                   K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
                   STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
@@ -110,8 +111,9 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, R
                   FULL_R: tl.constexpr = False):
     """The exact sweep over the experts of split program_id(1) for a block of rows: rows
     program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
-    GIVEN launch exit at once. SCRATCH: the split's top-k goes to OUT + split·so_s at the
-    queue position (no gates) for _merge_kernel. STATS (one split) adds the online-softmax
+    GIVEN launch exit at once. SCRATCH: the split's running buffer (truncated keys in
+    OUT_KEY, experts, exact values) goes to OUT + split·so_s at the queue position, unsorted,
+    for _merge_kernel. STATS (one split) adds the online-softmax
     statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
     FULL_R: r == BR (no rank masks)."""
     start = tl.program_id(0) * BN
@@ -158,10 +160,12 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, R
             bi = _fill_unselected(bi, m_begin, m_end, K, KP)
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                             K, KP, MODE, BR, BH)
-        if SCRATCH:
-            off = tl.program_id(1) * so_s
-            write_sorted(vals, bi, pos.to(tl.int64), row_ok, OUT_VAL + off, OUT_IDX + off,
-                         OUT_GATE, so_n, K, KP, False)
+        if SCRATCH:     # the split's buffer as it is: keys (truncated), experts, values
+            offs = (pos.to(tl.int64)[:, None] * so_n + tl.program_id(1) * so_s
+                    + slots[None, :])
+            tl.store(OUT_VAL + offs, vals, mask=row_ok[:, None])
+            tl.store(OUT_IDX + offs, bi, mask=row_ok[:, None])
+            tl.store(OUT_KEY + offs, bk, mask=row_ok[:, None])
         else:
             write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
         if STATS:
@@ -170,11 +174,14 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_M, OUT_NORM, ROWS, R
 
 
 @triton.jit
-def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, N, M,
+def _merge_kernel(IN_VAL, IN_IDX, IN_KEY, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, N, M,
                   SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                   GIVEN: tl.constexpr, BN: tl.constexpr):
-    """Top-k of the SPLITS·K candidates (exact values) the split exact sweep wrote for each
-    row (GIVEN: each queued row), into the row's outputs."""
+    """Top-k of the SPLITS·K candidates the split exact sweep wrote for each row (GIVEN:
+    each queued row), chosen as one sweep chooses them: by truncated key, ties (and the
+    fillers, whose key is -inf) to the lower expert; then ordered by exact value into the
+    row's outputs. Choosing by the exact values instead would make the routing of a row
+    depend on whether its batch was small enough to be split."""
     start = tl.program_id(0) * BN
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
@@ -184,10 +191,24 @@ def _merge_kernel(IN_VAL, IN_IDX, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, N, M
         c = tl.arange(0, CP)
         c_ok = (c < SPLITS * KP) & ((c % KP) < K)
         offs = pos.to(tl.int64)[:, None] * (SPLITS * KP) + c[None, :]
-        v = tl.load(IN_VAL + offs, mask=ok[:, None] & c_ok[None, :], other=NEG_INF)
-        i = tl.load(IN_IDX + offs, mask=ok[:, None] & c_ok[None, :], other=BIG_IDX)
-        i = tl.where(c_ok[None, :] & (i < M), i, BIG_IDX)   # a split smaller than k: empty
-        write_sorted(v, i, rows, ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
+        m = ok[:, None] & c_ok[None, :]
+        v = tl.load(IN_VAL + offs, mask=m, other=NEG_INF)
+        key = tl.load(IN_KEY + offs, mask=m, other=NEG_INF)
+        i = tl.load(IN_IDX + offs, mask=m, other=BIG_IDX)
+        i = tl.where(c_ok[None, :] & (i >= 0) & (i < M), i, BIG_IDX)  # a split smaller than k
+        slots = tl.arange(0, KP)
+        sel_v = tl.zeros((BN, KP), dtype=tl.float32)
+        sel_i = tl.full((BN, KP), BIG_IDX, tl.int32)
+        for j in range(K):
+            top = tl.max(key, axis=1)
+            pick = tl.min(tl.where(key == top[:, None], i, BIG_IDX), axis=1)
+            hit = i == pick[:, None]
+            sel_v = tl.where(slots[None, :] == j,
+                             tl.sum(tl.where(hit, v, 0.0), axis=1)[:, None], sel_v)
+            sel_i = tl.where(slots[None, :] == j, pick[:, None], sel_i)
+            key = tl.where(hit, NEG_INF, key)
+            i = tl.where(hit, BIG_IDX, i)
+        write_sorted(sel_v, sel_i, rows, ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
 
 
 # ---------------------------------------------------------------- launcher
@@ -254,10 +275,11 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
     splits = 1 if stats is not None else max(1, min(splits, triton.cdiv(M, BM)))
     m_per_split = triton.cdiv(triton.cdiv(M, BM), splits) * BM
     splits = triton.cdiv(M, m_per_split)
-    dst, so_n, so_s = out, k, 0
+    dst, so_n, so_s = (*out, out[0]), k, 0
     if splits > 1:
         dst = (torch.empty(N, splits, KP, device=x.device, dtype=torch.float32),
-               torch.empty(N, splits, KP, device=x.device, dtype=torch.int32), out[2])
+               torch.empty(N, splits, KP, device=x.device, dtype=torch.int32), out[2],
+               torch.empty(N, splits, KP, device=x.device, dtype=torch.float32))
         so_n, so_s = splits * KP, KP
     _exact_kernel[(triton.cdiv(N, cfg["BN"]), splits)](
         x, w, r2_, *dst, m_row, norm_row, rows, rows_n, N, H, M, R, m_per_split,
@@ -270,7 +292,7 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
     if splits > 1:
         BNm = 32
         _merge_kernel[(triton.cdiv(N, BNm),)](
-            *dst[:2], *out, rows, rows_n, N, M, SPLITS=splits, K=k, KP=KP,
+            *dst[:2], dst[3], *out, rows, rows_n, N, M, SPLITS=splits, K=k, KP=KP,
             CP=next_pow2(splits * KP), GIVEN=given, BN=BNm, num_warps=4)
 
 

@@ -2,8 +2,10 @@
 semantics) and the experts; the balancing loss is ops/balance.py.
 
 These are the ground truth the fused kernels are tested against, and the path the modules
-take on CPU or without Triton. Each takes ``upcast``: compute in float32 (float64 stays
-float64) instead of the input dtype, and return the result in that dtype. They favour
+take on CPU or without Triton. The routers follow the routing contract (docs/design.md):
+logits accumulated in float32 from the inputs' values (z = x R2ᵀ rounded to the input
+dtype), an exact top-k on them. The experts take ``upcast``: compute in float32 (float64
+stays float64) instead of the input dtype, and return the result in that dtype. They favour
 being obviously right, yet the selection costs about one torch.topk of the same logits
 (a test holds the ratio): it is every CPU user's router.
 
@@ -25,30 +27,26 @@ def upcast_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def router_logits_linear(x_NH: torch.Tensor, W_MH: torch.Tensor, *, upcast: bool = False):
-    """Standard-router logits x Wᵀ as an (N, M) float32 (float64 when upcast from float64)."""
-    return _wide(_logits_linear(x_NH, W_MH, upcast))
-
-
-def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor, R2_RH: torch.Tensor, *,
-                          upcast: bool = False):
-    """Low-rank logits (x R2ᵀ) R1ᵀ; z = x R2ᵀ is rounded to the compute dtype, as in a kernel."""
-    return _wide(_logits_lowrank(x_NH, R1_MR, R2_RH, upcast))
-
-
-def _logits_linear(x_NH, W_MH, upcast: bool) -> torch.Tensor:
-    dt = upcast_dtype(x_NH.dtype, upcast)
+def router_logits_linear(x_NH: torch.Tensor, W_MH: torch.Tensor) -> torch.Tensor:
+    """Standard-router logits x Wᵀ, (N, M), by the routing contract (docs/design.md,
+    "Routing contract"): the products of the inputs' values accumulated in float32 (float64
+    for float64 inputs), whatever the input dtype."""
+    dt = _acc_dtype(x_NH.dtype)
     return F.linear(x_NH.to(dt), W_MH.to(dt))
 
 
-def _logits_lowrank(x_NH, R1_MR, R2_RH, upcast: bool) -> torch.Tensor:
-    dt = upcast_dtype(x_NH.dtype, upcast)
-    return F.linear(F.linear(x_NH.to(dt), R2_RH.to(dt)), R1_MR.to(dt))
+def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor,
+                          R2_RH: torch.Tensor) -> torch.Tensor:
+    """Low-rank logits z R1ᵀ, (N, M), by the routing contract: z = x R2ᵀ accumulated in
+    float32 and rounded to the input dtype (the router's z is what a linear layer of that
+    dtype gives, on every path), then z R1ᵀ accumulated in float32 (float64 for float64)."""
+    dt = _acc_dtype(x_NH.dtype)
+    z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt)).to(x_NH.dtype)
+    return F.linear(z_NR.to(dt), R1_MR.to(dt))
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    """float32, or float64 kept (the routers' values and statistics)."""
-    return t if t.dtype == torch.float64 else t.float()
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def select_topk(logits_NM: torch.Tensor, k: int):
@@ -153,24 +151,21 @@ def _finite_or_neg_inf(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, float("-inf"))
 
 
-def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False, upcast: bool = False):
+def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False):
     """Standard router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
-    return _route(_logits_linear(x_NH, W_MH, upcast), k, with_psum)
+    return _route(router_logits_linear(x_NH, W_MH), k, with_psum)
 
 
-def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False,
-                       upcast: bool = False):
+def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False):
     """Low-rank router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
-    return _route(_logits_lowrank(x_NH, R1_MR, R2_RH, upcast), k, with_psum)
+    return _route(router_logits_lowrank(x_NH, R1_MR, R2_RH), k, with_psum)
 
 
 def _route(logits_NM: torch.Tensor, k: int, with_psum: bool):
-    """Selection on the logits in their compute dtype (widening a bf16 logit to fp32 is exact
-    and keeps every order and tie, so only the k values are widened, not the (N, M) tensor);
-    psum's softmax in fp32."""
+    """The exact selection on the float32 (float64) logits; psum's softmax in that dtype."""
     topk_val_NK, topk_idx_NK = select_topk(logits_NM, k)
     psum_M = softmax_colsum(logits_NM) if with_psum else None
-    return _wide(topk_val_NK), topk_idx_NK, psum_M
+    return topk_val_NK, topk_idx_NK, psum_M
 
 
 def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down_MHS, *,
