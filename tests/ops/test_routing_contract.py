@@ -72,3 +72,71 @@ def test_fp32_inputs_keep_fp32_and_fp64_keeps_fp64():
         assert logits.dtype == dt
         want = (x.to(dt) @ R2.to(dt).T) @ R1.to(dt).T
         torch.testing.assert_close(logits, want)
+
+
+def _another_blas(monkeypatch, seed):
+    """F.linear as another machine's BLAS might sum: each fp32 result moved by up to 2^-20
+    of itself (well inside the error bound of the sums the routers do)."""
+    plain = torch.nn.functional.linear
+    g = torch.Generator().manual_seed(seed)
+
+    def linear(a, w, b=None):
+        y = plain(a, w, b)
+        if y.dtype != torch.float32:
+            return y
+        noise = (torch.rand(y.shape, generator=g) * 2 - 1) * 2.0 ** -20
+        return y * (1 + noise)
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+
+
+def _tied_inputs(N=512, h=64, M=48, r=16):
+    """Experts 3 and 7 identical and the strongest for most rows: an exact tie at the top
+    that fp32 sums in another order split either way."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(N, h, generator=g) + 0.5).bfloat16()
+    W = (torch.randn(M, h, generator=g) * 0.02).bfloat16()
+    W[3] = W[7] = 0.05
+    R2 = (torch.randn(r, h, generator=g) * 0.1).bfloat16()
+    R2[0] = 0.1
+    R1 = (torch.randn(M, r, generator=g) * 0.02).bfloat16()
+    R1[3] = R1[7] = 0.5
+    return x, W, R1, R2
+
+
+@pytest.mark.parametrize("router", ["lowrank", "linear"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_another_summation_order_routes_the_same(router, seed, monkeypatch):
+    """What a CPU with another BLAS computes differs in the fp32 sums' last bits; the rows
+    fp32 cannot decide (here the exact tie of experts 3 and 7) are decided on fp64, so
+    every machine routes as the exact top-k: 3 before 7."""
+    x, W, R1, R2 = _tied_inputs()
+    if router == "lowrank":
+        exact = _exact_lowrank(x, R1, R2)
+        route = lambda: ref.router_lowrank_ref(x, R1, R2, 2)          # noqa: E731
+    else:
+        exact = x.double() @ W.double().T
+        route = lambda: ref.router_linear_ref(x, W, 2)                # noqa: E731
+    want_val, want_idx = ref.select_topk(exact, 2)
+    assert (want_idx == torch.tensor([3, 7], dtype=torch.int32)).all(1).float().mean() > 0.8
+    _another_blas(monkeypatch, seed)
+    val, idx, _ = route()
+    assert torch.equal(idx, want_idx)
+    assert torch.all(val[:, 0] >= val[:, 1])
+    torch.testing.assert_close(val.double(), want_val, rtol=1e-5, atol=1e-6)
+
+
+def test_z_at_a_rounding_midpoint_rounds_as_the_exact_product(monkeypatch):
+    """z = 1 + 2^-8 lies exactly between two bf16 values (1 and 1 + 2^-7): it rounds to
+    even, 1, whatever side of it an fp32 sum in another order lands on."""
+    x = torch.zeros(64, 16)
+    x[:, 0], x[:, 1] = 1.0, 2.0 ** -8
+    x[:, 2:] = torch.randn(64, 14) * 2.0 ** -14          # tiny terms, summed in some order
+    x = x.bfloat16()
+    R2 = torch.zeros(4, 16).bfloat16()
+    R2[:, :2] = 1.0
+    R2[:, 2:] = torch.randn(4, 14).bfloat16()
+    want = (x.double() @ R2.double().T).float().bfloat16()
+    for seed in range(3):
+        with monkeypatch.context() as m:
+            _another_blas(m, seed)
+            assert torch.equal(ref.lowrank_z(x, R2), want)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime import in_graph
+from . import route_exact as exact
 
 CHUNK_BYTES = 1 << 28      # the gathered expert weights at a time on the traceable path
 
@@ -37,19 +38,29 @@ def router_logits_linear(x_NH: torch.Tensor, W_MH: torch.Tensor) -> torch.Tensor
 
 def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor,
                           R2_RH: torch.Tensor) -> torch.Tensor:
-    """Low-rank logits z R1ᵀ, (N, M), by the routing contract: z = x R2ᵀ accumulated in
-    float32 and rounded to the input dtype (the router's z is what a linear layer of that
-    dtype gives, on every path), then z R1ᵀ accumulated in float32 (float64 for float64)."""
+    """Low-rank logits z R1ᵀ, (N, M), by the routing contract: z = x R2ᵀ rounded to the
+    input dtype as the exact products round (the router's z is what a linear layer of that
+    dtype gives, on every path; route_exact.round_z), then z R1ᵀ accumulated in float32
+    (float64 for float64)."""
     dt = _acc_dtype(x_NH.dtype)
-    z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt)).to(x_NH.dtype)
-    return F.linear(z_NR.to(dt), R1_MR.to(dt))
+    return F.linear(lowrank_z(x_NH, R2_RH).to(dt), R1_MR.to(dt))
+
+
+def lowrank_z(x_NH: torch.Tensor, R2_RH: torch.Tensor) -> torch.Tensor:
+    """z = x R2ᵀ in x's dtype: fp32 sums, rounded as the exact products round (eagerly; under
+    torch.compile or a capture, as the fp32 sums round)."""
+    dt = _acc_dtype(x_NH.dtype)
+    z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt))
+    if x_NH.dtype in (torch.bfloat16, torch.float16) and not in_graph():
+        return exact.round_z(x_NH, R2_RH, z_NR)
+    return z_NR.to(x_NH.dtype)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def select_topk(logits_NM: torch.Tensor, k: int):
+def select_topk(logits_NM: torch.Tensor, k: int, *, settle=None):
     """The k largest finite logits per row, ties to the lower index (docs/design.md,
     "Selection semantics"): values (N, k) and int32 indices (N, k). NaN and ±inf logits are
     never selected; a row with fewer than k finite logits fills its remaining slots with the
@@ -61,7 +72,11 @@ def select_topk(logits_NM: torch.Tensor, k: int):
     torch.topk ranks first) on sanitised keys, then rows with a tie among their k + 1 largest
     keys (torch.topk orders ties in no promised way) from their candidates. Under
     torch.compile or a CUDA-graph capture the selection is one traceable pass instead (no
-    data-dependent shapes, no host sync)."""
+    data-dependent shapes, no host sync).
+
+    settle: () -> (bound (N,), rows -> fp64 logits): the logits are fp32 sums within bound
+    of the exact ones; rows whose selection that bound leaves open are decided again on
+    their fp64 logits (route_exact.settle_rows)."""
     if in_graph():
         return _select_topk_traceable(logits_NM, k)
     keys_NM = logits_NM.detach()
@@ -77,6 +92,9 @@ def select_topk(logits_NM: torch.Tensor, k: int):
             rows = tied_N.nonzero()[:, 0]
             idx_NK[rows, :k] = _lowest_tied(keys_NM.index_select(0, rows), key_NK[rows], k,
                                             idx_NK[rows, :k])
+    near = None
+    if settle is not None and keys_NM.shape[0]:
+        near = (key_NK.clone(), *settle())
     key_NK, idx_NK = key_NK[:, :k], idx_NK[:, :k]
     tied_N = (key_NK[:, 1:] == key_NK[:, :-1]).any(-1)   # ties inside: lower id first
     if tied_N.any():
@@ -85,6 +103,12 @@ def select_topk(logits_NM: torch.Tensor, k: int):
         by_key = torch.sort(key_NK[rows].gather(1, by_id), dim=-1, descending=True,
                             stable=True).indices
         idx_NK[rows] = idx_RK.gather(1, by_key)
+    if near is not None:
+        key_NK1, bound_N, exact_rows = near
+        idx_NK, fix_NK = exact.settle_rows(logits_NM, idx_NK, key_NK1, k, bound_N, exact_rows,
+                                           select_topk)
+        if fix_NK is not None:
+            return logits_NM.gather(1, idx_NK) + fix_NK, idx_NK.to(torch.int32)
     return logits_NM.gather(1, idx_NK), idx_NK.to(torch.int32)
 
 
@@ -153,17 +177,43 @@ def _finite_or_neg_inf(t: torch.Tensor) -> torch.Tensor:
 
 def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False):
     """Standard router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
-    return _route(router_logits_linear(x_NH, W_MH), k, with_psum)
+    logits_NM = router_logits_linear(x_NH, W_MH)
+
+    def settle():          # the fp32 logits' error bound, and the rows' fp64 logits
+        with torch.no_grad():
+            bound_N = exact.dot_bound(x_NH.shape[1], x_NH.float().norm(dim=1),
+                                      W_MH.float().norm(dim=1).max())
+        return bound_N, lambda rows: x_NH[rows].detach().double() @ W_MH.detach().double().T
+    return _route(logits_NM, k, with_psum, settle)
 
 
 def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False):
     """Low-rank router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
-    return _route(router_logits_lowrank(x_NH, R1_MR, R2_RH), k, with_psum)
+    z_NR = lowrank_z(x_NH, R2_RH)
+    dt = _acc_dtype(x_NH.dtype)
+    logits_NM = F.linear(z_NR.to(dt), R1_MR.to(dt))
+
+    def settle():
+        with torch.no_grad():
+            r, r1_max = R1_MR.shape[1], R1_MR.float().norm(dim=1).max()
+            bound_N = exact.dot_bound(r, z_NR.float().norm(dim=1), r1_max)
+            if x_NH.dtype == torch.float32:     # z is itself an fp32 sum, kept unrounded
+                bound_N = bound_N + exact.dot_bound(
+                    x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm() * r1_max)
+        if x_NH.dtype == torch.float32:
+            return bound_N, lambda rows: ((x_NH[rows].detach().double()
+                                           @ R2_RH.detach().double().T)
+                                          @ R1_MR.detach().double().T)
+        return bound_N, lambda rows: z_NR[rows].detach().double() @ R1_MR.detach().double().T
+    return _route(logits_NM, k, with_psum, settle)
 
 
-def _route(logits_NM: torch.Tensor, k: int, with_psum: bool):
-    """The exact selection on the float32 (float64) logits; psum's softmax in that dtype."""
-    topk_val_NK, topk_idx_NK = select_topk(logits_NM, k)
+def _route(logits_NM: torch.Tensor, k: int, with_psum: bool, settle):
+    """The exact selection on the float32 (float64) logits, the rows fp32 cannot decide
+    decided again on fp64 ones (eagerly; settle() gives the bound and those logits);
+    psum's softmax in the logits' dtype."""
+    decide = None if logits_NM.dtype == torch.float64 or in_graph() else settle
+    topk_val_NK, topk_idx_NK = select_topk(logits_NM, k, settle=decide)
     psum_M = softmax_colsum(logits_NM) if with_psum else None
     return topk_val_NK, topk_idx_NK, psum_M
 
