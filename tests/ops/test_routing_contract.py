@@ -140,3 +140,15 @@ def test_z_at_a_rounding_midpoint_rounds_as_the_exact_product(monkeypatch):
         with monkeypatch.context() as m:
             _another_blas(m, seed)
             assert torch.equal(ref.lowrank_z(x, R2), want)
+
+
+def test_rows_of_zeros_are_not_redone(monkeypatch):
+    """Padding tokens (x = 0) sum exactly: nothing of them is summed again in fp64."""
+    import moremoe.ops.route_exact as exact
+    x, R1, R2, W = _inputs(N=64, h=32, M=40, r=8)
+    x[::2] = 0
+    z32 = x.float() @ R2.float().T
+    bound = exact.dot_bound(32, x.float().norm(dim=1, keepdim=True), R2.float().norm(dim=1))
+    assert not exact._near_midpoint(z32, z32.bfloat16(), bound)[::2].any()
+    val, idx, _ = ref.router_lowrank_ref(x, R1, R2, 3)
+    assert (idx[::2] == torch.tensor([0, 1, 2], dtype=torch.int32)).all()  # ties: lowest

@@ -50,14 +50,16 @@ def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor, z32_NR: torch.Tensor) -> to
 
 def _near_midpoint(z32: torch.Tensor, zr: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     """Where z32 lies within bound of the midpoint between zr (its rounding) and the
-    neighbour on its side, or within bound of 0 (where the spacing shrinks)."""
+    neighbour on its side, or within bound of 0 (where the spacing shrinks); never where
+    the bound is 0 (a row of zeros sums exactly)."""
     mant, exp = torch.frexp(zr.float())                  # |zr| = |mant| 2^exp, |mant| in [0.5, 1)
     bits = MANTISSA[zr.dtype]
     ulp = torch.ldexp(torch.ones_like(mant), exp - 1 - bits)
     d = z32 - zr.float()
     down = (d * zr.float()) < 0                          # towards 0 from a power of two: finer
     half = torch.where(down & (mant.abs() == 0.5), ulp / 4, ulp / 2)
-    return ((d.abs() >= half - bound) | (z32.abs() <= bound)) & torch.isfinite(z32)
+    near = (d.abs() >= half - bound) | (z32.abs() <= bound)
+    return near & (bound > 0) & torch.isfinite(z32)       # bound 0: an exact zero (padding)
 
 
 def doubtful_rows(key_NK1: torch.Tensor, k: int, bound_N: torch.Tensor) -> torch.Tensor:
