@@ -133,10 +133,16 @@ def test_reproduce_one_arm(capsys, tmp_path, instant):
      r"--resume: \S+/none holds no trials.jsonl, so there is nothing to continue; drop "
      r"--resume to start"),
     (["--resume"], "--resume continues the work in --out: give --out"),
+    (["--rows", "{tmp}/notes.md"], r"--rows \S+/notes.md, line 1: not JSON .*: not a phonebook "
+                                   r"capacity rows file; give another file"),
+    (["--rows", "{tmp}/ep.jsonl"], r"--rows \S+/ep.jsonl: 1 of its 1 rows \(the first: row 1\) "
+                                   r"are not rows of `phonebook reproduce`; give another file"),
     (["--jobs", "2", "--device", "cpu"], r"--jobs 2 spreads the runs over GPUs, but --device "
                                          r"cpu names one device; use --device auto or cuda"),
 ])
 def test_reproduce_refuses_in_one_line(capsys, tmp_path, argv, message):
+    (tmp_path / "notes.md").write_text("# my notes\n")
+    (tmp_path / "ep.jsonl").write_text('{"bench": "ep", "ms": 1.0}\n')
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     fails(capsys, ["phonebook", "reproduce", *argv], message)
 

@@ -60,6 +60,25 @@ def _append_rows(path: Path, rows: list[dict]) -> int:
     return len(new)
 
 
+def _check_rows_file(path: Path) -> None:
+    """--rows names a file this command can append to: none yet, empty, or rows of
+    `phonebook reproduce` (checked before any training, not after it)."""
+    from ..bench.harness import read_jsonl
+    from ..report import check_output_file
+    check_output_file(path, "--rows")
+    if not path.is_file() or not path.stat().st_size:
+        return
+    try:
+        rows = read_jsonl(path)
+    except ValueError as err:
+        raise ValueError(f"--rows {err}: not a phonebook capacity rows file; give another "
+                         f"file") from None
+    bad = [i for i, r in enumerate(rows, 1) if not {"search", "capacity", "device"} <= set(r)]
+    if bad:
+        raise ValueError(f"--rows {path}: {len(bad)} of its {len(rows)} rows (the first: row "
+                         f"{bad[0]}) are not rows of `phonebook reproduce`; give another file")
+
+
 def cmd_phonebook_reproduce(args) -> int:
     from ..runtime import environment, resolve_device
     from ..training import phonebook_paper as paper
@@ -68,8 +87,7 @@ def cmd_phonebook_reproduce(args) -> int:
     json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce")
     rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
     if args.rows is not None:
-        from ..report import check_output_file
-        check_output_file(Path(args.rows), "--rows")
+        _check_rows_file(Path(args.rows))
     cfg = _train_config(args)
     found = [s for s in paper.searches(args.points) if args.arch in ("both", s.arch)]
     partial = {}
