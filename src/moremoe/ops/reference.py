@@ -74,7 +74,7 @@ def select_topk(logits_NM: torch.Tensor, k: int, *, settle=None):
     torch.compile or a CUDA-graph capture the selection is one traceable pass instead (no
     data-dependent shapes, no host sync).
 
-    settle: () -> (bound (N,), rows -> fp64 logits): the logits are fp32 sums within bound
+    settle: () -> (bound, rows -> fp64 logits): the logits are fp32 sums within bound
     of the exact ones; rows whose selection that bound leaves open are decided again on
     their fp64 logits (route_exact.settle_rows)."""
     if in_graph():
@@ -94,7 +94,7 @@ def select_topk(logits_NM: torch.Tensor, k: int, *, settle=None):
                                             idx_NK[rows, :k])
     near = None
     if settle is not None and keys_NM.shape[0]:
-        near = (key_NK.clone(), *settle())
+        near = (key_NK, *settle())
     key_NK, idx_NK = key_NK[:, :k], idx_NK[:, :k]
     tied_N = (key_NK[:, 1:] == key_NK[:, :-1]).any(-1)   # ties inside: lower id first
     if tied_N.any():
@@ -104,8 +104,8 @@ def select_topk(logits_NM: torch.Tensor, k: int, *, settle=None):
                             stable=True).indices
         idx_NK[rows] = idx_RK.gather(1, by_key)
     if near is not None:
-        key_NK1, bound_N, exact_rows = near
-        idx_NK, fix_NK = exact.settle_rows(logits_NM, idx_NK, key_NK1, k, bound_N, exact_rows,
+        key_NK1, bound, exact_rows = near
+        idx_NK, fix_NK = exact.settle_rows(logits_NM, idx_NK, key_NK1, k, bound, exact_rows,
                                            select_topk)
         if fix_NK is not None:
             return logits_NM.gather(1, idx_NK) + fix_NK, idx_NK.to(torch.int32)
@@ -181,9 +181,9 @@ def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False):
 
     def settle():          # the fp32 logits' error bound, and the rows' fp64 logits
         with torch.no_grad():
-            bound_N = exact.dot_bound(x_NH.shape[1], x_NH.float().norm(dim=1),
-                                      W_MH.float().norm(dim=1).max())
-        return bound_N, lambda rows: x_NH[rows].detach().double() @ W_MH.detach().double().T
+            bound = exact.dot_bound(x_NH.shape[1], x_NH.float().norm(dim=1).max(),
+                                    W_MH.float().norm(dim=1).max())
+        return bound, lambda rows: x_NH[rows].detach().double() @ W_MH.detach().double().T
     return _route(logits_NM, k, with_psum, settle)
 
 
@@ -196,15 +196,15 @@ def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False):
     def settle():
         with torch.no_grad():
             r, r1_max = R1_MR.shape[1], R1_MR.float().norm(dim=1).max()
-            bound_N = exact.dot_bound(r, z_NR.float().norm(dim=1), r1_max)
+            bound = exact.dot_bound(r, z_NR.float().norm(dim=1).max(), r1_max)
             if x_NH.dtype == torch.float32:     # z is itself an fp32 sum, kept unrounded
-                bound_N = bound_N + exact.dot_bound(
-                    x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm() * r1_max)
+                bound = bound + exact.dot_bound(
+                    x_NH.shape[1], x_NH.norm(dim=1).max(), R2_RH.float().norm() * r1_max)
         if x_NH.dtype == torch.float32:
-            return bound_N, lambda rows: ((x_NH[rows].detach().double()
+            return bound, lambda rows: ((x_NH[rows].detach().double()
                                            @ R2_RH.detach().double().T)
                                           @ R1_MR.detach().double().T)
-        return bound_N, lambda rows: z_NR[rows].detach().double() @ R1_MR.detach().double().T
+        return bound, lambda rows: z_NR[rows].detach().double() @ R1_MR.detach().double().T
     return _route(logits_NM, k, with_psum, settle)
 
 

@@ -7,7 +7,8 @@ another thread count, another batch: another summation order) routes a token the
   it lies that close to a rounding midpoint: those few elements are summed again in fp64.
 - settle_rows: the top-k of a row is decided by its fp32 logits when the k-th and the
   (k+1)-th, and each pair of consecutive winners, are further apart than twice the bound
-  on an fp32 logit's error; the other rows are decided again on fp64 logits.
+  on an fp32 logit's error (one bound for the batch, from the largest row norm); the other
+  rows are decided again on fp64 logits.
 
 Both run eagerly (data-dependent rows, a host sync); under torch.compile or a CUDA-graph
 capture the routers skip them and keep the fp32 decision.
@@ -33,12 +34,12 @@ def dot_bound(n: int, a_norm_N: torch.Tensor, w_norm: torch.Tensor | float) -> t
 
 def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor, z32_NR: torch.Tensor) -> torch.Tensor:
     """z32 (fp32 sums of x R2ᵀ) rounded to x's dtype as the exact products round; the
-    result keeps z32's autograd (rounding passes gradients through unchanged)."""
+    result keeps z32's autograd (rounding passes gradients through unchanged). One bound
+    for the whole matrix (the largest row norms): a few more elements are summed again than
+    a bound per element would ask, for a handful of operations per call."""
     zr_NR = z32_NR.to(x_NH.dtype)
     with torch.no_grad():
-        bound_NR = dot_bound(x_NH.shape[1], x_NH.float().norm(dim=1, keepdim=True),
-                             R2_RH.float().norm(dim=1)[None, :])
-        flag_NR = _near_midpoint(z32_NR.detach(), zr_NR, bound_NR)
+        flag_NR = midpoint_flags(x_NH, R2_RH, z32_NR.detach(), zr_NR)
         if not flag_NR.any():
             return zr_NR
         i, j = flag_NR.nonzero(as_tuple=True)
@@ -48,38 +49,48 @@ def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor, z32_NR: torch.Tensor) -> to
     return zr_NR + fix_NR
 
 
+def midpoint_flags(x_NH, R2_RH, z32_NR, zr_NR) -> torch.Tensor:
+    """The elements of z whose rounding fp32 cannot vouch for (bool (N, r)): near a
+    midpoint by the batch's bound, in a row of x that is not all zeros (padding sums
+    exactly)."""
+    x_norm_N = x_NH.float().norm(dim=1)
+    bound = dot_bound(x_NH.shape[1], x_norm_N.max(), R2_RH.float().norm(dim=1).max())
+    return _near_midpoint(z32_NR, zr_NR, bound) & (x_norm_N > 0)[:, None]
+
+
 def _near_midpoint(z32: torch.Tensor, zr: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    """Where z32 lies within bound of the midpoint between zr (its rounding) and the
-    neighbour on its side, or within bound of 0 (where the spacing shrinks); never where
-    the bound is 0 (a row of zeros sums exactly)."""
+    """Where z32 may lie within bound of the midpoint between zr (its rounding) and the
+    neighbour on its side, or of 0 (a superset); never where the bound is 0 (a row of
+    zeros sums exactly). bf16 keeps fp32's top 16 bits, so the midpoint is where the low 16
+    are 0x8000: d fp32 steps from it is at least d |z| 2^-24 away."""
+    if zr.dtype == torch.bfloat16:
+        steps = ((z32.view(torch.int32) & 0xFFFF) - 0x8000).abs()
+        return (steps * z32.abs() * 2.0 ** -24 <= bound) & (bound > 0)
     mant, exp = torch.frexp(zr.float())                  # |zr| = |mant| 2^exp, |mant| in [0.5, 1)
-    bits = MANTISSA[zr.dtype]
-    ulp = torch.ldexp(torch.ones_like(mant), exp - 1 - bits)
+    ulp = torch.ldexp(torch.ones_like(mant), exp - 1 - MANTISSA[zr.dtype])
     d = z32 - zr.float()
     down = (d * zr.float()) < 0                          # towards 0 from a power of two: finer
     half = torch.where(down & (mant.abs() == 0.5), ulp / 4, ulp / 2)
     near = (d.abs() >= half - bound) | (z32.abs() <= bound)
-    return near & (bound > 0) & torch.isfinite(z32)       # bound 0: an exact zero (padding)
+    return near & (bound > 0) & torch.isfinite(z32)
 
 
-def doubtful_rows(key_NK1: torch.Tensor, k: int, bound_N: torch.Tensor) -> torch.Tensor:
+def doubtful_rows(key_NK1: torch.Tensor, bound) -> torch.Tensor:
     """Rows (bool (N,)) whose top-k fp32 cannot decide: key_NK1 are the k + 1 largest fp32
-    logits, descending (k of them when M = k); two of the first k, or the k-th and the
-    (k+1)-th, closer than twice the bound but not equal with a zero bound (an exact tie
-    that fp32 resolves as the contract does). Rows with non-finite keys are the selection's
-    own business (their rules are exact)."""
-    finite_N = torch.isfinite(key_NK1).all(dim=1)
-    gaps = key_NK1[:, :-1] - key_NK1[:, 1:]
-    close = gaps <= 2 * bound_N[:, None]
-    return (close & (bound_N[:, None] > 0)).any(dim=1) & finite_N
+    logits, descending (k of them when M = k), each within bound (a scalar: the largest
+    row's) of the exact one; two of them closer than twice the bound, unless the bound is 0
+    (exact sums: a tie is a tie). A non-finite key makes its gap NaN or inf, never doubtful:
+    those rows follow the selection's own exact rules."""
+    gap_N = (key_NK1[:, :-1] - key_NK1[:, 1:]).amin(dim=1)
+    return (gap_N <= 2 * bound) & (bound > 0)
 
 
-def settle_rows(logits_NM, idx_NK, key_NK1, k: int, bound_N, exact_rows, select):
+def settle_rows(logits_NM, idx_NK, key_NK1, k: int, bound, exact_rows, select):
     """(idx, value correction or None): the doubtful rows' experts decided again on fp64
     logits (exact_rows(rows) -> (R, M) fp64; select(logits, k) the exact selection); the
     correction, added to logits.gather(idx) without gradient, makes their values the fp64
     ones rounded (so they stay in the exact order)."""
-    doubt_N = doubtful_rows(key_NK1.detach(), k, bound_N)
+    doubt_N = doubtful_rows(key_NK1.detach(), bound)
     if not doubt_N.any():
         return idx_NK, None
     rows = doubt_N.nonzero()[:, 0]
