@@ -151,3 +151,9 @@ def test_rows_of_zeros_are_not_redone(monkeypatch):
     assert not exact.midpoint_flags(x, R2, z32, z32.bfloat16())[::2].any()
     val, idx, _ = ref.router_lowrank_ref(x, R1, R2, 3)
     assert (idx[::2] == torch.tensor([0, 1, 2], dtype=torch.int32)).all()  # ties: lowest
+
+
+def test_an_empty_batch_routes():
+    x, R1, R2, W = _inputs(N=0, h=32, M=40, r=8)
+    assert ref.router_lowrank_ref(x, R1, R2, 3)[1].shape == (0, 3)
+    assert ref.router_linear_ref(x, W, 3)[1].shape == (0, 3)

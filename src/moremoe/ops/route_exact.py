@@ -38,6 +38,8 @@ def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor, z32_NR: torch.Tensor) -> to
     for the whole matrix (the largest row norms): a few more elements are summed again than
     a bound per element would ask, for a handful of operations per call."""
     zr_NR = z32_NR.to(x_NH.dtype)
+    if not zr_NR.numel():
+        return zr_NR
     with torch.no_grad():
         flag_NR = midpoint_flags(x_NH, R2_RH, z32_NR.detach(), zr_NR)
         if not flag_NR.any():
