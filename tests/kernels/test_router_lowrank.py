@@ -75,7 +75,9 @@ def test_a_near_tie_across_splits_routes_as_one_sweep():
     assert (one[1][:, 0] == 10).float().mean() > 0.5
     small = kr.infer(x, R1, R2, 1, splits=3, config={"small": True})
     assert torch.equal(small[1], one[1])
-    assert torch.equal(small[0], one[0]) and torch.equal(small[2], one[2])
+    tol = reduction_tol(torch.float32, r)        # values by another path: within fp32's sum
+    torch.testing.assert_close(small[0], one[0], **tol)
+    torch.testing.assert_close(small[2], one[2], **tol)
 
 
 def test_strided_inputs():
