@@ -53,5 +53,14 @@ def test_reference_router_costs_about_the_plain_torch_router():
     print(f"\nreference router {a:.2f} ms, plain torch {b:.2f} ms, ratio {a / b:.2f} "
           f"({torch.cuda.get_device_name()})")
     assert a <= 1.5 * b
-    # the same k values in every row (which of two tied experts is taken may differ)
-    assert torch.equal(reference()[1], plain()[1].sort(1, descending=True).values)
+    # the same k values, within fp32's error bound, in every row whose z rounds the same
+    # (fp32 sums round onto the other side of a bf16 midpoint in a few elements)
+    from moremoe.ops import route_exact as exact
+    z_ref, z_plain = ref.lowrank_z(x, R2), (x.float() @ R2.float().T).bfloat16()
+    same = (z_ref == z_plain).all(1)
+    assert same.float().mean() > 0.99
+    bound = exact.dot_bound(R1.shape[1], z_ref.float().norm(dim=1).max(),
+                            R1.float().norm(dim=1).max())
+    torch.testing.assert_close(reference()[1][same],
+                               plain()[1].sort(1, descending=True).values[same],
+                               rtol=0, atol=2 * bound.item())

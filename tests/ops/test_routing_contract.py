@@ -142,13 +142,28 @@ def test_z_at_a_rounding_midpoint_rounds_as_the_exact_product(monkeypatch):
             assert torch.equal(ref.lowrank_z(x, R2), want)
 
 
-def test_rows_of_zeros_are_not_redone(monkeypatch):
-    """Padding tokens (x = 0) sum exactly: nothing of them is summed again in fp64."""
+def test_z_is_rounded_once_not_through_float32():
+    """z = 1 + 2^-8 + 2^-30: fp32 rounds it onto the bf16 midpoint 1 + 2^-8, where bf16's
+    ties-to-even would then give 1; rounded once it is above the midpoint: 1 + 2^-7. The
+    same for fp16 (1 + 2^-11 + 2^-24, fp16's smallest value, -> 1 + 2^-10), and below."""
     import moremoe.ops.route_exact as exact
+    for dtype, half, tiny in ((torch.bfloat16, 2.0 ** -8, 2.0 ** -30),
+                              (torch.float16, 2.0 ** -11, 2.0 ** -24)):
+        x = torch.tensor([[1.0, half, tiny], [1.0, half, -tiny]]).to(dtype)
+        R2 = torch.ones(1, 3, dtype=dtype)
+        z = ref.lowrank_z(x, R2)[:, 0].double()
+        assert z.tolist() == [1 + 2 * half, 1.0]
+        z64 = torch.tensor([1 + half + tiny, 1 + half, -(1 + half + tiny)],
+                           dtype=torch.float64)
+        assert exact.round_once(z64, dtype).double().tolist() == [1 + 2 * half, 1.0,
+                                                                  -(1 + 2 * half)]
+
+
+def test_rows_of_zeros_route_to_the_lowest_experts():
+    """Padding tokens (x = 0): every logit ties at 0, so the lowest indices, with zero z."""
     x, R1, R2, W = _inputs(N=64, h=32, M=40, r=8)
     x[::2] = 0
-    z32 = x.float() @ R2.float().T
-    assert not exact.midpoint_flags(x, R2, z32, z32.bfloat16())[::2].any()
+    assert not ref.lowrank_z(x, R2)[::2].any()
     val, idx, _ = ref.router_lowrank_ref(x, R1, R2, 3)
     assert (idx[::2] == torch.tensor([0, 1, 2], dtype=torch.int32)).all()  # ties: lowest
 

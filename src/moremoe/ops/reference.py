@@ -105,8 +105,7 @@ def select_topk(logits_NM: torch.Tensor, k: int, *, settle=None):
         idx_NK[rows] = idx_RK.gather(1, by_key)
     if near is not None:
         key_NK1, bound, exact_rows = near
-        idx_NK, fix_NK = exact.settle_rows(logits_NM, idx_NK, key_NK1, k, bound, exact_rows,
-                                           select_topk)
+        idx_NK, fix_NK = exact.settle_rows(logits_NM, idx_NK, key_NK1, k, bound, exact_rows)
         if fix_NK is not None:
             return logits_NM.gather(1, idx_NK) + fix_NK, idx_NK.to(torch.int32)
     return logits_NM.gather(1, idx_NK), idx_NK.to(torch.int32)
@@ -181,7 +180,7 @@ def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False):
 
     def settle():          # the fp32 logits' error bound, and the rows' fp64 logits
         with torch.no_grad():
-            bound = exact.dot_bound(x_NH.shape[1], x_NH.float().norm(dim=1).max(),
+            bound = exact.dot_bound(x_NH.shape[1], x_NH.float().norm(dim=1),
                                     W_MH.float().norm(dim=1).max())
         return bound, lambda rows: x_NH[rows].detach().double() @ W_MH.detach().double().T
     return _route(logits_NM, k, with_psum, settle)
@@ -196,10 +195,10 @@ def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False):
     def settle():
         with torch.no_grad():
             r, r1_max = R1_MR.shape[1], R1_MR.float().norm(dim=1).max()
-            bound = exact.dot_bound(r, z_NR.float().norm(dim=1).max(), r1_max)
+            bound = exact.dot_bound(r, z_NR.float().norm(dim=1), r1_max)
             if x_NH.dtype == torch.float32:     # z is itself an fp32 sum, kept unrounded
                 bound = bound + exact.dot_bound(
-                    x_NH.shape[1], x_NH.norm(dim=1).max(), R2_RH.float().norm() * r1_max)
+                    x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm() * r1_max)
         if x_NH.dtype == torch.float32:
             return bound, lambda rows: ((x_NH[rows].detach().double()
                                            @ R2_RH.detach().double().T)

@@ -2,15 +2,17 @@
 plain-torch routers where float32 alone cannot make them, so that every CPU (another BLAS,
 another thread count, another batch: another summation order) routes a token the same way:
 
-- round_z: z = x R2ᵀ rounded to the input dtype (bf16 / fp16) as the exact product rounds.
-  An fp32 sum lies within its error bound of the exact one, so it rounds the same way unless
-  it lies that close to a rounding midpoint: those few elements are summed again in fp64.
+- round_z: z = x R2ᵀ rounded to the input dtype (bf16 / fp16) as the exact product rounds:
+  the fp64 product (each term of bf16 / fp16 values is exact in fp64) rounded once. Summing
+  only the elements near a rounding midpoint again would cost less arithmetic, but an
+  fp32 error bound (below) flags most of them at h = 512, and the gather of their rows
+  (N r elements of length h) does not fit a GPU at the paper's N.
 - settle_rows: the top-k of a row is decided by its fp32 logits when the k-th and the
   (k+1)-th, and each pair of consecutive winners, are further apart than twice the bound
-  on an fp32 logit's error (one bound for the batch, from the largest row norm); the other
-  rows are decided again on fp64 logits.
+  on an fp32 logit's error (per row, from its norm and the largest weight row's); the
+  other rows are decided again on fp64 logits.
 
-Both run eagerly (data-dependent rows, a host sync); under torch.compile or a CUDA-graph
+settle_rows runs eagerly (data-dependent rows, a host sync); under torch.compile or a CUDA-graph
 capture the routers skip them and keep the fp32 decision.
 
 Error bound of an fp32 dot product of length n: |fl(a·b) − a·b| <= γ_n Σ|a_i b_i| with
@@ -24,7 +26,6 @@ from __future__ import annotations
 import torch
 
 UNIT = 2.0 ** -22       # per term of a sum: twice fp32's rounding unit, and room
-MANTISSA = {torch.bfloat16: 7, torch.float16: 10}     # stored mantissa bits
 
 
 def dot_bound(n: int, a_norm_N: torch.Tensor, w_norm: torch.Tensor | float) -> torch.Tensor:
@@ -33,73 +34,57 @@ def dot_bound(n: int, a_norm_N: torch.Tensor, w_norm: torch.Tensor | float) -> t
 
 
 def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor, z32_NR: torch.Tensor) -> torch.Tensor:
-    """z32 (fp32 sums of x R2ᵀ) rounded to x's dtype as the exact products round; the
-    result keeps z32's autograd (rounding passes gradients through unchanged). One bound
-    for the whole matrix (the largest row norms): a few more elements are summed again than
-    a bound per element would ask, for a handful of operations per call."""
+    """z32 (fp32 sums of x R2ᵀ, with autograd) rounded to x's dtype as the exact products
+    round: the value is the fp64 product rounded once (round_once), the gradient z32's
+    (rounding passes gradients through unchanged). One extra (N, h) x (h, r) product in
+    fp64 and a few elementwise operations, whatever the data: no data-dependent work."""
     zr_NR = z32_NR.to(x_NH.dtype)
     if not zr_NR.numel():
         return zr_NR
     with torch.no_grad():
-        flag_NR = midpoint_flags(x_NH, R2_RH, z32_NR.detach(), zr_NR)
-        if not flag_NR.any():
-            return zr_NR
-        i, j = flag_NR.nonzero(as_tuple=True)
-        exact = (x_NH[i].double() * R2_RH[j].double()).sum(dim=1)
-        fix_NR = torch.zeros_like(zr_NR)
-        fix_NR[i, j] = exact.float().to(zr_NR.dtype) - zr_NR[i, j]
+        z64_NR = x_NH.detach().double() @ R2_RH.detach().double().T
+        fix_NR = round_once(z64_NR, x_NH.dtype) - zr_NR.detach()
     return zr_NR + fix_NR
 
 
-def midpoint_flags(x_NH, R2_RH, z32_NR, zr_NR) -> torch.Tensor:
-    """The elements of z whose rounding fp32 cannot vouch for (bool (N, r)): near a
-    midpoint by the batch's bound, in a row of x that is not all zeros (padding sums
-    exactly)."""
-    x_norm_N = x_NH.float().norm(dim=1)
-    bound = dot_bound(x_NH.shape[1], x_norm_N.max(), R2_RH.float().norm(dim=1).max())
-    return _near_midpoint(z32_NR, zr_NR, bound) & (x_norm_N > 0)[:, None]
-
-
-def _near_midpoint(z32: torch.Tensor, zr: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    """Where z32 may lie within bound of the midpoint between zr (its rounding) and the
-    neighbour on its side, or of 0 (a superset); never where the bound is 0 (a row of
-    zeros sums exactly). bf16 keeps fp32's top 16 bits, so the midpoint is where the low 16
-    are 0x8000: d fp32 steps from it is at least d |z| 2^-24 away."""
-    if zr.dtype == torch.bfloat16:
-        steps = ((z32.view(torch.int32) & 0xFFFF) - 0x8000).abs()
-        return (steps * z32.abs() * 2.0 ** -24 <= bound) & (bound > 0)
-    mant, exp = torch.frexp(zr.float())                  # |zr| = |mant| 2^exp, |mant| in [0.5, 1)
-    ulp = torch.ldexp(torch.ones_like(mant), exp - 1 - MANTISSA[zr.dtype])
-    d = z32 - zr.float()
-    down = (d * zr.float()) < 0                          # towards 0 from a power of two: finer
-    half = torch.where(down & (mant.abs() == 0.5), ulp / 4, ulp / 2)
-    near = (d.abs() >= half - bound) | (z32.abs() <= bound)
-    return near & (bound > 0) & torch.isfinite(z32)
+def round_once(z64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp64 values rounded to dtype (bf16 / fp16) once, to nearest, ties to even. Rounding
+    through fp32 (what .to(dtype) does) errs only where the fp32 value lands exactly on a
+    midpoint of dtype that the fp64 value is not on: those go to the neighbour on the fp64
+    value's side."""
+    z32 = z64.float()
+    zr = z32.to(dtype)
+    a = zr.float()
+    b = (2 * z32 - a).to(dtype).float()     # the other neighbour, when z32 is their midpoint
+    mid = (b != a) & (b - z32 == z32 - a) & (z64 != z32.double())
+    side = torch.where(z64 > z32.double(), torch.maximum(a, b), torch.minimum(a, b))
+    return torch.where(mid, side, a).to(dtype)
 
 
 def doubtful_rows(key_NK1: torch.Tensor, bound) -> torch.Tensor:
     """Rows (bool (N,)) whose top-k fp32 cannot decide: key_NK1 are the k + 1 largest fp32
-    logits, descending (k of them when M = k), each within bound (a scalar: the largest
-    row's) of the exact one; two of them closer than twice the bound, unless the bound is 0
-    (exact sums: a tie is a tie). A non-finite key makes its gap NaN or inf, never doubtful:
-    those rows follow the selection's own exact rules."""
+    logits, descending (k of them when M = k), each within bound (per row (N,), or one for
+    the batch) of the exact one; two of them closer than twice the bound, unless the bound
+    is 0 (exact sums: a tie is a tie). A non-finite key makes its gap NaN or inf, never
+    doubtful: those rows follow the selection's own exact rules."""
     gap_N = (key_NK1[:, :-1] - key_NK1[:, 1:]).amin(dim=1)
     return (gap_N <= 2 * bound) & (bound > 0)
 
 
-def settle_rows(logits_NM, idx_NK, key_NK1, k: int, bound, exact_rows, select):
+def settle_rows(logits_NM, idx_NK, key_NK1, k: int, bound, exact_rows):
     """(idx, value correction or None): the doubtful rows' experts decided again on fp64
-    logits (exact_rows(rows) -> (R, M) fp64; select(logits, k) the exact selection); the
-    correction, added to logits.gather(idx) without gradient, makes their values the fp64
-    ones rounded (so they stay in the exact order)."""
+    logits (exact_rows(rows) -> (R, M) fp64) by a stable sort (ties to the lower index,
+    non-finite logits last); the correction, added to logits.gather(idx) without gradient,
+    makes their values the fp64 ones rounded (so they stay in the exact order)."""
     doubt_N = doubtful_rows(key_NK1.detach(), bound)
     if not doubt_N.any():
         return idx_NK, None
     rows = doubt_N.nonzero()[:, 0]
-    v64_RK, i_RK = select(exact_rows(rows), k)
+    l64_RM = exact_rows(rows)
+    l64_RM = torch.where(torch.isfinite(l64_RM), l64_RM, float("-inf"))
+    v64_RK, i_RK = (t[:, :k] for t in torch.sort(l64_RM, dim=1, descending=True, stable=True))
     idx_NK = idx_NK.clone()
     idx_NK[rows] = i_RK.to(idx_NK.dtype)
     fix_NK = torch.zeros(idx_NK.shape, dtype=logits_NM.dtype, device=logits_NM.device)
-    fix_NK[rows] = v64_RK.to(logits_NM.dtype) - logits_NM.detach()[rows].gather(
-        1, i_RK.long())
+    fix_NK[rows] = v64_RK.to(logits_NM.dtype) - logits_NM.detach()[rows].gather(1, i_RK)
     return idx_NK, fix_NK
