@@ -11,7 +11,7 @@
 #   make lock         regenerate requirements/lock-cpu.txt from the newest allowed versions
 #   make test-demo    the demo's conclusion on 3 seeds at 1 and 2 threads (about 12 minutes)
 #   make test-gpu     on a machine with a CUDA GPU and torch installed (no .venv): every test
-#                     marked gpu that needs one GPU, in one pytest run (about 9 minutes)
+#                     marked gpu that needs one GPU, in one pytest run (7 minutes on an H200)
 #   make test-gpu-multi  the tests that need 2 GPUs (skipped with fewer), in one run; each
 #                     launches processes, bounded, and kills them (tests/procs.py).
 #                     GPU_PYTHON picks the interpreter (default python3)
