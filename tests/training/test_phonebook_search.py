@@ -153,6 +153,34 @@ def test_a_stopped_search_resumes_from_its_checkpoints_exactly(tmp_path):
     assert not list((tmp_path / pool.CHECKPOINTS).glob("*.pt"))   # dropped once finished
 
 
+def test_a_stop_request_on_the_cpu_ends_the_interval_at_once_and_resumes_exactly(tmp_path):
+    """On the CPU, steps run as they are called: a stop request (a signal) ends the
+    evaluation interval after the current step instead of at its end, the run is
+    checkpointed there without an evaluation, and the resumed run evaluates, logs and
+    stops at the same steps, with the same losses, as one never stopped."""
+    cfg = PhonebookTrainConfig(size=64, batch_size=32, lr=3e-3, max_steps=60,
+                               eval_every=20, eval_entries=32, device="cpu")
+    model = phonebook_model_config(MoEConfig.more(8, 2, 32, 8, 4), layers=1)
+    whole = Executor(["cpu"], 1, None, progress=False).run(
+        {"m": trial(model, cfg, "m")})["m"]
+    task = next(trial(model, cfg, "m"))[0]
+    ckpt = tmp_path / pool.CHECKPOINTS
+    ckpt.mkdir()
+    device = pool.DevicePool("cpu", 1, ckpt)
+    asked = iter(range(100))
+    device.stop_requested = lambda: next(asked) >= 2           # a request after step 3
+    device.add(task)
+    (_, trainer, _), = device.active.values()
+    assert trainer.step.steps == 3 and not trainer.run.history
+    assert [e.kind for e in device.stop()] == ["stopped"]
+    (tmp_path / pool.JOURNAL).touch()
+    resumed = Executor(["cpu"], 1, tmp_path, progress=False)
+    rec = resumed.run({"m": trial(model, cfg, "m")})["m"]
+    assert resumed.report.resumed == [["m", 3]]
+    assert [h["step"] for h in rec["history"]] == [h["step"] for h in whole["history"]]
+    assert [h["loss"] for h in rec["history"]] == [h["loss"] for h in whole["history"]]
+
+
 def test_worker_processes_give_the_records_of_one_process(tmp_path):
     cfg = PhonebookTrainConfig(size=32, batch_size=32, lr=3e-3, max_steps=20, eval_every=10,
                                eval_entries=32, device="cpu")

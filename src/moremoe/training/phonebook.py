@@ -184,10 +184,11 @@ class PhonebookTrainer:
     def seconds(self) -> float:
         return self._elapsed + time.perf_counter() - self._t0
 
-    def advance(self) -> None:
-        """Queue the steps up to the next evaluation (or the last step)."""
+    def advance(self, stop: Callable[[], bool] | None = None) -> None:
+        """Queue the steps up to the next evaluation (or the last step); on the CPU, fewer
+        once stop() says so (PhonebookStep.run)."""
         every = self.cfg.eval_every
-        self.step.run(min(every - self.step.steps % every, self.total - self.step.steps))
+        self.step.run(min(every - self.step.steps % every, self.total - self.step.steps), stop)
 
     def settle(self) -> bool:
         """Wait for the queued steps, evaluate, apply the stopping rule; True once ended."""

@@ -57,6 +57,7 @@ class DevicePool:
         self.device, self.slots = device, slots
         self.checkpoint_dir, self.every = checkpoint_dir, 60 * checkpoint_minutes
         self.active: dict[str, tuple[Task, PhonebookTrainer, list]] = {}
+        self.stop_requested = lambda: False     # a CPU interval ends early once it says so
 
     def free(self) -> int:
         return self.slots - len(self.active)
@@ -71,7 +72,7 @@ class DevicePool:
         trainer = PhonebookTrainer(task.model, cfg, cfg.lr, name=task.name,
                                    calibration=task.calibration, stream=stream, state=state)
         at = trainer.step.steps
-        trainer.advance()
+        trainer.advance(self.stop_requested)
         self.active[task.key] = (task, trainer, [time.monotonic()])
         return Event("progress", task.key, at, trainer.total,
                      message=f"resumed at step {at:,}" if state else "")
@@ -91,17 +92,21 @@ class DevicePool:
             if self.checkpoint_dir is not None and time.monotonic() - saved[0] > self.every:
                 self._save(key, trainer)
                 saved[0] = time.monotonic()
-            trainer.advance()
+            trainer.advance(self.stop_requested)
             last = trainer.run.history[-1]
             events.append(Event("progress", key, trainer.step.steps, trainer.total,
                                 last["exact_match"], loss=last["loss"]))
         return events
 
     def stop(self) -> list[Event]:
-        """Checkpoint every run at its last evaluation and drop it."""
+        """Checkpoint every run and drop it: at its evaluation, or where a stop request cut
+        a CPU interval short (not evaluated there, so that the resumed run evaluates and
+        stops at the same steps as an uninterrupted one)."""
         events = []
         for key, (task, trainer, _) in list(self.active.items()):
-            trainer.settle()                # the queued steps land before the save
+            steps = trainer.step.steps
+            if steps % trainer.cfg.eval_every == 0 or steps >= trainer.total:
+                trainer.settle()            # the queued steps land before the save
             if trainer.done:
                 events.append(Event("done", key, trainer.step.steps, trainer.total,
                                     trainer.run.exact_match, trainer.run.to_dict()))
@@ -280,6 +285,8 @@ class Executor:
                    Workers(self.devices, self.slots, ckpt, self.minutes))
         try:
             with StopSignals() as signals:
+                if isinstance(backend, DevicePool):
+                    backend.stop_requested = lambda: bool(signals.requested)
                 return self._loop(plans, backend, signals, on_change)
         finally:
             if isinstance(backend, Workers):

@@ -16,6 +16,7 @@ Legend: P phonebook entries, b batch rows, S = 16 tokens an entry, L layers, M e
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 
@@ -188,8 +189,12 @@ class PhonebookStep:
         self.counts_LM += torch.stack(out.expert_counts)
         self.order.advance_device()
 
-    def run(self, n: int) -> None:
-        """Queue n steps (no host synchronisation)."""
+    def run(self, n: int, stop: Callable[[], bool] | None = None) -> int:
+        """Queue n steps (no host synchronisation); returns how many. stop() is asked after
+        each step where steps run as they are called (the CPU: a stop request need not wait
+        for the whole interval), and ends the run early when it says so."""
+        done = 0
+        check = stop is not None and self.device.type != "cuda"
         with self.on_stream():
             if self.mode in CAPTURED and self.graph is None:
                 self._capture()
@@ -200,8 +205,12 @@ class PhonebookStep:
                     self.opt.zero_grad(set_to_none=True)
                     self._step()
                 self.order.advance_host()
-        self.steps += n
-        self.unread += n
+                done += 1
+                if check and stop():
+                    break
+        self.steps += done
+        self.unread += done
+        return done
 
     def _capture(self) -> None:
         """Warm up eagerly on a side stream (Triton compiles, AdamW makes its state), put
@@ -265,7 +274,7 @@ class PhonebookStep:
                 group["lr"] = self.base_lr
             return {"model": _to_cpu(self.model.state_dict()), "optimizer": _to_cpu(opt),
                     "order": self.order.state_dict(), "steps": self.steps,
-                    "buffers": _to_cpu(self._device_tensors())}
+                    "unread": self.unread, "buffers": _to_cpu(self._device_tensors())}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
@@ -279,6 +288,7 @@ class PhonebookStep:
             for t, v in zip(self._device_tensors(), state["buffers"]):
                 t.copy_(v)
         self.steps = int(state["steps"])
+        self.unread = int(state.get("unread", 0))     # steps in the loss sums (buffers)
         self.graph = None
 
 
