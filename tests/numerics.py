@@ -20,3 +20,18 @@ def model_reduction_length(config) -> int:
     width = getattr(moe, "width", None) or moe.top_k
     per_layer = config.dim_per_head + config.max_seq_len + 2 * moe.hidden + width
     return config.layers * per_layer + moe.hidden
+
+
+def another_blas(monkeypatch, seed):
+    """F.linear as another machine's BLAS might sum: each fp32 result moved by up to 2^-20
+    of itself (well inside the error bound of the sums the routers do)."""
+    plain = torch.nn.functional.linear
+    g = torch.Generator().manual_seed(seed)
+
+    def linear(a, w, b=None):
+        y = plain(a, w, b)
+        if y.dtype != torch.float32:
+            return y
+        noise = (torch.rand(y.shape, generator=g) * 2 - 1) * 2.0 ** -20
+        return y * (1 + noise)
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)

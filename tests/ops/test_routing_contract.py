@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from moremoe.ops import reference as ref
+from numerics import another_blas as _another_blas
 
 
 def _inputs(N=4096, h=256, M=1024, r=32, seed=0):
@@ -72,21 +73,6 @@ def test_fp32_inputs_keep_fp32_and_fp64_keeps_fp64():
         assert logits.dtype == dt
         want = (x.to(dt) @ R2.to(dt).T) @ R1.to(dt).T
         torch.testing.assert_close(logits, want)
-
-
-def _another_blas(monkeypatch, seed):
-    """F.linear as another machine's BLAS might sum: each fp32 result moved by up to 2^-20
-    of itself (well inside the error bound of the sums the routers do)."""
-    plain = torch.nn.functional.linear
-    g = torch.Generator().manual_seed(seed)
-
-    def linear(a, w, b=None):
-        y = plain(a, w, b)
-        if y.dtype != torch.float32:
-            return y
-        noise = (torch.rand(y.shape, generator=g) * 2 - 1) * 2.0 ** -20
-        return y * (1 + noise)
-    monkeypatch.setattr(torch.nn.functional, "linear", linear)
 
 
 def _tied_inputs(N=512, h=64, M=48, r=16):

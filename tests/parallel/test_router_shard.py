@@ -100,7 +100,7 @@ def test_chunked_backward_equals_autograd_of_the_logits(lowrank):
     want_topk, want_psum = dense_grads(a, w, lse, v, u, pbar, k)
     tol = reduction_tol(torch.float32, N + R + Me)
     aa, ww = a.clone().requires_grad_(), w.clone().requires_grad_()
-    val, idx, lse_e = rs.shard_topk(aa, ww, k, lowrank=lowrank)
+    val, idx, lse_e, _ = rs.shard_topk(aa, ww, k, lowrank=lowrank)
     got = torch.autograd.grad((val * v).sum() + (lse_e * u).sum(), (aa, ww))
     for x, y in zip(got, want_topk):
         torch.testing.assert_close(x, y, **tol)
@@ -160,8 +160,55 @@ def test_inference_selects_as_training_does(lowrank, impl):
     N, h, r, Me, k = 19, 32, 8, 10, 3
     x, w = torch.randn(N, h, generator=g), torch.randn(Me, r if lowrank else h, generator=g)
     R2 = torch.randn(r, h, generator=g) if lowrank else None
-    val, idx = rs.shard_select(x, w, R2, k, impl=impl)
+    val, idx, _ = rs.shard_select(x, w, R2, k, impl=impl)
     a = x @ R2.T if lowrank else x
-    want_val, want_idx, _ = rs._topk_forward(a, w, k, lowrank, "reference")
+    want_val, want_idx, _, _ = rs._topk_forward(a, w, k, lowrank, "reference")
     assert idx.dtype == torch.int32 and torch.equal(idx, want_idx)
     torch.testing.assert_close(val, want_val, **reduction_tol(torch.float32, h + r))
+
+
+def _tied_across_shards(dtype, N=256, h=64, M=48, r=16):
+    """Experts 3 and 30 (shards 0 and 1 of 2) identical and the strongest for most rows: an
+    exact tie across the shard boundary that fp32 sums in another order split either way."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(N, h, generator=g) + 0.5).to(dtype)
+    W = (torch.randn(M, h, generator=g) * 0.02).to(dtype)
+    W[3] = W[30] = 0.05
+    R2 = (torch.randn(r, h, generator=g) * 0.1).to(dtype)
+    R2[0] = 0.1
+    R1 = (torch.randn(M, r, generator=g) * 0.02).to(dtype)
+    R1[3] = R1[30] = 0.5
+    return x, W, R1, R2
+
+
+@pytest.mark.parametrize("router", ["lowrank", "linear"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shards_route_as_one_process_whatever_the_summation_order(router, dtype, seed,
+                                                                   monkeypatch):
+    """The reference path's shards decide what fp32 cannot on fp64 (each shard's doubtful
+    rows, and the merge on the winners' fp64 logits): with every fp32 sum moved in its
+    last bits as another BLAS might, the two shards' merge picks expert 3 before its
+    identical twin 30 in the other shard, as the one-process reference and the exact top-k
+    do; in training (shard_topk) and in inference (shard_select) alike."""
+    from numerics import another_blas
+    x, W, R1, R2 = _tied_across_shards(dtype)
+    lowrank = router == "lowrank"
+    w, E, k = (R1 if lowrank else W), 2, 2
+    one = (ref.router_lowrank_ref(x, R1, R2, k) if lowrank else ref.router_linear_ref(x, W, k))
+    assert (one[1] == torch.tensor([3, 30], dtype=torch.int32)).all(1).float().mean() > 0.8
+    another_blas(monkeypatch, seed)
+    for train in (True, False):
+        vals, idxs, keys = [], [], []
+        for e in range(E):
+            lo, hi = expert_range(48, E, e)
+            if train:
+                a, exact = rs.exact_inputs(x, R2 if lowrank else None)
+                v, i, _, key = rs.shard_topk(a, w[lo:hi], k, lowrank=lowrank, exact=exact)
+            else:
+                v, i, key = rs.shard_select(x, w[lo:hi], R2 if lowrank else None, k)
+            vals.append(v), idxs.append(i + lo), keys.append(key)
+        val, idx = rs.merge_topk(torch.stack(vals), torch.stack(idxs), k,
+                                 keys_ENK=torch.stack(keys))
+        assert torch.equal(idx, one[1]), (train, (idx != one[1]).any(1).sum())
+        torch.testing.assert_close(val, one[0], rtol=1e-5, atol=1e-6)

@@ -141,10 +141,12 @@ class Phases:
         r = self.router
         with torch.no_grad(), self.cast:
             if self.train:
-                a, w = r.scored(self.x)
-                lists = shard_topk(a, w, r.local_k, lowrank=r.lowrank, impl=r.impl)
+                a, w, exact = r.scored(self.x)
+                lists = shard_topk(a, w, r.local_k, lowrank=r.lowrank, impl=r.impl,
+                                   exact=exact)
             else:
                 lists = shard_select(self.x, *r.select_args(), r.local_k, impl=r.impl)
+                lists = (*lists[:2], None, lists[2])        # no lse in inference
         return self._run(lambda: r.merge(*lists))
 
     def experts(self):

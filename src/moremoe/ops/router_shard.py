@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from . import reference as ref
+from . import route_exact
 from .dispatch import kernel_dtype, resolve_impl
 
 CHUNK_ELEMENTS = 1 << 24      # logits per chunk of the backward: 64 MiB of fp32 at most
@@ -54,16 +55,60 @@ def _use_kernels(impl: str, a: Tensor, k: int, lowrank: bool) -> bool:
     return resolve_impl(impl, a, k, rank=a.shape[1] if lowrank else None) == "triton"
 
 
-def _topk_forward(a_NR, w_MR, k: int, lowrank: bool, impl: str):
+def exact_inputs(x_NH: Tensor, R2_RH: Tensor | None):
+    """(a, exact) for the reference path: a the matrix the shard's rows score (x, or z as
+    the one-process reference forms it: rounded once to x's dtype, or fp32), with its
+    autograd; exact = (a64, err) for ``shard_topk`` / ``shard_select``: a in fp64 from x
+    (z's exact product for fp32 inputs) and a bound on ‖a − a64‖₂ per row (fp32 z's own
+    sum) or None; exact is None for fp64 inputs (their sums decide as they are)."""
+    if R2_RH is None:
+        a = x_NH
+        a64, err = x_NH.detach().double(), None
+    else:
+        a = ref.lowrank_z(x_NH, R2_RH)
+        with torch.no_grad():
+            if x_NH.dtype == torch.float32:
+                a64 = x_NH.double() @ R2_RH.detach().double().T
+                err = route_exact.dot_bound(x_NH.shape[1], x_NH.norm(dim=1),
+                                            R2_RH.detach().float().norm())
+            else:
+                a64, err = a.detach().double(), None
+    return a, (None if x_NH.dtype == torch.float64 else (a64, err))
+
+
+def _select_ref(a_NR, w_MR, k: int, exact):
+    """The reference's logits, exact selection and the winners' fp64 logits (the merge's
+    keys; None without exact): rows fp32 cannot decide are decided on a64's fp64 logits,
+    as the one-process reference decides them (route_exact)."""
+    logits_NM = ref.router_logits_linear(a_NR, w_MR)
+    if exact is None:
+        return (logits_NM, *ref.select_topk(logits_NM, k), None)
+    a64_NR, err_N = exact
+    w64_MR = w_MR.detach().double()
+
+    def settle():
+        with torch.no_grad():
+            w_max = w_MR.detach().float().norm(dim=1).max()
+            bound = route_exact.dot_bound(a_NR.shape[1], a_NR.detach().float().norm(dim=1),
+                                          w_max)
+            if err_N is not None:
+                bound = bound + err_N * w_max
+        return bound, lambda rows: a64_NR[rows] @ w64_MR.T
+    val, idx = ref.select_topk(logits_NM, k, settle=settle)
+    keys = torch.einsum("nr,nkr->nk", a64_NR, w64_MR[idx.long()])
+    keys = torch.where(torch.isfinite(val.detach()), keys, float("-inf"))   # the fillers
+    return logits_NM, val, idx, keys
+
+
+def _topk_forward(a_NR, w_MR, k: int, lowrank: bool, impl: str, exact=None):
     if _use_kernels(impl, a_NR, k, lowrank):
         dt = kernel_dtype(a_NR)
         kern, _ = _kernels(lowrank)
         val, idx, _, m, norm, _ = kern.train_forward(a_NR.to(dt), w_MR.to(dt), k,
                                                      with_psum=False)
-        return val, idx, _lse(m, norm)
-    logits_NM = ref.router_logits_linear(a_NR, w_MR)
-    val, idx = ref.select_topk(logits_NM, k)
-    return val, idx, torch.logsumexp(_finite(logits_NM), dim=1)
+        return val, idx, _lse(m, norm), None
+    logits_NM, val, idx, keys = _select_ref(a_NR, w_MR, k, exact)
+    return val, idx, torch.logsumexp(_finite(logits_NM), dim=1), keys
 
 
 def _psum_forward(a_NR, w_MR, lse_N, lowrank: bool, impl: str):
@@ -114,17 +159,21 @@ def _contract(a_NR, w_MR, lse_N, *, col_M=None, row_N=None, idx_NK=None, dval_NK
 
 class _ShardTopk(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a_NR, w_MR, k, lowrank, impl):
-        val, idx, lse = _topk_forward(a_NR.detach(), w_MR.detach(), k, lowrank, impl)
+    def forward(ctx, a_NR, w_MR, k, lowrank, impl, exact):
+        val, idx, lse, keys = _topk_forward(a_NR.detach(), w_MR.detach(), k, lowrank, impl,
+                                            exact)
         ctx.save_for_backward(a_NR, w_MR, idx, lse)
         ctx.mark_non_differentiable(idx)
-        return val, idx, lse
+        if keys is None:
+            return val, idx, lse, None
+        ctx.mark_non_differentiable(keys)
+        return val, idx, lse, keys
 
     @staticmethod
-    def backward(ctx, dval, _didx, dlse):
+    def backward(ctx, dval, _didx, dlse, _dkeys):
         a, w, idx, lse = ctx.saved_tensors
         da, dw, _ = _contract(a, w, lse, row_N=dlse, idx_NK=idx, dval_NK=dval)
-        return da, dw, None, None, None
+        return da, dw, None, None, None, None
 
 
 class _ShardPsum(torch.autograd.Function):
@@ -140,27 +189,31 @@ class _ShardPsum(torch.autograd.Function):
         return da, dw, (-g).to(lse.dtype), None, None
 
 
-def shard_topk(a_NR: Tensor, w_MR: Tensor, k: int, *, lowrank: bool, impl: str = "auto"):
-    """(val (N, k) fp32 descending, idx (N, k) int32 in [0, M_e), lse (N,) fp32) of the
-    shard's logits a w_eᵀ; val and lse are differentiable in a and w."""
-    return _ShardTopk.apply(a_NR, w_MR, k, lowrank, impl)
+def shard_topk(a_NR: Tensor, w_MR: Tensor, k: int, *, lowrank: bool, impl: str = "auto",
+               exact=None):
+    """(val (N, k) fp32 descending, idx (N, k) int32 in [0, M_e), lse (N,) fp32, keys) of
+    the shard's logits a w_eᵀ; val and lse are differentiable in a and w. On the reference
+    path with exact (``exact_inputs``) the selection is exact and keys (N, k) fp64 are the
+    winners' fp64 logits, for an exact merge; else keys is None."""
+    return _ShardTopk.apply(a_NR, w_MR, k, lowrank, impl, exact)
 
 
 def shard_select(x_NH: Tensor, w_MR: Tensor, R2_RH: Tensor | None, k: int, *,
                  impl: str = "auto"):
-    """Inference: (val (N, k) fp32, idx (N, k) int32 in [0, M_e)) of the shard's logits,
-    (x R2ᵀ) w_eᵀ (low-rank, R2 given) or x w_eᵀ, in the kernels' dtype."""
+    """Inference: (val (N, k) fp32, idx (N, k) int32 in [0, M_e), keys (N, k) fp64 or None)
+    of the shard's logits, (x R2ᵀ) w_eᵀ (low-rank, R2 given) or x w_eᵀ, in the kernels'
+    dtype; keys as ``shard_topk``'s (the reference path)."""
     rank = None if R2_RH is None else R2_RH.shape[0]
     if resolve_impl(impl, x_NH, k, rank=rank) == "reference":
-        logits = (ref.router_logits_linear(x_NH, w_MR) if R2_RH is None
-                  else ref.router_logits_lowrank(x_NH, w_MR, R2_RH))
-        return ref.select_topk(logits, k)
+        a, exact = exact_inputs(x_NH, R2_RH)
+        _, val, idx, keys = _select_ref(a, w_MR, k, exact)
+        return val, idx, keys
     from ..kernels import router_linear, router_lowrank
     dt = kernel_dtype(x_NH)
     x, w = x_NH.to(dt), w_MR.to(dt)
     val, idx, _ = (router_linear.infer(x, w, k) if R2_RH is None
                    else router_lowrank.infer(x, w, R2_RH.to(dt), k))
-    return val, idx
+    return val, idx, None
 
 
 def shard_psum(a_NR: Tensor, w_MR: Tensor, lse_N: Tensor, *, lowrank: bool,
@@ -170,16 +223,18 @@ def shard_psum(a_NR: Tensor, w_MR: Tensor, lse_N: Tensor, *, lowrank: bool,
     return _ShardPsum.apply(a_NR, w_MR, lse_N, lowrank, impl)
 
 
-def merge_topk(val_ENK: Tensor, idx_ENK: Tensor, k: int, *, impl: str = "auto"):
+def merge_topk(val_ENK: Tensor, idx_ENK: Tensor, k: int, *, impl: str = "auto",
+               keys_ENK: Tensor | None = None):
     """The global top-k from E local top-k lists (values, GLOBAL int indices), exactly
     ``reference.select_topk`` of the whole row: the finite values descending, ties and the
     non-finite fillers by the lower index. Exact because each local list holds the shard's
     k_e best under that same order (value descending, index ascending), and a row short of
     k finite logits finds its lowest unchosen indices among the shards' own fillers.
     Returns (val (N, k), idx (N, k) int32); val is differentiable. The merge kernel
-    (kernels/router_shard.py) on CUDA, the torch sort elsewhere."""
-    if resolve_impl(impl, val_ENK, k) == "reference":
-        return _merge_torch(val_ENK, idx_ENK, k)
+    (kernels/router_shard.py) on CUDA, the torch sort elsewhere; ordered by keys_ENK (the
+    candidates' fp64 logits, the reference path's) where given, by the values otherwise."""
+    if keys_ENK is not None or resolve_impl(impl, val_ENK, k) == "reference":
+        return _merge_torch(val_ENK, idx_ENK, k, keys_ENK)
     return _MergeTopk.apply(val_ENK, idx_ENK, k)
 
 
@@ -201,12 +256,14 @@ class _MergeTopk(torch.autograd.Function):
         return dval, None, None
 
 
-def _merge_torch(val_ENK: Tensor, idx_ENK: Tensor, k: int):
+def _merge_torch(val_ENK: Tensor, idx_ENK: Tensor, k: int, keys_ENK: Tensor | None = None):
     E, N, k_e = val_ENK.shape
     val_NC = val_ENK.permute(1, 0, 2).reshape(N, E * k_e)
     idx_NC = idx_ENK.permute(1, 0, 2).reshape(N, E * k_e).long()
     by_index = idx_NC.argsort(dim=1)                        # indices are distinct in a row
-    keys = _finite(val_NC.detach()).gather(1, by_index)
+    order_by = val_NC.detach() if keys_ENK is None else \
+        keys_ENK.permute(1, 0, 2).reshape(N, E * k_e)
+    keys = _finite(order_by).gather(1, by_index)
     order = by_index.gather(1, keys.sort(dim=1, descending=True, stable=True).indices[:, :k])
     return val_NC.gather(1, order), idx_NC.gather(1, order).to(torch.int32)
 

@@ -7,7 +7,9 @@ Forward: each rank scores all N tokens against its experts, keeps a local top-k_
 inference kernel, the reference elsewhere) and (training) its row log-sum-exp; one all-gather brings the E lists (values, lse and the global ids, exact as
 fp32 below 2^24 experts) to every rank and an exact merge (a kernel on CUDA) gives the
 global top-k, ties to the lower global index as one process orders them
-(ops/router_shard.merge_topk). The router computes in the kernels' dtype (x's, or
+(ops/router_shard.merge_topk); on the reference path the shards also send their winners'
+fp64 logits and the merge orders by those, so that near-ties across shards are decided as
+the one-process reference decides them (docs/design.md, "Routing contract"). The router computes in the kernels' dtype (x's, or
 autocast's), whatever its weights' dtype, as the single-process routers do. In training the global lse (N,) combines the local ones, each
 rank computes its experts' columns of psum with it, and a second all-gather assembles psum.
 
@@ -30,10 +32,11 @@ from ..checks import check_tensor
 from ..nn.moe import MoEConfig
 from ..nn.router import LinearRouter, LowRankRouter, RouterOutput
 from ..ops.balance import expert_counts
-from ..ops.dispatch import kernel_dtype
+from ..ops.dispatch import kernel_dtype, resolve_impl
 from ..ops.reference import topk_gates
 from ..ops.dispatch import needs_grad
-from ..ops.router_shard import combine_lse, merge_topk, shard_psum, shard_select, shard_topk
+from ..ops.router_shard import (combine_lse, exact_inputs, merge_topk, shard_psum, shard_select,
+                               shard_topk)
 from .collectives import (all_gather_stack, copy_to_group, gather_from_group, group_rank,
                           group_size)
 
@@ -93,12 +96,17 @@ class ShardedRouter(nn.Module):
         return {"R1"} if self.lowrank else {"weight"}
 
     def scored(self, x_NH):
-        """(a, w): the matrix the shard's rows score, in the kernels' dtype, and those rows
-        (cast where they are read)."""
+        """(a, w, exact): the matrix the shard's rows score, in the kernels' dtype, those
+        rows (cast where they are read), and on the reference path what its exact
+        selection needs (ops/router_shard.exact_inputs; None on the kernels' path)."""
         dt = kernel_dtype(x_NH)
-        if self.lowrank:
-            return F.linear(x_NH.to(dt), self.R2.to(dt)), self.R1
-        return x_NH.to(dt), self.weight
+        w = self.R1 if self.lowrank else self.weight
+        R2 = self.R2.to(dt) if self.lowrank else None
+        rank = self.R2.shape[0] if self.lowrank else None
+        if resolve_impl(self.impl, x_NH, self.local_k, rank=rank) == "reference":
+            a, exact = exact_inputs(x_NH.to(dt), R2)
+            return a, w, exact
+        return (F.linear(x_NH.to(dt), R2) if self.lowrank else x_NH.to(dt)), w, None
 
     def route(self, x_NH: torch.Tensor):
         """(RouterOutput with psum None, a, lse): the global top-k, gates and counts, the
@@ -106,16 +114,17 @@ class ShardedRouter(nn.Module):
         training the global row log-sum-exp (N,) for ``global_psum`` (else None)."""
         check_tensor("x", x_NH, ndim=2, floating=True, last=self.hidden, last_name="hidden")
         if not self.training and not needs_grad(x_NH, *self.parameters()):
-            val_e, idx_e = shard_select(x_NH, *self.select_args(), self.local_k,
-                                        impl=self.impl)
-            topk_val, topk_idx, _ = self.merge(val_e, idx_e, None)
+            val_e, idx_e, keys_e = shard_select(x_NH, *self.select_args(), self.local_k,
+                                                impl=self.impl)
+            topk_val, topk_idx, _ = self.merge(val_e, idx_e, None, keys_e)
             return RouterOutput(topk_val, topk_idx, topk_gates(topk_val), None, None), None, \
                 None
-        a, w = self.scored(x_NH)
+        a, w, exact = self.scored(x_NH)
         a, = copy_to_group([a], self.group)
-        val_e, idx_e, lse_e = shard_topk(a, w, self.local_k, lowrank=self.lowrank,
-                                         impl=self.impl)
-        topk_val, topk_idx, lse = self.merge(val_e, idx_e, lse_e if self.training else None)
+        val_e, idx_e, lse_e, keys_e = shard_topk(a, w, self.local_k, lowrank=self.lowrank,
+                                                 impl=self.impl, exact=exact)
+        topk_val, topk_idx, lse = self.merge(val_e, idx_e, lse_e if self.training else None,
+                                             keys_e)
         counts = expert_counts(topk_idx, self.experts) if self.training else None
         return RouterOutput(topk_val, topk_idx, topk_gates(topk_val), None, counts), a, lse
 
@@ -123,10 +132,11 @@ class ShardedRouter(nn.Module):
         """(w, R2 | None): the shard's rows and the replicated factor, for shard_select."""
         return (self.R1, self.R2) if self.lowrank else (self.weight, None)
 
-    def merge(self, val_e, idx_e, lse_e=None):
+    def merge(self, val_e, idx_e, lse_e=None, keys_e=None):
         """(global top-k values, their ids, the global lse when lse_e is given (training)
         else None) from this rank's local top-k (values, local ids) and row lse: one
-        all-gather, one merge."""
+        all-gather, one merge; with keys_e (the reference path's fp64 logits of the local
+        winners) a second all-gather, and the merge orders by them (exact)."""
         ke, ids = self.local_k, (idx_e + self.lo).float()      # exact below 2^24 experts
         stats = [] if lse_e is None else [lse_e[:, None]]
         if self.experts < EXACT_FLOAT_IDS:
@@ -135,7 +145,9 @@ class ShardedRouter(nn.Module):
         else:
             packed = gather_from_group(torch.cat([val_e, *stats], 1), self.group)
             idx_all = all_gather_stack(idx_e + self.lo, self.group)
-        topk_val, topk_idx = merge_topk(packed[..., :ke], idx_all, self.top_k, impl=self.impl)
+        keys_all = None if keys_e is None else all_gather_stack(keys_e, self.group)
+        topk_val, topk_idx = merge_topk(packed[..., :ke], idx_all, self.top_k, impl=self.impl,
+                                        keys_ENK=keys_all)
         return topk_val, topk_idx, None if lse_e is None else combine_lse(packed[..., ke])
 
     def global_psum(self, a: torch.Tensor, lse_shard: torch.Tensor) -> torch.Tensor:
