@@ -335,7 +335,8 @@ def test_train_out_of_memory_says_what_to_change(capsys, text_data, tmp_path, mo
           r"sequence length \(--set model.seq_len\) .* more GPUs \(torchrun --nproc_per_node N\)"
           r" and shard the model over them \(--set parallel.data=fsdp\) and split its experts "
           r"over them \(--set parallel.expert=E, a divisor of model.experts=8\), or keep less "
-          r"per GPU \(--set train.activation_checkpointing=true, --set optim.moments=bf16\)$")
+          r"per GPU \(--set train.activation_checkpointing=true, --set optim.moments=bf16, "
+          r"--set train.fused_loss=true\)$")
 
 
 def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_data, tmp_path,
@@ -344,7 +345,8 @@ def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_d
     monkeypatch.setattr(lm, "train", _raise_oom)
     argv = ["train", "--data", str(text_data), "--out", str(tmp_path / "run"), *TRAIN,
             "--set", "parallel.data=fsdp", "--set", "parallel.expert=2",
-            "--set", "train.activation_checkpointing=true", "--set", "optim.moments=bf16"]
+            "--set", "train.activation_checkpointing=true", "--set", "optim.moments=bf16",
+            "--set", "train.fused_loss=true"]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     capsys.readouterr()
@@ -353,7 +355,7 @@ def test_under_torchrun_only_rank_0_reports_running_out_of_memory(capsys, text_d
     monkeypatch.setenv("RANK", "0")
     line = fails(capsys, argv, r"GPU 0 ran out of memory .* more GPUs \(torchrun "
                                r"--nproc_per_node N\)$")
-    for already_set in ("parallel.", "activation_checkpointing", "optim.moments"):
+    for already_set in ("parallel.", "activation_checkpointing", "optim.moments", "fused_loss"):
         assert already_set not in line
 
 

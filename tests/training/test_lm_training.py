@@ -152,3 +152,18 @@ def test_profiling_from_the_first_step(text_data, tmp_path):
     summary = profiled_run(text_data, tmp_path / "r", steps=3, warmup=0)
     assert (tmp_path / "r" / "profile.txt").read_text().startswith("2 steps after 0")
     assert summary["timing_warmup_steps"] == 2
+
+
+def test_the_fused_head_and_loss_train_like_the_logits(text_data, tmp_path):
+    """train.fused_loss=true (the head and the loss in chunks, no logits stored) follows the
+    unfused run's losses over its steps (fp32 on the CPU: the sums' order only)."""
+    runs = {}
+    for fused in (False, True):
+        out = str(tmp_path / f"fused_{fused}")
+        sets = [o for o in SMALL if not o.startswith("train.max_steps")] + [
+            "train.max_steps=6", f"train.fused_loss={str(fused).lower()}"]
+        train(build_run_config(preset="tiny-more", data=str(text_data), out=out,
+                               device="cpu", overrides=sets), echo=quiet)
+        runs[fused] = [r["loss"] for r in events(out, "train")]
+    assert len(runs[True]) == len(runs[False]) == 6
+    assert runs[True] == pytest.approx(runs[False], rel=1e-4)

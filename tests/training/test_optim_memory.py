@@ -120,3 +120,17 @@ def test_a_plan_that_cannot_fit_names_what_would_shrink_it():
     check_fits(ep, 7_918_000_000, gpu, 2, options=shrink_options(cfg, gpu, 2))
     assert shrink_options(cfg, gpu, 2) == []
     assert shrink_options(get_preset("tiny-moe"), torch.device("cpu"), 1) == []
+
+
+def test_the_fused_head_and_loss_drop_the_logits_from_the_plan():
+    """train.fused_loss keeps a token's log-sum-exp (4 bytes) instead of its logits, their
+    log-probabilities and gradients ((2a + 4) V bytes)."""
+    from moremoe.model import TransformerConfig
+    from moremoe.nn import MoEConfig
+    from moremoe.training.footprint import activation_bytes
+    c = TransformerConfig(vocab=50257, layers=2, heads=8, max_seq_len=64,
+                          moe=MoEConfig.more(64, 4, 512, 64, 64))
+    for a in (2, 4):
+        assert (activation_bytes(c, a, 1, False) - activation_bytes(c, a, 1, False,
+                                                                    fused_loss=True)
+                == (2 * a + 4) * 50257 - 4)

@@ -29,7 +29,9 @@ equals one process on the global batch (bf16: to bf16's rounding of the averaged
 gradients), and checkpoints hold the whole model, so a run resumes on another layout. The
 memory plan per GPU is printed at start; --set train.activation_checkpointing=true (recompute each
 block in the backward) and --set optim.moments=bf16 (bf16 AdamW moments, one Triton pass a
-parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less.
+parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.md) keep less,
+and so does --set train.fused_loss=true (the output head and the loss in chunks of tokens:
+the (tokens, vocabulary) logits are never stored).
 The fused expert backward adds its weight gradients into .grad across micro-steps
 (optim.expert_grads=auto, the default: one process or expert shards with fp32 gradients;
 =autograd turns it off). --set optim.grads=bf16 (with optim.moments=bf16, one
@@ -152,6 +154,7 @@ def _sizing(cfg) -> tuple[str, str]:
                    f"model.experts={m.experts})")
     less = ([] if t.activation_checkpointing else ["--set train.activation_checkpointing=true"])
     less += ["--set optim.moments=bf16"] if cfg.optim.moments == "fp32" else []
+    less += [] if t.fused_loss else ["--set train.fused_loss=true"]
     if less:
         change += f", or keep less per GPU ({', '.join(less)})"
     return what, change

@@ -27,8 +27,8 @@ from .. import accounting
 from ..checks import check_int, check_tensor
 from ..nn.moe import MoEConfig, MoELayer
 from ..nn.peer import PEERConfig, PEERLayer
+from ..ops.linear_ce import IGNORE_INDEX, linear_cross_entropy
 
-IGNORE_INDEX = -100
 HEAD_ROWS_MULTIPLE = 64       # the output head's rows are padded to this on CUDA (see padded_linear)
 
 
@@ -246,7 +246,7 @@ class Block(nn.Module):
 
 @dataclass
 class TransformerOutput:
-    logits: torch.Tensor                       # (B, T, V)
+    logits: torch.Tensor | None                # (B, T, V); None with the fused head + loss
     loss: torch.Tensor | None = None           # lm_loss + aux_loss
     lm_loss: torch.Tensor | None = None        # mean cross-entropy over target positions
     aux_loss: torch.Tensor | None = None       # Σ_layers balance_coef · Switch loss
@@ -265,6 +265,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self._lm_loss = lm_loss
+        self.fused_head_loss = False    # fuse_head_and_loss()
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
@@ -287,6 +288,12 @@ class Transformer(nn.Module):
             for part in parts:
                 part.compile(mode=mode, backend=backend)
         self._lm_loss = torch.compile(lm_loss, backend=backend)
+
+    def fuse_head_and_loss(self, on: bool = True) -> None:
+        """In training with targets, compute the output head and the loss together in chunks
+        of tokens (ops/linear_ce.py): the (tokens, vocabulary) logits are never stored,
+        and the output's logits are None. Evaluation and generation keep the logits."""
+        self.fused_head_loss = on
 
     def checkpoint_blocks(self, *, full: bool = False) -> None:
         """Activation checkpointing: in training each block keeps only its input and
@@ -347,7 +354,9 @@ class Transformer(nn.Module):
         if keep_T is not None:
             x = x.index_select(1, keep_T)
         x = self.norm(x)
-        logits = (padded_linear(x, self.lm_head.weight, HEAD_ROWS_MULTIPLE) if x.is_cuda
+        fused = self.fused_head_loss and self.training and targets_BT is not None
+        logits = (None if fused else
+                  padded_linear(x, self.lm_head.weight, HEAD_ROWS_MULTIPLE) if x.is_cuda
                   else self.lm_head(x))
         result = TransformerOutput(logits=logits)
         result.expert_counts = [o.counts for o in outs if o.counts is not None]
@@ -355,8 +364,10 @@ class Transformer(nn.Module):
             result.switch_losses = [o.switch_loss for o in outs]
             result.aux_loss = torch.stack([o.aux_loss for o in outs]).sum()
         if targets_BT is not None:
-            check_tensor("targets", targets_BT, integer=True, shape=logits.shape[:2])
-            result.lm_loss = self._lm_loss(logits, targets_BT)
+            check_tensor("targets", targets_BT, integer=True, shape=x.shape[:2])
+            result.lm_loss = (linear_cross_entropy(x.reshape(-1, cfg.hidden),
+                                                   self.lm_head.weight, targets_BT.reshape(-1))
+                              if fused else self._lm_loss(logits, targets_BT))
             result.loss = result.lm_loss + (result.aux_loss if result.aux_loss is not None
                                             else 0.0)
         return result

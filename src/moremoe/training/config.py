@@ -202,6 +202,9 @@ class TrainSpec:
     nan_skip_limit: int = 10          # "skip": stop after this many non-finite steps in a row
     activation_checkpointing: bool = False  # recompute each block's activations in the
                                       # backward: only the blocks' inputs stay saved
+    fused_loss: bool = False          # the output head and the loss in chunks of tokens,
+                                      # the (tokens, vocab) logits never stored
+                                      # (ops/linear_ce.py)
 
     def __post_init__(self):
         if self.nan_policy not in NAN_POLICIES:
@@ -279,7 +282,7 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "ckpt_every", "keep", "save_on_stop", "timing_warmup", "profile_steps",
                        "out", "device", "compile", "compile_mode", "compile_scope",
                        "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit",
-                       "activation_checkpointing"},
+                       "activation_checkpointing", "fused_loss"},
              "model": {"router_impl", "experts_impl"},
              "optim": {"expert_grads", "grads"},   # gradients: not part of the saved state
              # checkpoints hold the whole state, any layout; a resumed run may reduce in

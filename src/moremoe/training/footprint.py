@@ -20,7 +20,8 @@ projections' inputs, q, k, v and output (8h in the activation dtype), the MoE la
 (h), router (r + 4k) and experts (3ks), with expert parallelism the rows sent and received
 (each token's row goes once to each rank holding one of its experts: at most min(k, E) rows
 each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, and its
-backward their gradients ((2a + 4)V). Activation checkpointing keeps each block's input (4h)
+backward their gradients ((2a + 4)V; with train.fused_loss only each token's log-sum-exp,
+4 bytes, and one chunk of at most 2^24 logits at a time). Activation checkpointing keeps each block's input (4h)
 and one block at a time. torch.compile fuses some of these away: read the estimate as an
 upper bound.
 """
@@ -125,23 +126,25 @@ def memory_plan(cfg, model_config: TransformerConfig, device: torch.device, *,
         buffers, row = 2 * reduced, ("DDP bf16 buckets", "every bucket's bf16 copy")
     return MemoryPlan(tuple(parts), cfg.optim.moments, buffers,
                       tokens * activation_bytes(model_config, a, E,
-                                                cfg.train.activation_checkpointing),
+                                                cfg.train.activation_checkpointing,
+                                                fused_loss=cfg.train.fused_loss),
                       tokens, cfg.train.activation_checkpointing,
                       memory_bytes(device) if have is None else have, where, cfg.optim.grads,
                       row)
 
 
 def activation_bytes(c: TransformerConfig, a: int, expert: int,
-                     checkpointing: bool) -> int:
+                     checkpointing: bool, *, fused_loss: bool = False) -> int:
     """The module docstring's estimate per token; a: bytes of an activation (2 under bf16
-    autocast, else 4); expert: E, the ranks sharing each layer's experts."""
+    autocast, else 4); expert: E, the ranks sharing each layer's experts; fused_loss: the
+    head and the loss in chunks (the chunk itself, a constant, left out)."""
     h, m = c.hidden, c.moe
     k, s = m.top_k, getattr(m, "width", 1)
     r = getattr(m, "rank", None) or 0
     block = 16 * h + 8 * a * h + a * h + 4 * r + 4 * k + 3 * a * k * s
     if expert > 1:
         block += 2 * a * min(k, expert) * h
-    head = (2 * a + 4) * c.vocab + 8 * h
+    head = (4 if fused_loss else (2 * a + 4) * c.vocab) + 8 * h
     kept = c.layers * 4 * h + block if checkpointing else c.layers * block
     return kept + head
 

@@ -137,6 +137,7 @@ class LMTrainer:
         t, o, par = self.cfg.train, self.cfg.optim, self.cfg.parallel
         self.graphs = self.compile_mode in plan.CUDA_GRAPH_MODES and self.dev.type == "cuda"
         self.experts = expert_plan.ExpertPlan(self.info, par.expert) if par.expert > 1 else None
+        self.model.fuse_head_and_loss(t.fused_loss)
         self.ddp_model = plan.parallelize(
             self.model, self.info, data=par.data, experts=self.experts, mode=self.compile_mode,
             compile_scope=t.compile_scope if t.compile else None, bucket_mb=par.bucket_mb,

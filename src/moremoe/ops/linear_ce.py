@@ -1,0 +1,92 @@
+"""The output head and the loss in one op: mean cross-entropy of softmax(x Wᵀ) against the
+targets, without the (N, V) logits in memory. Rows go through in chunks of at most
+CHUNK_ELEMENTS logits: the forward keeps each row's log-sum-exp (N,) only, the backward
+forms each chunk's logits again, turns them into p − onehot in place and multiplies them
+into dx (N, H) and dW (V, H).
+
+The logits are formed as the head forms them today (``x @ Wᵀ`` in the inputs' dtype, the
+autocast dtype under autocast: bf16 logits, fp32 accumulation in the GEMM) and the loss is
+computed on them in fp32 (``model.transformer.lm_loss``): the same loss, and gradients
+within bf16's rounding of the unfused path's. ``linear_cross_entropy_ref`` is that unfused
+path, the reference of the tests.
+
+Legend: N rows (tokens), H hidden, V vocabulary, C rows of a chunk.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IGNORE_INDEX = -100
+CHUNK_ELEMENTS = 1 << 24        # logits of a chunk: 64 MiB in fp32
+
+
+def linear_cross_entropy_ref(x_NH: Tensor, W_VH: Tensor, targets_N: Tensor) -> Tensor:
+    """The unfused head and loss: logits in x's dtype, cross-entropy in fp32."""
+    logits_NV = F.linear(x_NH, W_VH)
+    return F.cross_entropy(logits_NV.float(), targets_N, ignore_index=IGNORE_INDEX)
+
+
+def linear_cross_entropy(x_NH: Tensor, W_VH: Tensor, targets_N: Tensor, *,
+                         chunk_rows: int | None = None) -> Tensor:
+    """Mean fp32 cross-entropy over the rows whose target is not IGNORE_INDEX (NaN when
+    there is none, as F.cross_entropy), differentiable in x and W; chunk_rows overrides
+    the chunk size (tests)."""
+    if torch.is_autocast_enabled(x_NH.device.type):
+        dt = torch.get_autocast_dtype(x_NH.device.type)
+        x_NH, W_VH = x_NH.to(dt), W_VH.to(dt)
+    elif W_VH.dtype != x_NH.dtype:
+        raise ValueError(f"x is {x_NH.dtype} and W {W_VH.dtype}: give them one dtype")
+    if x_NH.ndim != 2 or W_VH.ndim != 2 or x_NH.shape[1] != W_VH.shape[1] \
+            or targets_N.shape != x_NH.shape[:1]:
+        raise ValueError(f"x (N, H), W (V, H) and targets (N,) expected, got "
+                         f"{tuple(x_NH.shape)}, {tuple(W_VH.shape)}, {tuple(targets_N.shape)}")
+    rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, W_VH.shape[0]))
+    with torch.autocast(x_NH.device.type, enabled=False):
+        return _LinearCrossEntropy.apply(x_NH, W_VH, targets_N, rows)
+
+
+def _chunks(n: int, rows: int):
+    return ((i, min(i + rows, n)) for i in range(0, n, rows))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_NH, W_VH, targets_N, rows):
+        N = x_NH.shape[0]
+        lse_N = torch.empty(N, dtype=torch.float32, device=x_NH.device)
+        total = torch.zeros((), dtype=torch.float32, device=x_NH.device)
+        valid_N = targets_N != IGNORE_INDEX
+        for a, b in _chunks(N, rows):
+            logits_CV = F.linear(x_NH[a:b], W_VH).float()
+            lse_N[a:b] = torch.logsumexp(logits_CV, dim=1)
+            t_C = targets_N[a:b].clamp(min=0).long()
+            picked_C = logits_CV.gather(1, t_C[:, None])[:, 0]
+            total += torch.where(valid_N[a:b], lse_N[a:b] - picked_C, 0.0).sum()
+        count = valid_N.sum()
+        ctx.save_for_backward(x_NH, W_VH, targets_N, lse_N, count)
+        ctx.rows = rows
+        return total / count
+
+    @staticmethod
+    def backward(ctx, dloss):
+        x_NH, W_VH, targets_N, lse_N, count = ctx.saved_tensors
+        scale = (dloss.float() / count).to(torch.float32)
+        dx_NH = torch.empty_like(x_NH) if ctx.needs_input_grad[0] else None
+        dW_VH = torch.zeros(W_VH.shape, dtype=torch.float32, device=W_VH.device) \
+            if ctx.needs_input_grad[1] else None
+        for a, b in _chunks(x_NH.shape[0], ctx.rows):
+            d_CV = F.linear(x_NH[a:b], W_VH).float()
+            d_CV.sub_(lse_N[a:b, None]).exp_()                       # p
+            t_C = targets_N[a:b]
+            valid_C = t_C != IGNORE_INDEX
+            d_CV.scatter_add_(1, t_C.clamp(min=0).long()[:, None],
+                              -valid_C.float()[:, None])             # p − onehot
+            d_CV.mul_(torch.where(valid_C, scale, 0.0)[:, None])
+            d_CV = d_CV.to(x_NH.dtype)
+            if dx_NH is not None:
+                dx_NH[a:b] = d_CV @ W_VH
+            if dW_VH is not None:
+                dW_VH += (d_CV.T @ x_NH[a:b]).float()
+        return dx_NH, None if dW_VH is None else dW_VH.to(W_VH.dtype), None, None
