@@ -124,6 +124,7 @@ class LMTrainer:
                              options=footprint.shrink_options(cfg, self.dev, world))
         with torch.device(self.dev):   # a CPU core takes over a minute for 7.9B weights
             self.model = Transformer(self.model_config)
+        self.model.fuse_head_and_loss(cfg.train.fused_loss)
         self._pending = None        # a checkpoint's optimizer and scheduler, once they exist
         self.amp = autocast_dtype(self.dev) if cfg.train.autocast else None
         self.flops_per_token = self.model_config.training_flops_per_token(cfg.model.seq_len)
@@ -137,7 +138,6 @@ class LMTrainer:
         t, o, par = self.cfg.train, self.cfg.optim, self.cfg.parallel
         self.graphs = self.compile_mode in plan.CUDA_GRAPH_MODES and self.dev.type == "cuda"
         self.experts = expert_plan.ExpertPlan(self.info, par.expert) if par.expert > 1 else None
-        self.model.fuse_head_and_loss(t.fused_loss)
         self.ddp_model = plan.parallelize(
             self.model, self.info, data=par.data, experts=self.experts, mode=self.compile_mode,
             compile_scope=t.compile_scope if t.compile else None, bucket_mb=par.bucket_mb,
@@ -478,9 +478,8 @@ class LMTrainer:
 
 
 def train(cfg: RunConfig, *, resume: bool = False, force: bool = False, echo=None) -> dict:
-    """Run one pretraining job (joining torchrun's process group when launched by it).
-    A run directory that already holds a run needs resume (continue it) or force (delete
-    it and start over)."""
+    """Run one pretraining job (joining torchrun's process group when launched by it). A
+    run directory already holding a run needs resume (continue it) or force (start over)."""
     if resume and force:
         raise ValueError("give --resume (continue the run) or --force (start it over), not both")
     precision = torch.get_float32_matmul_precision()
