@@ -71,7 +71,7 @@ def test_sweep_with_force_replaces_the_earlier_sweep(capsys, tmp_path, monkeypat
                 exact_match=cfg.seed / 10, hnorm=[0.5], history=[{"loss": 1.0,
                                                                    "exact_match": 0.0}])
 
-        def advance(self):
+        def advance(self, stop=None):
             pass
 
         def settle(self):

@@ -22,7 +22,7 @@ class Instant:
 
     def __init__(self, model_cfg, cfg, lr, *, name, calibration=None, **kw):
         Instant.built.append(name)
-        self.done, self.total = False, cfg.planned_steps()
+        self.cfg, self.done, self.total = cfg, False, cfg.planned_steps()
         self.step = type("S", (), {"steps": 0})()
         reached = cfg.size <= self.CAP.get(model_cfg.moe.experts, 0)
         em = 0.95 if reached else 0.2
@@ -34,7 +34,7 @@ class Instant:
             history=[{"step": 1, "epoch": 1.0, "loss": 1.0 - lr, "exact_match": em,
                       "hnorm": [0.9] * 6}], step_mode="eager")
 
-    def advance(self):
+    def advance(self, stop=None):
         self.step.steps = self.total
 
     def settle(self):
@@ -79,7 +79,7 @@ class Endless(Instant):
     """Instant below the capacity and in calibration; above it, a run that never ends and
     stops the command as a SIGTERM would (once it has started)."""
 
-    def advance(self):
+    def advance(self, stop=None):
         if not self.ends():
             os.kill(os.getpid(), signal.SIGTERM)
 

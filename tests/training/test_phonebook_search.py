@@ -100,7 +100,7 @@ class FakeTrainer:
         self.step = type("S", (), {"steps": 0})()
         self.run = type("R", (), {"resumed_at": 0})()
 
-    def advance(self):
+    def advance(self, stop=None):
         self.step.steps = self.total
 
     def settle(self):

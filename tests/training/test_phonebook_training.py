@@ -35,7 +35,7 @@ def test_calibration_picks_the_best_char_accuracy(monkeypatch):
                 name="x", model={}, train={}, lr=lr, params_total=0, flops_inference=0,
                 flops_training=0, char_accuracy=acc[lr])
 
-        def advance(self):
+        def advance(self, stop=None):
             pass
 
         def settle(self):
