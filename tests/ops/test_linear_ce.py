@@ -1,6 +1,7 @@
 """The head and the loss in chunks (ops/linear_ce.py) against the unfused path: the same loss
-and gradients, in fp32 to fp32's reduction tolerance and in bf16 to bf16's, at odd sizes,
-with ignored targets, chunks of a few rows, and under autocast."""
+and gradients, in fp32 to fp32's reduction tolerance and in bf16 to bf16's, at odd sizes
+(a vocabulary padded to 64 rows, or not), with ignored targets, chunks of a few rows, and
+under autocast."""
 import pytest
 import torch
 
@@ -26,8 +27,9 @@ def _loss_and_grads(fn, x, W, t, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk_rows", [None, 1, 3, 16])
-def test_chunks_give_the_unfused_loss_and_gradients(dtype, chunk_rows):
-    x, W, t = _inputs(dtype=dtype)
+@pytest.mark.parametrize("V", [53, 64])         # W padded to 64 rows, or already a multiple
+def test_chunks_give_the_unfused_loss_and_gradients(dtype, chunk_rows, V):
+    x, W, t = _inputs(V=V, dtype=dtype)
     want = _loss_and_grads(linear_cross_entropy_ref, x, W, t)
     got = _loss_and_grads(linear_cross_entropy, x, W, t, chunk_rows=chunk_rows)
     # a row's loss sums H products and V exponentials; dW also sums over the N rows

@@ -2,7 +2,8 @@
 targets, without the (N, V) logits in memory. Rows go through in chunks of at most
 CHUNK_ELEMENTS logits: the forward keeps each row's log-sum-exp (N,) only, the backward
 forms each chunk's logits again, turns them into p − onehot in place and multiplies them
-into dx (N, H) and dW (V, H).
+into dx (N, H) and dW (V, H). W's rows are padded with zeros to a multiple of PAD_ROWS (the
+padded logits are −inf: no probability, no gradient).
 
 The logits are formed as the head forms them today (``x @ Wᵀ`` in the inputs' dtype, the
 autocast dtype under autocast: bf16 logits, fp32 accumulation in the GEMM) and the loss is
@@ -10,7 +11,7 @@ computed on them in fp32 (``model.transformer.lm_loss``): the same loss, and gra
 within bf16's rounding of the unfused path's. ``linear_cross_entropy_ref`` is that unfused
 path, the reference of the tests.
 
-Legend: N rows (tokens), H hidden, V vocabulary, C rows of a chunk.
+Legend: N rows (tokens), H hidden, V vocabulary, P = V padded, C rows of a chunk.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from torch import Tensor
 
 IGNORE_INDEX = -100
 CHUNK_ELEMENTS = 1 << 24        # logits of a chunk: 64 MiB in fp32
+PAD_ROWS = 64                   # W's rows padded to a multiple of this (model.padded_linear's
+                                # reason: V = 50,257 leaves the logits' rows unaligned, and
+                                # cuBLAS falls back to slow kernels)
 
 
 def linear_cross_entropy_ref(x_NH: Tensor, W_VH: Tensor, targets_N: Tensor) -> Tensor:
@@ -42,43 +46,52 @@ def linear_cross_entropy(x_NH: Tensor, W_VH: Tensor, targets_N: Tensor, *,
             or targets_N.shape != x_NH.shape[:1]:
         raise ValueError(f"x (N, H), W (V, H) and targets (N,) expected, got "
                          f"{tuple(x_NH.shape)}, {tuple(W_VH.shape)}, {tuple(targets_N.shape)}")
-    rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, W_VH.shape[0]))
+    V = W_VH.shape[0]
+    rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, V))
+    W_PH = F.pad(W_VH, (0, 0, 0, -V % PAD_ROWS))          # P = V rounded up; zeros, masked
     with torch.autocast(x_NH.device.type, enabled=False):
-        return _LinearCrossEntropy.apply(x_NH, W_VH, targets_N, rows)
+        return _LinearCrossEntropy.apply(x_NH, W_PH, targets_N, rows, V)
 
 
 def _chunks(n: int, rows: int):
     return ((i, min(i + rows, n)) for i in range(0, n, rows))
 
 
+def _logits(x_CH: Tensor, W_PH: Tensor, V: int) -> Tensor:
+    """(C, P) fp32 logits of a chunk, the padded columns -inf."""
+    logits_CP = F.linear(x_CH, W_PH).float()
+    logits_CP[:, V:] = float("-inf")
+    return logits_CP
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_NH, W_VH, targets_N, rows):
+    def forward(ctx, x_NH, W_PH, targets_N, rows, V):
         N = x_NH.shape[0]
         lse_N = torch.empty(N, dtype=torch.float32, device=x_NH.device)
         total = torch.zeros((), dtype=torch.float32, device=x_NH.device)
         valid_N = targets_N != IGNORE_INDEX
         for a, b in _chunks(N, rows):
-            logits_CV = F.linear(x_NH[a:b], W_VH).float()
+            logits_CV = _logits(x_NH[a:b], W_PH, V)
             lse_N[a:b] = torch.logsumexp(logits_CV, dim=1)
             t_C = targets_N[a:b].clamp(min=0).long()
             picked_C = logits_CV.gather(1, t_C[:, None])[:, 0]
             total += torch.where(valid_N[a:b], lse_N[a:b] - picked_C, 0.0).sum()
         count = valid_N.sum()
-        ctx.save_for_backward(x_NH, W_VH, targets_N, lse_N, count)
-        ctx.rows = rows
+        ctx.save_for_backward(x_NH, W_PH, targets_N, lse_N, count)
+        ctx.rows, ctx.V = rows, V
         return total / count
 
     @staticmethod
     def backward(ctx, dloss):
-        x_NH, W_VH, targets_N, lse_N, count = ctx.saved_tensors
+        x_NH, W_VH, targets_N, lse_N, count = ctx.saved_tensors     # W padded: (P, H)
         scale = (dloss.float() / count).to(torch.float32)
         dx_NH = torch.empty_like(x_NH) if ctx.needs_input_grad[0] else None
         dW_VH = torch.zeros(W_VH.shape, dtype=torch.float32, device=W_VH.device) \
             if ctx.needs_input_grad[1] else None
         for a, b in _chunks(x_NH.shape[0], ctx.rows):
-            d_CV = F.linear(x_NH[a:b], W_VH).float()
-            d_CV.sub_(lse_N[a:b, None]).exp_()                       # p
+            d_CV = _logits(x_NH[a:b], W_VH, ctx.V)
+            d_CV.sub_(lse_N[a:b, None]).exp_()                       # p (0 where padded)
             t_C = targets_N[a:b]
             valid_C = t_C != IGNORE_INDEX
             d_CV.scatter_add_(1, t_C.clamp(min=0).long()[:, None],
@@ -89,4 +102,4 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 dx_NH[a:b] = d_CV @ W_VH
             if dW_VH is not None:
                 dW_VH += (d_CV.T @ x_NH[a:b]).float()
-        return dx_NH, None if dW_VH is None else dW_VH.to(W_VH.dtype), None, None
+        return dx_NH, None if dW_VH is None else dW_VH.to(W_VH.dtype), None, None, None
