@@ -9,7 +9,7 @@
 #                     allows: what a user installing today gets
 #   make test-lowest  the suite in a fresh .venv-lowest with every dependency at its lower bound
 #   make lock         regenerate requirements/lock-cpu.txt from the newest allowed versions
-#   make test-demo    the demo's conclusion on 3 seeds at 1 and 2 threads (about 12 minutes)
+#   make test-demo    the demo's conclusion on 3 seeds at 1 and 2 threads (13-21 minutes)
 #   make test-gpu     on a machine with a CUDA GPU and torch installed (no .venv): every test
 #                     marked gpu that needs one GPU, in one pytest run (7 minutes on an H200)
 #   make test-gpu-multi  the tests that need 2 GPUs (skipped with fewer), in one run; each
