@@ -85,7 +85,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dloss):
         x_NH, W_VH, targets_N, lse_N, count = ctx.saved_tensors     # W padded: (P, H)
-        scale = (dloss.float() / count).to(torch.float32)
+        scale = dloss.float() / count
         dx_NH = torch.empty_like(x_NH) if ctx.needs_input_grad[0] else None
         dW_VH = torch.zeros(W_VH.shape, dtype=torch.float32, device=W_VH.device) \
             if ctx.needs_input_grad[1] else None

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..runtime import in_graph
 from . import route_exact as exact
+from .dispatch import needs_grad
 
 CHUNK_BYTES = 1 << 28      # the gathered expert weights at a time on the traceable path
 
@@ -47,13 +48,17 @@ def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor,
 
 
 def lowrank_z(x_NH: torch.Tensor, R2_RH: torch.Tensor) -> torch.Tensor:
-    """z = x R2ᵀ in x's dtype: fp32 sums, rounded as the exact products round (eagerly; under
-    torch.compile or a capture, as the fp32 sums round)."""
+    """z = x R2ᵀ in x's dtype, rounded as the exact products round (eagerly; under
+    torch.compile or a capture, as the fp32 sums round); its gradient is the fp32 product's
+    (rounding passes gradients through unchanged)."""
     dt = _acc_dtype(x_NH.dtype)
-    z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt))
-    if x_NH.dtype in (torch.bfloat16, torch.float16) and not in_graph():
-        return exact.round_z(x_NH, R2_RH, z_NR)
-    return z_NR.to(x_NH.dtype)
+    if x_NH.dtype not in (torch.bfloat16, torch.float16) or in_graph():
+        return F.linear(x_NH.to(dt), R2_RH.to(dt)).to(x_NH.dtype)
+    zr_NR = exact.round_z(x_NH, R2_RH)
+    if not needs_grad(x_NH, R2_RH):
+        return zr_NR
+    z_NR = F.linear(x_NH.to(dt), R2_RH.to(dt)).to(x_NH.dtype)     # the gradient's path
+    return z_NR + (zr_NR - z_NR.detach())
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -179,10 +184,7 @@ def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False):
     logits_NM = router_logits_linear(x_NH, W_MH)
 
     def settle():          # the fp32 logits' error bound, and the rows' fp64 logits
-        with torch.no_grad():
-            bound = exact.dot_bound(x_NH.shape[1], x_NH.float().norm(dim=1),
-                                    W_MH.float().norm(dim=1).max())
-        return bound, lambda rows: x_NH[rows].detach().double() @ W_MH.detach().double().T
+        return exact.settle_fp64(x_NH, W_MH, lambda rows: x_NH[rows].detach().double())
     return _route(logits_NM, k, with_psum, settle)
 
 
@@ -193,17 +195,13 @@ def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False):
     logits_NM = F.linear(z_NR.to(dt), R1_MR.to(dt))
 
     def settle():
-        with torch.no_grad():
-            r, r1_max = R1_MR.shape[1], R1_MR.float().norm(dim=1).max()
-            bound = exact.dot_bound(r, z_NR.float().norm(dim=1), r1_max)
-            if x_NH.dtype == torch.float32:     # z is itself an fp32 sum, kept unrounded
-                bound = bound + exact.dot_bound(
-                    x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm() * r1_max)
-        if x_NH.dtype == torch.float32:
-            return bound, lambda rows: ((x_NH[rows].detach().double()
-                                           @ R2_RH.detach().double().T)
-                                          @ R1_MR.detach().double().T)
-        return bound, lambda rows: z_NR[rows].detach().double() @ R1_MR.detach().double().T
+        if x_NH.dtype != torch.float32:         # z rounded to x's dtype: exact as it is
+            return exact.settle_fp64(z_NR, R1_MR, lambda rows: z_NR[rows].detach().double())
+        with torch.no_grad():                   # z is itself an fp32 sum, kept unrounded
+            err_N = exact.dot_bound(x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm())
+        return exact.settle_fp64(z_NR, R1_MR, lambda rows: (x_NH[rows].detach().double()
+                                                            @ R2_RH.detach().double().T),
+                                 err_N)
     return _route(logits_NM, k, with_psum, settle)
 
 

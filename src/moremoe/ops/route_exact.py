@@ -33,18 +33,12 @@ def dot_bound(n: int, a_norm_N: torch.Tensor, w_norm: torch.Tensor | float) -> t
     return n * UNIT * a_norm_N * w_norm
 
 
-def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor, z32_NR: torch.Tensor) -> torch.Tensor:
-    """z32 (fp32 sums of x R2ᵀ, with autograd) rounded to x's dtype as the exact products
-    round: the value is the fp64 product rounded once (round_once), the gradient z32's
-    (rounding passes gradients through unchanged). One extra (N, h) x (h, r) product in
-    fp64 and a few elementwise operations, whatever the data: no data-dependent work."""
-    zr_NR = z32_NR.to(x_NH.dtype)
-    if not zr_NR.numel():
-        return zr_NR
+def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor) -> torch.Tensor:
+    """z = x R2ᵀ in x's dtype (bf16 / fp16) as the exact products round: the fp64 product
+    rounded once (round_once), without autograd. One (N, h) x (h, r) product in fp64 and a
+    few elementwise operations, whatever the data: no data-dependent work."""
     with torch.no_grad():
-        z64_NR = x_NH.detach().double() @ R2_RH.detach().double().T
-        fix_NR = round_once(z64_NR, x_NH.dtype) - zr_NR.detach()
-    return zr_NR + fix_NR
+        return round_once(x_NH.double() @ R2_RH.double().T, x_NH.dtype)
 
 
 def round_once(z64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -53,12 +47,25 @@ def round_once(z64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     midpoint of dtype that the fp64 value is not on: those go to the neighbour on the fp64
     value's side."""
     z32 = z64.float()
-    zr = z32.to(dtype)
-    a = zr.float()
+    a = z32.to(dtype).float()
     b = (2 * z32 - a).to(dtype).float()     # the other neighbour, when z32 is their midpoint
-    mid = (b != a) & (b - z32 == z32 - a) & (z64 != z32.double())
-    side = torch.where(z64 > z32.double(), torch.maximum(a, b), torch.minimum(a, b))
+    back = z32.double()
+    mid = (b != a) & (b - z32 == z32 - a) & (z64 != back)
+    side = torch.where(z64 > back, torch.maximum(a, b), torch.minimum(a, b))
     return torch.where(mid, side, a).to(dtype)
+
+
+def settle_fp64(a_NR: torch.Tensor, w_MR: torch.Tensor, a64_rows, err_N=None):
+    """(bound, rows -> fp64 logits) for select_topk's settle, for logits a wᵀ summed in
+    fp32: the per-row bound R 2^-22 ‖a_n‖ max‖w_m‖, plus err_N max‖w_m‖ where a is itself
+    an fp32 sum within err_N (‖a_n − exact a_n‖₂) of the exact one; a64_rows(rows) gives
+    those rows of a in fp64 (the exact one's)."""
+    with torch.no_grad():
+        w_max = w_MR.detach().float().norm(dim=1).max()
+        bound = dot_bound(a_NR.shape[1], a_NR.detach().float().norm(dim=1), w_max)
+        if err_N is not None:
+            bound = bound + err_N * w_max
+    return bound, lambda rows: a64_rows(rows) @ w_MR.detach().double().T
 
 
 def doubtful_rows(key_NK1: torch.Tensor, bound) -> torch.Tensor:

@@ -61,19 +61,14 @@ def exact_inputs(x_NH: Tensor, R2_RH: Tensor | None):
     autograd; exact = (a64, err) for ``shard_topk`` / ``shard_select``: a in fp64 from x
     (z's exact product for fp32 inputs) and a bound on ‖a − a64‖₂ per row (fp32 z's own
     sum) or None; exact is None for fp64 inputs (their sums decide as they are)."""
-    if R2_RH is None:
-        a = x_NH
-        a64, err = x_NH.detach().double(), None
-    else:
-        a = ref.lowrank_z(x_NH, R2_RH)
-        with torch.no_grad():
-            if x_NH.dtype == torch.float32:
-                a64 = x_NH.double() @ R2_RH.detach().double().T
-                err = route_exact.dot_bound(x_NH.shape[1], x_NH.norm(dim=1),
-                                            R2_RH.detach().float().norm())
-            else:
-                a64, err = a.detach().double(), None
-    return a, (None if x_NH.dtype == torch.float64 else (a64, err))
+    a = x_NH if R2_RH is None else ref.lowrank_z(x_NH, R2_RH)
+    if x_NH.dtype == torch.float64:
+        return a, None
+    with torch.no_grad():
+        if R2_RH is None or x_NH.dtype != torch.float32:    # x, or z rounded: exact as given
+            return a, (a.double(), None)
+        err_N = route_exact.dot_bound(x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm())
+        return a, (x_NH.double() @ R2_RH.double().T, err_N)
 
 
 def _select_ref(a_NR, w_MR, k: int, exact):
@@ -84,18 +79,9 @@ def _select_ref(a_NR, w_MR, k: int, exact):
     if exact is None:
         return (logits_NM, *ref.select_topk(logits_NM, k), None)
     a64_NR, err_N = exact
-    w64_MR = w_MR.detach().double()
-
-    def settle():
-        with torch.no_grad():
-            w_max = w_MR.detach().float().norm(dim=1).max()
-            bound = route_exact.dot_bound(a_NR.shape[1], a_NR.detach().float().norm(dim=1),
-                                          w_max)
-            if err_N is not None:
-                bound = bound + err_N * w_max
-        return bound, lambda rows: a64_NR[rows] @ w64_MR.T
-    val, idx = ref.select_topk(logits_NM, k, settle=settle)
-    keys = torch.einsum("nr,nkr->nk", a64_NR, w64_MR[idx.long()])
+    val, idx = ref.select_topk(logits_NM, k, settle=lambda: route_exact.settle_fp64(
+        a_NR, w_MR, lambda rows: a64_NR[rows], err_N))
+    keys = torch.einsum("nr,nkr->nk", a64_NR, w_MR.detach().double()[idx.long()])
     keys = torch.where(torch.isfinite(val.detach()), keys, float("-inf"))   # the fillers
     return logits_NM, val, idx, keys
 
