@@ -119,6 +119,28 @@ def test_a_stopped_search_reports_what_it_measured(capsys, tmp_path, monkeypatch
     assert ">= 30,000" in capacity_table(last[:1]) and ">=" not in capacity_table(last[1:])
 
 
+def test_rank_searches_chosen_and_the_start_alone_first(capsys, tmp_path, instant):
+    """--ranks picks the rank figure's searches; --ahead 0 trains the start (100K) alone: a
+    192-expert model fails it here, so no larger size is ever trained."""
+    out = tmp_path / "r"
+    assert main(["phonebook", "reproduce", "--points", "rank", "--ranks", "moe,4", "--ahead",
+                 "0", "--out", str(out), "--device", "cpu", "--no-progress", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in report["searches"]] == ["rank MoE-192", "rank r=4 MoRE-192"]
+    sizes = {t["train"]["size"] for s in report["searches"] for t in s["trials"]}
+    assert 100_000 in sizes and max(sizes) == 100_000 and 30_000 in sizes
+    assert (out / "rank.png").stat().st_size > 0
+
+
+def test_the_rank_figure_takes_the_h128_dot_for_r16_and_draws_lower_bounds(tmp_path):
+    from moremoe.cli.phonebook_plots import plot_rank_figure
+    row = {"point": "h128-s8", "arch": "more", "experts": 192, "rank": 16, "capacity": 100_000,
+           "unfinished": True, "history_at_capacity": []}
+    moe = {**row, "point": "rank", "arch": "moe", "rank": None, "unfinished": False,
+           "history_at_capacity": [{"step": 1, "hnorm": [0.9, 0.8]}]}
+    assert plot_rank_figure([row, moe], tmp_path / "rank.png").stat().st_size > 0
+
+
 def test_reproduce_one_arm(capsys, tmp_path, instant):
     assert main(["phonebook", "reproduce", "--points", "h64-s8", "--arch", "more", "--out",
                  str(tmp_path), "--device", "cpu", "--no-progress", "--json"]) == 0
@@ -137,6 +159,10 @@ def test_reproduce_one_arm(capsys, tmp_path, instant):
                                    r"capacity rows file; give another file"),
     (["--rows", "{tmp}/ep.jsonl"], r"--rows \S+/ep.jsonl: 1 of its 1 rows \(the first: row 1\) "
                                    r"are not rows of `phonebook reproduce`; give another file"),
+    (["--points", "h64-s8", "--ranks", "4"], r"--ranks chooses among the rank point's "
+                                             r"searches: add rank to --points, or drop --ranks"),
+    (["--points", "rank", "--ranks", "4,12"], r"argument --ranks: expected ranks among moe, 4, "
+                                              r"8, 16, 32, got '4,12'"),
     (["--jobs", "2", "--device", "cpu"], r"--jobs 2 spreads the runs over GPUs, but --device "
                                          r"cpu names one device; use --device auto or cuda"),
 ])

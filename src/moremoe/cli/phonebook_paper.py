@@ -25,6 +25,18 @@ def _points(text: str) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def _ranks(text: str) -> list:
+    import argparse
+    from ..training.phonebook_paper import RANKS
+    known = ["moe", *map(str, RANKS)]
+    keys = [k.strip().lower() for k in text.split(",") if k.strip()]
+    bad = [k for k in keys if k not in known]
+    if bad or not keys:
+        raise argparse.ArgumentTypeError(f"expected ranks among {', '.join(known)}, got "
+                                         f"{text!r}")
+    return [k if k == "moe" else int(k) for k in dict.fromkeys(keys)]
+
+
 def _train_config(args):
     from ..training.phonebook import PhonebookTrainConfig
     return PhonebookTrainConfig(size=args.grid[0], seed=args.seed, max_epochs=args.max_epochs,
@@ -86,10 +98,14 @@ def cmd_phonebook_reproduce(args) -> int:
     from .phonebook_plots import plot_rank_figure, plot_reproduction
     json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce")
     rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
+    if args.ranks is not None and "rank" not in args.points:
+        raise ValueError("--ranks chooses among the rank point's searches: add rank to "
+                         "--points, or drop --ranks")
     if args.rows is not None:
         _check_rows_file(Path(args.rows))
     cfg = _train_config(args)
-    found = [s for s in paper.searches(args.points) if args.arch in ("both", s.arch)]
+    found = [s for s in paper.searches(args.points, args.ranks)
+             if args.arch in ("both", s.arch)]
     partial = {}
     report = {"command": "phonebook reproduce", "points": args.points, "arch": args.arch,
               "grid": args.grid,
@@ -117,7 +133,8 @@ def cmd_phonebook_reproduce(args) -> int:
         plot_reproduction(report["rows"], png_path)
         if "rank" in args.points:
             plot_rank_figure(report["rows"], rank_png)
-    ex = execute(args, paper.plans(found, args.grid, cfg, noted), json_path, report, render)
+    ex = execute(args, paper.plans(found, args.grid, cfg, noted, ahead=args.ahead), json_path,
+                 report, render)
     if args.rows is not None:
         report["rows_appended"] = _append_rows(Path(args.rows), report["rows"])
     lines = [[s["name"], f"{s['paper']:,}" if s["paper"] else "-",
@@ -152,6 +169,14 @@ def add_reproduce_parser(psub) -> None:
                         f"{','.join(DEFAULT_POINTS)})")
     p.add_argument("--arch", choices=("moe", "more", "both"), default="both",
                    help="the MoE searches, the MoRE ones, or both (default)")
+    p.add_argument("--ranks", type=_ranks, default=None,
+                   help="with the rank point, which of its searches: moe and ranks among "
+                        "4, 8, 16, 32 (default all; r = 16 is the h128-s8 dot's MoRE-192, and "
+                        "the rank figure takes that row when the rank point has none)")
+    p.add_argument("--ahead", type=int, choices=(0, 1, 2), default=1,
+                   help="sizes above the start trained at the same time as it (default 1: "
+                        "the next size up; 0 trains the start alone first, which gives each "
+                        "run more of the GPU when the device time is short)")
     p.add_argument("--grid", type=_int_list, default=list(PAPER_GRID),
                    help="phonebook sizes (default: the paper's reported capacities and 3,000)")
     p.add_argument("--seed", type=_seed, default=0, help="phonebook, init and data-order seed")

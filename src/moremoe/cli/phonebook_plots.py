@@ -57,18 +57,34 @@ def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
     from ..training.phonebook_paper import RANK_START
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    rank = [r for r in rows if r["point"] == "rank" and not r.get("unfinished")]
-    more = sorted((r["rank"], r["capacity"]) for r in rank if r["arch"] == "more"
-                  and r["capacity"])
+    # a stopped search's row is a lower bound (up-triangle); a finished one replaces it
+    rank = [r for r in rows if r["point"] == "rank"]
+    if not any(r["arch"] == "more" and r["rank"] == 16 for r in rank):
+        # r = 16 is the h = 128, s = 8 dot's MoRE-192: the same model, protocol and start
+        rank += [r for r in rows if r["point"] == "h128-s8" and r["arch"] == "more"
+                 and r["experts"] == 192 and r["rank"] == 16]
+    done = {(r["arch"], r["rank"]) for r in rank if not r.get("unfinished")}
+    rank = [r for r in rank if not r.get("unfinished") or (r["arch"], r["rank"]) not in done]
+    more = sorted((r["rank"], r["capacity"], bool(r.get("unfinished"))) for r in rank
+                  if r["arch"] == "more" and r["capacity"])
     if more:
-        axes[0].plot(*zip(*more), marker="o", color=COLORS["more"], label="MoRE-192, moremoe")
-    moe = next((r for r in rank if r["arch"] == "moe"), None)
-    if moe is not None and moe["capacity"]:
+        axes[0].plot([m[0] for m in more], [m[1] for m in more], color=COLORS["more"],
+                     label="MoRE-192, moremoe")
+        for marker, low in (("o", False), ("^", True)):
+            pts = [m[:2] for m in more if m[2] == low]
+            if pts:
+                axes[0].plot(*zip(*pts), marker=marker, linestyle="none", color=COLORS["more"],
+                             label="lower bound (search stopped)" if low else None)
+    moe = next((r for r in rank if r["arch"] == "moe" and r["capacity"]), None)
+    if moe is not None:
         axes[0].axhline(moe["capacity"], color=COLORS["moe"], linestyle="--",
-                        label="MoE-192, moremoe")
+                        label="MoE-192, moremoe" + (" (lower bound)" if moe.get("unfinished")
+                                                     else ""))
     axes[0].plot([16], [RANK_START], marker="o", markerfacecolor="none", linestyle="none",
                  color=COLORS["more"], label="paper (r = 16: 100K; matches the MoE)")
     axes[0].set_xscale("log", base=2)
+    ys = [RANK_START, *(m[1] for m in more), *([moe["capacity"]] if moe else [])]
+    axes[0].set_ylim(min(ys) / 3, max(ys) * 3)
     axes[0].set_yscale("log")
     axes[0].set_xlabel("router rank r")
     axes[0].set_ylabel("largest phonebook memorised")

@@ -85,12 +85,15 @@ class Search:
     paper: int | None       # the paper's capacity (None: the paper gives no number)
 
 
-def searches(points) -> list[Search]:
-    """The searches of the given points ("rank" for the rank figure), in that order."""
+def searches(points, ranks=None) -> list[Search]:
+    """The searches of the given points ("rank" for the rank figure: those of `ranks`, "moe"
+    and ranks among RANKS, default all), in that order."""
     out = []
     for key in points:
         if key == "rank":
             for r, model in rank_models().items():
+                if ranks is not None and r not in ranks:
+                    continue
                 arch = "moe" if r == "moe" else "more"
                 label = "MoE-192" if r == "moe" else f"r={r} MoRE-192"
                 out.append(Search(f"rank {label}", "rank", arch, model, RANK_START,
@@ -103,10 +106,13 @@ def searches(points) -> list[Search]:
     return out
 
 
-def plans(found: list[Search], grid, cfg: PhonebookTrainConfig, on_trial=None) -> dict:
-    """{search name: capacity plan} starting at the paper's value."""
+def plans(found: list[Search], grid, cfg: PhonebookTrainConfig, on_trial=None,
+          ahead: int = 1) -> dict:
+    """{search name: capacity plan} starting at the paper's value, with the `ahead` next
+    sizes up at once."""
     return {s.name: capacity(s.model, grid, cfg, name=s.name, start=s.start,
-                             on_trial=None if on_trial is None else on_trial(s.name))
+                             on_trial=None if on_trial is None else on_trial(s.name),
+                             ahead=ahead)
             for s in found}
 
 

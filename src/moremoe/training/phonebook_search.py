@@ -131,11 +131,11 @@ def unfinished(name: str, partial: dict | None, running: list) -> dict:
 
 
 def capacity(model: TransformerConfig, sizes, cfg: PhonebookTrainConfig, *, name: str,
-             start: int | None = None, on_trial=None) -> Plan:
+             start: int | None = None, on_trial=None, ahead: int = 1) -> Plan:
     """The largest size on the grid whose trial reaches the threshold (None: none does).
     Without start, a binary search; with start (a size, taken to the nearest grid point),
-    the start and the next size up at once, then one point at a time until bracketed.
-    on_trial(result) after each round (the caller's report)."""
+    the start and the `ahead` next sizes up at once, then one point at a time until
+    bracketed. on_trial(result) after each round (the caller's report)."""
     grid = sorted(set(int(s) for s in sizes))
     if not grid or grid[0] < 1:
         raise ValueError(f"sizes must be positive integers, got {sizes!r}")
@@ -143,7 +143,7 @@ def capacity(model: TransformerConfig, sizes, cfg: PhonebookTrainConfig, *, name
     lo, hi, picks = 0, len(grid) - 1, None
     if start is not None:
         s = min(range(len(grid)), key=lambda i: abs(grid[i] - start))
-        picks = [s, s + 1][:len(grid) - s]
+        picks = list(range(s, min(len(grid), s + 1 + ahead)))
     while lo <= hi:
         picks = picks or [(lo + hi) // 2]
         records = yield from parallel(*(trial(model, replace(cfg, size=grid[i]),
