@@ -5,6 +5,7 @@ it. The paper's point: N = 262,144 tokens, h = 512, M = 8,192, r = 64, k = 4, bf
 import pytest
 import torch
 
+from gpu_share import others_on_this_gpu, skip_timing_if_shared
 from moremoe.ops import reference as ref
 
 pytestmark = [pytest.mark.gpu,
@@ -27,6 +28,7 @@ def _inputs(N=262144, h=512, M=8192, r=64):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_reference_selection_costs_about_one_topk(dtype, k):
+    skip_timing_if_shared()
     x, R1, R2 = _inputs()
     logits = ((x @ R2.T) @ R1.T).to(dtype)
     del x
@@ -50,9 +52,10 @@ def test_reference_router_costs_about_the_plain_torch_router():
         return ref.topk_gates(val), val
 
     a, b = _ms(reference), _ms(plain)
+    shared = bool(others_on_this_gpu())
     print(f"\nreference router {a:.2f} ms, plain torch {b:.2f} ms, ratio {a / b:.2f} "
           f"({torch.cuda.get_device_name()})")
-    assert a <= 1.5 * b
+    assert shared or a <= 1.5 * b       # the timing only on a GPU of its own
     # the same k values, within fp32's error bound, in every row whose z rounds the same
     # (fp32 sums round onto the other side of a bf16 midpoint in a few elements)
     from moremoe.ops import route_exact as exact

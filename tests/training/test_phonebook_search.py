@@ -145,6 +145,10 @@ def test_a_stopped_search_resumes_from_its_checkpoints_exactly(tmp_path):
                        stop_after=0.3)
     assert stopped.run({"m": trial(model, cfg, "m")}) == {}
     assert stopped.stopped and stopped.report.stopped == ["m"]
+    [at] = stopped.report.stopped_at        # where it stopped, with its last evaluation
+    assert at["name"] == "m" and 0 < at["steps"] < at["total"]
+    seen = {h["epoch"]: h["exact_match"] for h in whole["history"]}
+    assert at["epoch"] == 0 or seen[at["epoch"]] == at["exact_match"]
     assert len(list((tmp_path / pool.CHECKPOINTS).glob("*.pt"))) == 1
     resumed = Executor(["cpu"], 1, tmp_path, progress=False)
     rec = resumed.run({"m": trial(model, cfg, "m")})["m"]

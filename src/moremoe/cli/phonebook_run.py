@@ -104,7 +104,7 @@ def execute(args, plans: dict, json_path: Path, report: dict, render):
             "devices": devs, "concurrent": slots, "step": args.step,
             "seconds": time.monotonic() - t0, "finished": len(results) == len(plans),
             "reused": ex.report.reused, "resumed": ex.report.resumed,
-            "stopped": ex.report.stopped}
+            "stopped": ex.report.stopped, "stopped_at": ex.report.stopped_at}
         write_json(json_path, report)
     ex.run(plans, on_change=update)
     update(ex.results)
@@ -129,4 +129,7 @@ def finish(args, ex, report: dict, text: str) -> int:
     print(f"stopped after {duration(run['seconds'])}: {len(run['stopped'])} run(s) "
           f"checkpointed in {Path(args.out or '.') / CHECKPOINTS}; the same command with "
           f"--resume continues", file=sys.stderr)
+    for r in run.get("stopped_at", []):
+        print(f"  {r['name']}: step {r['steps']:,} of {r['total']:,}, last evaluated at epoch "
+              f"{r['epoch']:,.0f} (exact match {r['exact_match']:.3f})", file=sys.stderr)
     return EXIT_STOPPED

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -283,6 +284,9 @@ class Transformer(nn.Module):
         their names are unchanged. moe=False: each block's norms and attention only, its
         feed-forward layer left eager (one that communicates with other ranks, whose
         collectives and host-side split sizes torch.compile would break its graph on)."""
+        # Inductor says so at every compile of a split log-softmax: nothing a user can act on
+        warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled",
+                                category=UserWarning)
         for block in self.blocks:
             parts = [block] if moe else [block.attn_norm, block.attn, block.moe_norm]
             for part in parts:

@@ -45,6 +45,7 @@ class Event:
     record: dict | None = None
     message: str = ""
     loss: float = float("nan")
+    epoch: float = 0.0
 
 
 class DevicePool:
@@ -113,7 +114,11 @@ class DevicePool:
                 self._drop(key)
             else:
                 self._save(key, trainer)
-                events.append(Event("stopped", key, trainer.step.steps, trainer.total))
+                last = trainer.run.history[-1] if trainer.run.history else {}
+                events.append(Event("stopped", key, trainer.step.steps, trainer.total,
+                                    last.get("exact_match", 0.0),
+                                    loss=last.get("loss", float("nan")),
+                                    epoch=last.get("epoch", 0.0)))
         self.active.clear()
         return events
 
@@ -234,6 +239,7 @@ class ExecutorReport:
     reused: list = field(default_factory=list)      # task names answered from the journal
     resumed: list = field(default_factory=list)     # (task name, step): from a checkpoint
     stopped: list = field(default_factory=list)     # task names checkpointed at a stop
+    stopped_at: list = field(default_factory=list)  # their last evaluations (a dict each)
 
 
 class Executor:
@@ -372,6 +378,9 @@ class Executor:
                 finish(ev.key, ev.record)
             else:
                 self.report.stopped.append(task.name)
+                self.report.stopped_at.append({"name": task.name, "steps": ev.steps,
+                                               "total": ev.total, "epoch": ev.epoch,
+                                               "exact_match": ev.exact_match})
 
     def _stop(self, backend, tasks, bars, finish) -> None:
         self.stopped = True
