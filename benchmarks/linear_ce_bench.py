@@ -29,7 +29,9 @@ H, V = 512, 50_257          # the presets' hidden size and the GPT-2 vocabulary
 def variants() -> dict:
     out = {"unfused (eager)": linear_cross_entropy_ref,
            "unfused (compiled)": torch.compile(linear_cross_entropy_ref),
-           "moremoe": linear_cross_entropy}
+           "moremoe": linear_cross_entropy,
+           "moremoe (chunks of 2^26 logits)": lambda x, w, t: linear_cross_entropy(
+               x, w, t, chunk_rows=(1 << 26) // V)}
     try:
         from liger_kernel.transformers.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyLoss)
@@ -46,7 +48,7 @@ def variants() -> dict:
     return out
 
 
-def measure(n: int, dev, ceil: dict) -> list[dict]:
+def measure(n: int, dev, ceil: dict, only=None) -> list[dict]:
     g = torch.Generator(device=dev).manual_seed(n)
     x = (torch.randn(n, H, device=dev, generator=g) * 0.5).bfloat16().requires_grad_()
     w = (torch.randn(V, H, device=dev, generator=g) * 0.02).bfloat16().requires_grad_()
@@ -59,6 +61,9 @@ def measure(n: int, dev, ceil: dict) -> list[dict]:
     floor = 1e3 * flops / ceil["bf16_flops_per_s"]
     rows = []
     for name, fn in variants().items():
+        if only and not any(name.startswith(o) for o in only):
+            continue
+
         def step():
             loss = fn(x, w, t)
             return (loss, *torch.autograd.grad(loss, (x, w)))
@@ -74,7 +79,7 @@ def measure(n: int, dev, ceil: dict) -> list[dict]:
             return float((a.float() - b).norm() / b.norm())
         rows.append({"bench": "linear_ce", "variant": name, "tokens": n, "hidden": H,
                      "vocab": V, "dtype": "bfloat16", "ms": ms, "floor_ms": floor,
-                     "peak_bytes": peak, "loss_abs_err": abs(float(loss) - float(ref)),
+                     "peak_bytes": peak, "loss_abs_err": abs(loss.item() - ref.item()),
                      "dx_rel_err": rel(dx, dx_ref), "dw_rel_err": rel(dw, dw_ref)})
         r = rows[-1]
         print(f"{n:>6} {name:<30} {ms:8.2f} ms  floor {floor:5.2f}  peak "
@@ -89,6 +94,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="JSON-lines file to append the rows to")
     p.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384])
+    p.add_argument("--only", nargs="+", default=None, help="variants to time (default all)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("linear_ce_bench: needs a CUDA GPU", file=sys.stderr)
@@ -100,7 +106,7 @@ def main(argv=None) -> int:
           f"{env['device']}")
     rows = []
     for n in args.tokens:
-        rows += measure(n, dev, ceil)
+        rows += measure(n, dev, ceil, args.only)
     with open(args.out, "a") as f:
         for r in rows:
             f.write(json.dumps({**r, **ceil, **env}) + "\n")

@@ -82,3 +82,20 @@ def test_the_model_fuses_its_head_and_loss_in_training_only():
     torch.testing.assert_close(got.loss, want.loss, **reduction_tol(torch.float32, 97 + 32))
     model.eval()                                    # evaluation keeps the logits
     assert model(tokens, targets).logits.shape == (3, 16, 97)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_rows", [None, 7])
+def test_the_compiled_chunks_on_the_gpu_give_the_unfused_loss_and_gradients(dtype,
+                                                                             chunk_rows):
+    """On CUDA each chunk's loss and gradient are torch.compile'd (one pass over the
+    chunk's logits): the same loss and gradients as the unfused path, a GPT-2 vocabulary."""
+    x, W, t = (a.cuda() for a in _inputs(N=301, H=64, V=50_257, dtype=dtype))
+    want = _loss_and_grads(linear_cross_entropy_ref, x, W, t)
+    got = _loss_and_grads(linear_cross_entropy, x, W, t, chunk_rows=chunk_rows)
+    tol = reduction_tol(dtype, x.shape[1] + W.shape[0] + x.shape[0])
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a.float(), b.float(), **tol)

@@ -57,49 +57,79 @@ def _chunks(n: int, rows: int):
     return ((i, min(i + rows, n)) for i in range(0, n, rows))
 
 
-def _logits(x_CH: Tensor, W_PH: Tensor, V: int) -> Tensor:
-    """(C, P) fp32 logits of a chunk, the padded columns -inf."""
-    logits_CP = F.linear(x_CH, W_PH).float()
-    logits_CP[:, V:] = float("-inf")
-    return logits_CP
+def _chunk_loss(logits_CP: Tensor, t_C: Tensor, V: int) -> tuple[Tensor, Tensor]:
+    """(lse (C,) fp32, Σ of lse − the target's logit over the valid rows) of a chunk's
+    logits in the inputs' dtype (the padded columns ignored), in fp32."""
+    l_CV = logits_CP[:, :V].float()
+    lse_C = torch.logsumexp(l_CV, dim=1)
+    picked_C = l_CV.gather(1, t_C.clamp(min=0).long()[:, None])[:, 0]
+    return lse_C, torch.where(t_C != IGNORE_INDEX, lse_C - picked_C, 0.0).sum()
+
+
+def _chunk_grad(logits_CP: Tensor, lse_C: Tensor, t_C: Tensor, scale: Tensor,
+                V: int) -> Tensor:
+    """d = (p − onehot(t)) · scale in the logits' dtype, 0 in the padded columns and the
+    ignored rows: one pass over the chunk where compiled (CUDA), in place otherwise."""
+    d_CP = logits_CP.float().sub_(lse_C[:, None]).exp_()
+    d_CP[:, V:] = 0.0
+    valid_C = t_C != IGNORE_INDEX
+    d_CP.scatter_add_(1, t_C.clamp(min=0).long()[:, None], -valid_C.float()[:, None])
+    return d_CP.mul_(torch.where(valid_C, scale, 0.0)[:, None]).to(logits_CP.dtype)
+
+
+def _chunk_grad_fused(logits_CP: Tensor, lse_C: Tensor, t_C: Tensor, scale: Tensor,
+                      V: int) -> Tensor:
+    """_chunk_grad written out of place, for torch.compile to fuse into one pass."""
+    cols_P = torch.arange(logits_CP.shape[1], device=logits_CP.device)
+    p_CP = torch.exp(logits_CP.float() - lse_C[:, None])
+    onehot_CP = (cols_P[None, :] == t_C[:, None]).float()
+    coef_C = torch.where(t_C != IGNORE_INDEX, scale, 0.0)
+    d_CP = torch.where(cols_P[None, :] < V, (p_CP - onehot_CP) * coef_C[:, None], 0.0)
+    return d_CP.to(logits_CP.dtype)
+
+
+_COMPILED: dict = {}
+
+
+def _chunk_fns(device: torch.device):
+    """(loss, grad) of a chunk: compiled on CUDA (each a single pass over the chunk's
+    logits, no fp32 copy of them), the eager ones elsewhere and while tracing."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return _chunk_loss, _chunk_grad
+    if not _COMPILED:
+        _COMPILED["fns"] = (torch.compile(_chunk_loss, dynamic=False),
+                            torch.compile(_chunk_grad_fused, dynamic=False))
+    return _COMPILED["fns"]
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_NH, W_PH, targets_N, rows, V):
         N = x_NH.shape[0]
+        loss_fn, _ = _chunk_fns(x_NH.device)
         lse_N = torch.empty(N, dtype=torch.float32, device=x_NH.device)
         total = torch.zeros((), dtype=torch.float32, device=x_NH.device)
-        valid_N = targets_N != IGNORE_INDEX
         for a, b in _chunks(N, rows):
-            logits_CV = _logits(x_NH[a:b], W_PH, V)
-            lse_N[a:b] = torch.logsumexp(logits_CV, dim=1)
-            t_C = targets_N[a:b].clamp(min=0).long()
-            picked_C = logits_CV.gather(1, t_C[:, None])[:, 0]
-            total += torch.where(valid_N[a:b], lse_N[a:b] - picked_C, 0.0).sum()
-        count = valid_N.sum()
+            lse_N[a:b], part = loss_fn(F.linear(x_NH[a:b], W_PH), targets_N[a:b], V)
+            total += part
+        count = (targets_N != IGNORE_INDEX).sum()
         ctx.save_for_backward(x_NH, W_PH, targets_N, lse_N, count)
         ctx.rows, ctx.V = rows, V
         return total / count
 
     @staticmethod
     def backward(ctx, dloss):
-        x_NH, W_VH, targets_N, lse_N, count = ctx.saved_tensors     # W padded: (P, H)
+        x_NH, W_PH, targets_N, lse_N, count = ctx.saved_tensors
+        _, grad_fn = _chunk_fns(x_NH.device)
         scale = dloss.float() / count
         dx_NH = torch.empty_like(x_NH) if ctx.needs_input_grad[0] else None
-        dW_VH = torch.zeros(W_VH.shape, dtype=torch.float32, device=W_VH.device) \
+        dW_PH = torch.zeros(W_PH.shape, dtype=torch.float32, device=W_PH.device) \
             if ctx.needs_input_grad[1] else None
         for a, b in _chunks(x_NH.shape[0], ctx.rows):
-            d_CV = _logits(x_NH[a:b], W_VH, ctx.V)
-            d_CV.sub_(lse_N[a:b, None]).exp_()                       # p (0 where padded)
-            t_C = targets_N[a:b]
-            valid_C = t_C != IGNORE_INDEX
-            d_CV.scatter_add_(1, t_C.clamp(min=0).long()[:, None],
-                              -valid_C.float()[:, None])             # p − onehot
-            d_CV.mul_(torch.where(valid_C, scale, 0.0)[:, None])
-            d_CV = d_CV.to(x_NH.dtype)
+            d_CP = grad_fn(F.linear(x_NH[a:b], W_PH), lse_N[a:b], targets_N[a:b], scale,
+                           ctx.V)
             if dx_NH is not None:
-                dx_NH[a:b] = d_CV @ W_VH
-            if dW_VH is not None:
-                dW_VH += (d_CV.T @ x_NH[a:b]).float()
-        return dx_NH, None if dW_VH is None else dW_VH.to(W_VH.dtype), None, None, None
+                dx_NH[a:b] = d_CP @ W_PH
+            if dW_PH is not None:
+                dW_PH += (d_CP.T @ x_NH[a:b]).float()
+        return dx_NH, None if dW_PH is None else dW_PH.to(W_PH.dtype), None, None, None
