@@ -1,8 +1,9 @@
 """The output head and the loss in one op: mean cross-entropy of softmax(x Wᵀ) against the
 targets, without the (N, V) logits in memory. Rows go through in chunks of at most
-CHUNK_ELEMENTS logits: the forward keeps each row's log-sum-exp (N,) only, the backward
-forms each chunk's logits again, turns them into p − onehot in place and multiplies them
-into dx (N, H) and dW (V, H). W's rows are padded with zeros to a multiple of PAD_ROWS (the
+chunk_elements(device) logits: the forward keeps each row's log-sum-exp (N,) only, the
+backward forms each chunk's logits again, turns them into p − onehot and multiplies them
+into dx (N, H) and dW (V, H). On CUDA each chunk's loss and gradient are torch.compile'd
+into one pass over its logits (no fp32 copy); elsewhere they run eagerly, in place. W's rows are padded with zeros to a multiple of PAD_ROWS (the
 padded logits are −inf: no probability, no gradient).
 
 The logits are formed as the head forms them today (``x @ Wᵀ`` in the inputs' dtype, the
@@ -20,7 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 IGNORE_INDEX = -100
-CHUNK_ELEMENTS = 1 << 24        # logits of a chunk: 64 MiB in fp32
+CHUNK_ELEMENTS = 1 << 24        # logits of an eager chunk: 64 MiB in fp32
+CUDA_CHUNK_ELEMENTS = 1 << 27   # of a compiled one: its bf16 logits and gradient, 512 MiB.
+                                # H200, h = 512, V = 50,257, 8,192 / 32,768 tokens: 13.1 /
+                                # 62 ms at 2^24 (each chunk's launches, and dW's fp32 add,
+                                # cost about 0.5 ms), 5.3 / 20.1 ms at 2^27, 4.9 / 19.5 at
+                                # 2^28 with twice the memory (benchmarks/NOTES.md)
 PAD_ROWS = 64                   # W's rows padded to a multiple of this (model.padded_linear's
                                 # reason: V = 50,257 leaves the logits' rows unaligned, and
                                 # cuBLAS falls back to slow kernels)
@@ -47,10 +53,15 @@ def linear_cross_entropy(x_NH: Tensor, W_VH: Tensor, targets_N: Tensor, *,
         raise ValueError(f"x (N, H), W (V, H) and targets (N,) expected, got "
                          f"{tuple(x_NH.shape)}, {tuple(W_VH.shape)}, {tuple(targets_N.shape)}")
     V = W_VH.shape[0]
-    rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, V))
+    rows = chunk_rows or max(1, chunk_elements(x_NH.device) // max(1, V))
     W_PH = F.pad(W_VH, (0, 0, 0, -V % PAD_ROWS))          # P = V rounded up; zeros, masked
     with torch.autocast(x_NH.device.type, enabled=False):
         return _LinearCrossEntropy.apply(x_NH, W_PH, targets_N, rows, V)
+
+
+def chunk_elements(device: torch.device) -> int:
+    """The most logits a chunk holds on this device."""
+    return CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CHUNK_ELEMENTS
 
 
 def _chunks(n: int, rows: int):
@@ -97,8 +108,8 @@ def _chunk_fns(device: torch.device):
     if device.type != "cuda" or torch.compiler.is_compiling():
         return _chunk_loss, _chunk_grad
     if not _COMPILED:
-        _COMPILED["fns"] = (torch.compile(_chunk_loss, dynamic=False),
-                            torch.compile(_chunk_grad_fused, dynamic=False))
+        _COMPILED["fns"] = (torch.compile(_chunk_loss, dynamic=True),
+                            torch.compile(_chunk_grad_fused, dynamic=True))
     return _COMPILED["fns"]
 
 
