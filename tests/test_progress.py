@@ -170,3 +170,23 @@ def test_eval_progress_never_comes_before_a_task_name_error(capsys, tmp_path,
     assert any(line.startswith("perplexity: 100% (2/2) ")
                for line in captured.err.splitlines())
     fails(capsys, [*argv, "--tasks", "sciq_fixture,no_such_task"], "unknown task no_such_task")
+
+
+def test_a_result_from_a_modified_tree_says_so(monkeypatch):
+    """commit_id names the commit, and "+modified" where the tracked source differs from
+    it (a device's copy of a working tree whose git metadata is older): not another
+    commit's name alone."""
+    import subprocess
+    from moremoe import runtime
+    monkeypatch.delenv("MOREMOE_COMMIT", raising=False)
+    state = {"status": ""}
+
+    def fake_run(cmd, **kw):
+        out = "abc123def456" if "rev-parse" in cmd else state["status"]
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+    monkeypatch.setattr(runtime.subprocess, "run", fake_run)
+    assert runtime.commit_id() == "abc123def456"
+    state["status"] = " M src/moremoe/ops/linear_ce.py"
+    assert runtime.commit_id() == "abc123def456+modified"
+    monkeypatch.setenv("MOREMOE_COMMIT", "0123456789ab")
+    assert runtime.commit_id() == "0123456789ab"

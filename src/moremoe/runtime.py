@@ -157,15 +157,25 @@ def progress_note(text: str, *, enabled: bool = True) -> None:
 
 
 def commit_id() -> str:
-    """The source's git commit ($MOREMOE_COMMIT when set, e.g. on a machine without git)."""
+    """The source's git commit ($MOREMOE_COMMIT when set, e.g. on a machine without git),
+    with "+modified" when the tracked source differs from it (a copied working tree whose
+    git metadata is older than its files: the commit alone would name other code)."""
     if os.environ.get("MOREMOE_COMMIT"):
         return os.environ["MOREMOE_COMMIT"]
+    here = Path(__file__).resolve().parent
+
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=here).stdout.strip()
     try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
+        commit = git("rev-parse", "--short=12", "HEAD")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    try:
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", str(here))
+    except (OSError, subprocess.CalledProcessError):
+        changed = ""
+    return commit + ("+modified" if changed else "")
 
 
 def environment(device: torch.device) -> dict:
