@@ -54,7 +54,7 @@ def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
 def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
     """Capacity of MoRE-192 (h = 128, s = 8) against r with the MoE-192's as a dashed level;
     H_norm per layer against step for MoRE r = 32 and the MoE, at their capacity runs."""
-    from ..training.phonebook_paper import RANK_START
+    from ..training.phonebook_paper import RANK_START, RANKS
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     # a stopped search's row is a lower bound (up-triangle); a finished one replaces it
@@ -83,6 +83,8 @@ def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
     axes[0].plot([16], [RANK_START], marker="o", markerfacecolor="none", linestyle="none",
                  color=COLORS["more"], label="paper (r = 16: 100K; matches the MoE)")
     axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks(RANKS, [str(r) for r in RANKS])
+    axes[0].set_xlim(RANKS[0] / 1.3, RANKS[-1] * 1.3)
     ys = [RANK_START, *(m[1] for m in more), *([moe["capacity"]] if moe else [])]
     axes[0].set_ylim(min(ys) / 3, max(ys) * 3)
     axes[0].set_yscale("log")
