@@ -141,3 +141,19 @@ def test_eval_errors_name_the_problem(tmp_path, capsys):
     data = write_data_dir(tmp_path / "data", np.zeros((2, 16), dtype=np.int64))
     fails(capsys, ["eval", str(hf_dir(tmp_path, small)), "--data", str(data), "--tasks", "none",
                    "--device", "cpu"], "vocab_size=50257 exceeds the model's vocab=1000")
+
+
+def test_eval_of_weights_that_are_not_finite_is_one_line(tmp_path, capsys):
+    """A diverged model's perplexity was reported as null with exit 0: eval names the
+    weights that are not finite instead, as generate does."""
+    pytest.importorskip("moremoe.eval.perplexity")
+    pytest.importorskip("moremoe.tasks.text")
+    model = tiny_gpt2_model()
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    val = np.random.default_rng(0).integers(0, 50257, size=(5, 16))
+    data = write_data_dir(tmp_path / "data", val)
+    folder = hf_dir(tmp_path, model)
+    fails(capsys, ["eval", str(folder), "--data", str(data), "--tasks", "none",
+                   "--val-batches", "2", "--batch-size", "2", "--device", "cpu"],
+          r"its weights are not finite \(1 of \d+ tensors hold NaN or infinity, \S+ first\)")

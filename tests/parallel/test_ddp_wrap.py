@@ -62,3 +62,16 @@ def test_bf16_all_reduce_rounds_the_mean_to_bf16(group_of_one):
         assert p.grad.dtype == torch.float32
         assert torch.equal(p.grad, r.grad.bfloat16().float())
         assert not torch.equal(p.grad, r.grad)
+
+
+def test_wrapping_warns_nothing_a_user_cannot_act_on(group_of_one):
+    """DDP's FutureWarning about broadcast_buffers (torch 2.13 renamed it
+    forward_sync_buffers): wrap names whichever this torch takes, so no warning is left."""
+    import warnings
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        wrapped = ddp.wrap(_model(), ENABLED)
+        _backward(wrapped, torch.randn(3, 8))
+    told = [str(w.message) for w in seen if issubclass(w.category, FutureWarning)
+            or "buffers" in str(w.message)]
+    assert told == []
