@@ -16,6 +16,11 @@ class UserError(Exception):
     that does not fit the model): the command line prints it as one line."""
 
 
+class RankError(UserError):
+    """A UserError of one rank alone (the others meet another error, or none): printed by
+    whichever rank meets it, where a UserError under torchrun is printed by rank 0 only."""
+
+
 def check_int(name: str, value, *, low: int = 1, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

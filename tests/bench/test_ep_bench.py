@@ -7,9 +7,9 @@ import os
 import socket
 
 import pytest
-import torch.multiprocessing as mp
 
 from cli_checks import fails
+from procs import spawn_bounded
 from moremoe.bench.ep import VARIANTS, plan_points, QUICK
 from moremoe.bench.ep_plots import TARGET_M, render_ep, summary_text, targets
 from moremoe.cli import main
@@ -21,23 +21,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank, world, port, out, stdout):
+def _rank(rank, world, port, out, stdout, oom_rank=None):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import contextlib
     import io
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    if rank == oom_rank:        # out of memory where the others wait in a collective
+        import torch
+        from moremoe.bench import ep
+
+        def comm(self):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        ep.Phases.comm = comm
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         code = main(["bench", "ep", "--quick", "--out", out, "--json", "--no-progress"])
     with open(f"{stdout}.{rank}", "w") as f:
-        f.write(json.dumps({"code": code, "out": buf.getvalue()}))
+        f.write(json.dumps({"code": code, "out": buf.getvalue(), "err": err.getvalue()}))
 
 
 def test_quick_run_on_two_gloo_ranks(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "ep.jsonl"
-    mp.start_processes(_rank, args=(2, _free_port(), str(out), str(tmp_path / "stdout")),
-                       nprocs=2, start_method="spawn")
+    spawn_bounded(_rank, (2, _free_port(), str(out), str(tmp_path / "stdout")), 2, 600)
     r0, r1 = (json.loads((tmp_path / f"stdout.{r}").read_text()) for r in (0, 1))
     assert r0["code"] == r1["code"] == 0 and r1["out"] == ""          # rank 0 speaks
     data = json.loads(r0["out"])
@@ -93,6 +99,22 @@ def test_targets_read_the_newest_rows():
     assert "(b) MoRE forward: 4.00 ms (target <= 3.5 ms: missed)" in text
     assert "merge / router phase: 5.0% (target <= 10%: met)" in text
     assert "(a) MoRE over MoE with our fused router (reported): 2.00x" in text
+
+
+def test_a_rank_out_of_memory_inside_a_collective_stops_every_rank_in_one_line(tmp_path):
+    """It used to hang: the rank out of memory went on to agree with the others, which
+    waited in the collective it never reached. Now it stops with a one-line error naming
+    where, and the other rank's collective fails into a one-line error of its own."""
+    pytest.importorskip("triton")
+    out, stdout = tmp_path / "ep.jsonl", tmp_path / "stdout"
+    spawn_bounded(_rank, (2, _free_port(), str(out), str(stdout), 1), 2, 120)
+    r0, r1 = (json.loads((tmp_path / f"stdout.{r}").read_text()) for r in (0, 1))
+    assert r0["code"] != 0 and r1["code"] != 0
+    assert "rank 1 ran out of GPU memory in (a) moe_torch" in r1["err"]
+    assert "which holds collectives the other ranks wait in" in r1["err"]
+    assert "rank 0: a collective failed because another rank stopped" in r0["err"]
+    for r in (r0, r1):
+        assert "Traceback" not in r["err"] and len(r["err"].strip().splitlines()) == 1
 
 
 def test_plot_only_draws_the_stacked_bars(tmp_path, capsys):

@@ -37,12 +37,13 @@ Legend: N tokens, h hidden, s expert width, M experts, k active, r rank, E ranks
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from ..checks import RankError
 from ..nn.moe import MoEConfig, MoELayer
 from ..ops.token_rows import combine_rows, gather_rows
 from ..parallel.collectives import all_reduce_many, auto_chunks
@@ -83,16 +84,15 @@ def config(setup: EPSetup, variant: str, M: int) -> MoEConfig:
 
 def _build(cfg, flow: str, variant: str, phase: str, device, chunks: int):
     """The forward's layer in eval mode with bf16 weights; forward + backward's in training
-    mode with fp32 (master) weights; the replicated parameters are rank 0's on every rank."""
+    mode with fp32 (master) weights (no collective: measure broadcasts rank 0's replicated
+    parameters after the ranks agree that it fits)."""
     train = phase != "forward"
     with torch.device(device) if train else bf16_on(device):
         if flow == "one_gpu":
             return MoELayer(cfg).train(train)
-        layer = ExpertParallelMoE(cfg, tokens="replicated" if flow == "a" else "local",
-                                  shard_router=variant == "more_sharded",
-                                  chunks=chunks).train(train)
-    layer.broadcast_replicated()
-    return layer
+        return ExpertParallelMoE(cfg, tokens="replicated" if flow == "a" else "local",
+                                 shard_router=variant == "more_sharded",
+                                 chunks=chunks).train(train)
 
 
 def _leaf(t, grad: bool):
@@ -261,6 +261,25 @@ def wire_bytes(layer, flow: str, routed, x) -> int | None:
     return rows * (2 * x.shape[1] * item + 2 * routed.topk_idx.shape[1] * 4)
 
 
+# the phases whose calls hold collectives: a rank out of memory inside one cannot agree with
+# the others, which wait in the collective it never reached
+COLLECTIVE = ("merge", "comm", "total")
+
+
+@contextmanager
+def no_recovery(what: str):
+    """Where collectives run: out of memory is a one-line error that stops this rank (under
+    torchrun the others are stopped with it; elsewhere their collective fails), not an
+    agreement the other ranks cannot reach."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise RankError(f"rank {rank} ran out of GPU memory in {what}, which holds "
+                        f"collectives the other ranks wait in, so the run stops here; the "
+                        f"rows measured before it are kept in --out") from None
+
+
 def _agree(ok: bool, device) -> bool:
     """True when ok on every rank (one all-reduce of a flag)."""
     flag = torch.tensor([1 if ok else 0], device=device)
@@ -290,41 +309,71 @@ def inputs(setup: EPSetup, flow: str, device, rank: int, world: int):
     return torch.randn(n, setup.h, device=device, generator=g).to(torch.bfloat16)
 
 
+def _attempt(make, device):
+    """make() where it holds no collective: its value, or None on every rank when it ran out
+    of memory on any (agreed before any rank goes on to a collective)."""
+    try:
+        value, ok = make(), True
+    except torch.OutOfMemoryError:
+        value, ok = None, False
+    if _agree(ok, device):
+        return value
+    del value
+    free(device)
+    return None
+
+
 def measure(setup, cfg, flow, variant, phase, device, base) -> dict:
-    """One row: each phase timed alone, then the layer; OOM agreed over the ranks."""
+    """One row: each phase timed alone, then the layer. Out of memory where no collective
+    runs is agreed over the ranks (an "oom" row); inside a collective it stops the run
+    (no_recovery)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     row = {**base, "flow": flow, "variant": variant, "phase": phase, "M": cfg.experts,
            "r": cfg.rank, "N": setup.N, "E": world, "oom": False}
-    try:
-        chunks = 1 if variant == "more_one_chunk" else setup.chunks
-        layer = _build(cfg, flow, variant, phase, device, chunks)
-        x = inputs(setup, flow, device, rank, world)
-        ph = Phases(layer, flow, x, phase, device)
-        row["chunks"] = None if flow == "one_gpu" else (
-            chunks or auto_chunks(setup.N, cfg.top_k, cfg.experts))
-        row["wire_bytes"] = wire_bytes(layer, flow, ph.routed, x)
-        local = {"router": ph.route(), "experts": ph.experts()} if (
-            flow != "a" or variant != "more_sharded") else {"experts": ph.experts()}
-        fits = True
-    except torch.OutOfMemoryError:
-        fits, local, ph = False, {}, None
-    fits = _agree(fits, device) and all(_probe(fn, device) for fn in local.values())
-    if not fits:
+    where = f"({flow}) {variant} M={cfg.experts} {phase}"
+    sharded = flow == "a" and variant == "more_sharded"
+    chunks = 1 if variant == "more_one_chunk" else setup.chunks
+    built = _attempt(lambda: (_build(cfg, flow, variant, phase, device, chunks),
+                              inputs(setup, flow, device, rank, world)), device)
+    if built is None:
+        return {**row, "oom": True, "ms": None}
+    layer, x = built
+    if flow != "one_gpu":
+        with no_recovery(f"{where}: the replicated weights' broadcast"):
+            layer.broadcast_replicated()
+    make = lambda: Phases(layer, flow, x, phase, device)        # noqa: E731
+    if sharded:                 # its routing gathers the shards' lists
+        with no_recovery(f"{where}: the sharded routing"):
+            ph = make()
+    else:
+        ph = _attempt(make, device)
+    if ph is None:
+        return {**row, "oom": True, "ms": None}
+    row["chunks"] = None if flow == "one_gpu" else (
+        chunks or auto_chunks(setup.N, cfg.top_k, cfg.experts))
+    row["wire_bytes"] = wire_bytes(layer, flow, ph.routed, x)
+    with no_recovery(f"{where}: the exchange") if flow == "b" else nullcontext():
+        local = {"router": ph.route(), "experts": ph.experts()} if not sharded else \
+            {"experts": ph.experts()}   # flow b's experts time the rows of one exchange
+    if not all(_probe(fn, device) for fn in local.values()):
         del ph
         free(device)
         return {**row, "oom": True, "ms": None}
     timed = dict(local)
-    if flow == "a" and variant == "more_sharded":
-        timed["router"], timed["merge"] = ph.route(), ph.merge()
-    timed["comm"], timed["total"] = ph.comm(), ph.total()
+    with no_recovery(f"{where}: setting up its timed phases"):
+        if flow == "a" and variant == "more_sharded":
+            timed["router"], timed["merge"] = ph.route(), ph.merge()
+        timed["comm"], timed["total"] = ph.comm(), ph.total()
     for name, fn in timed.items():
         if fn is None:
             row[f"{name}_ms"] = 0.0
             continue
         dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
+        held = flow != "one_gpu" and (name in COLLECTIVE or sharded and name == "router")
         try:        # the layer holds the router's and the experts' memory at once
-            row[f"{name}_ms"] = time_fixed_ms(fn, device=device, warmup=setup.warmup,
-                                              reps=setup.reps)
+            with no_recovery(f"{where}: its {name} phase") if held else nullcontext():
+                row[f"{name}_ms"] = time_fixed_ms(fn, device=device, warmup=setup.warmup,
+                                                  reps=setup.reps)
         except torch.OutOfMemoryError:
             row[f"{name}_ms"] = None
         if not _agree(row[f"{name}_ms"] is not None, device):

@@ -258,93 +258,12 @@ def _router_runner(args):
     return run
 
 
-def _ep_setup(args):
-    """(device, output file) of `bench ep` on this rank, after every check that can refuse
-    the run (rank 0 checks the output and tells the others, so all stop together)."""
-    import os
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    from ..bench import harness
-    from ..kernels import HAS_TRITON, INTERPRET
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world < 2 or "RANK" not in os.environ:
-        raise UserError(f"bench ep runs one process per GPU: launch it with `torchrun "
-                        f"--nproc_per_node E -m moremoe.cli bench ep` (E >= 2 GPUs); this "
-                        f"is {world} process")
-    cuda = torch.cuda.is_available()
-    if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
-        raise UserError("bench ep needs Triton and CUDA GPUs (or --quick with "
-                        "TRITON_INTERPRET=1 for a code-path check on the CPU, over gloo)")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else         torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))
-    box = [None, None]
-    if dist.get_rank() == 0:
-        try:
-            out = check_output_file(Path(args.out) if args.out else (
-                Path("benchmarks/results") / harness.device_slug(device) / "ep.jsonl"), "--out")
-            if out.is_file() and out.stat().st_size:
-                harness.read_rows_of(out, "ep", "--out")
-            box[0] = str(out)
-        except (ValueError, UserError) as err:
-            box[1] = f"{type(err).__name__}: {err}"
-    dist.broadcast_object_list(box, src=0)
-    return device, box
-
-
-def _run_ep(args) -> int:
-    """`bench ep` under torchrun: every rank measures (the collectives need them all), rank
-    0 appends the rows, draws and prints; the others print nothing."""
-    import os
-    import torch.distributed as dist
-    from ..bench import ep, ep_plots, harness
-    if args.plot_only:
-        if int(os.environ.get("RANK", "0")):
-            return 0
-        return _plot_only(args, "ep", ep_plots.render_ep)
-    device, (out, refused) = _ep_setup(args)
-    try:
-        rank = dist.get_rank()
-        if refused:
-            if rank == 0:
-                raise (ValueError if refused.startswith("ValueError") else UserError)(
-                    refused.split(": ", 1)[1])
-            return 2
-        rows, start = [], time.monotonic()
-
-        def progress(i, n, row):
-            if rank or args.no_progress:
-                return
-            value = "OOM" if row.get("oom") else f"{row['ms']:.3f} ms"
-            print(f"[{i}/{n}] ep ({row['flow']}) {row['variant']} {row['phase']} "
-                  f"M={row['M']}: {value} ({eta_text(i, n, time.monotonic() - start)})",
-                  file=sys.stderr, flush=True)
-
-        for row in ep.run_ep(device, quick=args.quick, progress=progress):
-            if rank == 0:
-                rows.append(row)
-                harness.append_jsonl(out, [row])
-        if rank:
-            return 0
-        all_rows = harness.read_jsonl(out)
-        paths = ep_plots.render_ep(all_rows, Path(out).parent)
-        _emit(args, {"rows": rows, "file": out, "plots": [str(p) for p in paths],
-                     "targets": ep_plots.targets(all_rows)},
-              ep_plots.table_text(rows) + ep_plots.summary_text(all_rows) + f"\nrows: {out}"
-              f"\nplots: " + ", ".join(map(str, paths)))
-        return 0
-    finally:
-        dist.destroy_process_group()
-
-
 def cmd_bench(args) -> int:
     from ..bench import layer, layer_plots, router_plots
     quick = {"quick": args.quick}
     if args.bench_command == "ep":
-        return _run_ep(args)
+        from .bench_ep import run_ep
+        return run_ep(args)
     if args.bench_command == "peer":
         from ..bench import peer, peer_plots
         args.table, args.summarize = _peer_table, _peer_summary

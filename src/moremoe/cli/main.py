@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from ..checks import UserError
+from ..checks import RankError, UserError
 from ..runtime import __version__
 from .args import EPILOG
 from .bench import add_bench_parser
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except EXPECTED as err:
         if debug:
             raise
-        _say(f"{args.prog}: error: {one_line(err)}")
+        _say(f"{args.prog}: error: {one_line(err)}", every_rank=isinstance(err, RankError))
         return 2
     except Exception as err:      # noqa: BLE001 - a bug: say so in one line, not a traceback
         if debug:
@@ -108,14 +108,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _say(line: str) -> None:
+def _say(line: str, every_rank: bool = False) -> None:
     """An error the user can act on, on stderr; under torchrun only rank 0 says it (every
-    rank meets the same one, and torchrun names a rank that failed alone). A process whose
-    RANK and WORLD_SIZE are not a valid launch says it too: it may be no rank at all."""
+    rank meets the same one, and torchrun names a rank that failed alone) unless it is one
+    rank's own (every_rank: checks.RankError). A process whose RANK and WORLD_SIZE are not
+    a valid launch says it too: it may be no rank at all."""
     try:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         rank, world = 0, 1
-    if not 0 < rank < world:
+    if every_rank or not 0 < rank < world:
         print(line, file=sys.stderr)
 
