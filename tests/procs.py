@@ -61,7 +61,10 @@ def spawn_bounded(fn, args, nprocs: int, timeout: float = 240.0) -> None:
     try:
         while not ctx.join(timeout=1.0):
             if time.monotonic() > deadline:
-                pytest.fail(f"{nprocs} processes still running after {timeout:.0f} s")
+                alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
+                pytest.fail(f"rank(s) {', '.join(map(str, alive))} of {nprocs} still running "
+                            f"after {timeout:.0f} s (killed; what they printed is in the "
+                            f"captured output above)")
     finally:
         for p in ctx.processes:
             if p.is_alive():

@@ -75,7 +75,11 @@ def test_killed_run_resumes_to_the_same_bytes(corpus, tmp_path, capsys):
     proc = subprocess.Popen([sys.executable, "-m", "moremoe.cli", *argv, "--out", str(out)],
                             env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     shards = out / ".partial" / "shards"
+    deadline = time.time() + 120        # bounded: a stuck prepare fails, it does not wait
     while len(list(shards.glob("*.json"))) < 3 and proc.poll() is None:
+        if time.time() > deadline:
+            proc.kill()
+            pytest.fail("data prepare wrote fewer than 3 shards in 120 s")
         time.sleep(0.002)
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                              text=True).stdout.split()
