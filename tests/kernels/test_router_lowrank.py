@@ -59,10 +59,12 @@ def test_expert_splits_agree_with_one_sweep(splits):
 
 
 def test_a_near_tie_across_splits_routes_as_one_sweep():
-    """Experts 10 and 200 (in different splits) give every row logits 2^-18 apart, below
-    what the selection keys resolve: one sweep takes the lower expert; the small-batch path
-    (split over the experts, then merged) must take the same one, or a row's experts would
-    depend on how many rows were routed with it."""
+    """Experts 10 and 200 (in different tiles and splits) give every row logits 2^-18
+    apart, below what the selection keys resolve: the candidates' pick queues those rows
+    (the k-th key ties the best one left out) and the exact sweep takes the larger, expert
+    200, in every row; the small-batch path (split over the experts, then merged) must take
+    the same one, or a row's experts would depend on how many rows were routed with it.
+    (Before, keys decided: the lower expert won in most rows.)"""
     N, r, M = 24, 8, 300
     x = torch.rand(N, r, device=DEV) + 0.5
     R2 = torch.eye(r, device=DEV)                         # z = x exactly
@@ -70,14 +72,35 @@ def test_a_near_tie_across_splits_routes_as_one_sweep():
     R1[10] = 3.0
     R1[200] = 3.0 * (1 + 2 ** -18)                        # larger by less than a key step
     one = kr.infer(x, R1, R2, 1, splits=1)
-    # most rows' two keys truncate to the same value (then the lower expert wins); a row
-    # whose two logits straddle a key step takes the larger
-    assert (one[1][:, 0] == 10).float().mean() > 0.5
+    assert (one[1][:, 0] == 200).all()
+    exact = kr.infer(x, R1, R2, 1, config={"C": 0})       # the exact sweep for every row
+    assert torch.equal(exact[1], one[1])
     small = kr.infer(x, R1, R2, 1, splits=3, config={"small": True})
     assert torch.equal(small[1], one[1])
     tol = reduction_tol(torch.float32, r)        # values by another path: within fp32's sum
     torch.testing.assert_close(small[0], one[0], **tol)
     torch.testing.assert_close(small[2], one[2], **tol)
+
+
+@pytest.mark.parametrize("lo, hi", [(10, 200), (3, 7)])   # across tiles, in one tile
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_larger_of_two_logits_a_key_step_apart_wins_on_every_path(lo, hi, sign, k):
+    """The higher expert's logit is larger by 2^-18 relative (the keys keep 15 bits), the
+    two the best (sign 1) or the best of all-negative logits (sign -1): it is chosen first
+    on every path (one sweep, the candidates and their pick, the exact sweep for every
+    row, the small-batch split), for k = 1 and as the first of k = 3."""
+    N, r, M = 40, 8, 300
+    x = torch.rand(N, r, device=DEV) + 0.5
+    R2 = torch.eye(r, device=DEV)
+    R1 = torch.randn(M, r, device=DEV) * 0.05 - (0.0 if sign > 0 else 10.0)
+    R1[lo] = 3.0 * sign
+    R1[hi] = 3.0 * sign * (1 + sign * 2 ** -18)           # larger either way
+    want = torch.tensor([hi, lo], dtype=torch.int32, device=DEV)
+    for kw in ({}, {"splits": 1}, {"config": {"C": 0}}, {"splits": 3, "config": {"small": True}},
+               {"config": {"C": 1}}):
+        got = kr.infer(x, R1, R2, k, **kw)[1]
+        assert (got[:, :min(k, 2)] == want[:min(k, 2)]).all(), kw
 
 
 def test_strided_inputs():
@@ -264,7 +287,9 @@ def test_rows_with_c_keys_in_one_tile_are_redone():
 
 def test_pick_candidates_follows_the_cost_model():
     from moremoe.kernels.router_topk import pick_candidates
-    assert pick_candidates(1, 64) == 1 and pick_candidates(2, 64) == 2
+    # k = 1: one key a tile would redo every row (the tile's next key may tie the winner
+    # after truncation): two; k = 2 keeps two (both winners in one tile: 1.6 % redone)
+    assert pick_candidates(1, 64) == 2 and pick_candidates(2, 64) == 2
     assert pick_candidates(4, 64) == 2          # 9 % of rows redone beats a third key
     assert pick_candidates(8, 64) == 3          # 1.4 % redone
     assert pick_candidates(16, 1) == 0          # one tile: every row would be redone

@@ -92,8 +92,9 @@ def logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw
 # place in the tile: one float max yields value and column and, among keys equal after the
 # code bits are cleared (truncated), the lower column (for non-negative values). Every code
 # has the bit BM set, so no code is 0 and every ±inf logit becomes a NaN key, which no max
-# selects. Logits that differ by less than 2^(log2(BM) - 22) relative may be ordered by
-# index rather than by value; values are recomputed exactly for the winners.
+# selects. Keys filter the candidates' pass (router_candidates.py): where the k-th key and
+# the best one left out tie after truncation (logits within 2^(log2(BM) - 22) relative) the
+# row goes to the exact sweep, which compares the logits themselves.
 
 @triton.jit
 def key_code(cols, BM: tl.constexpr):

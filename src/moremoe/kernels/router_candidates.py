@@ -5,9 +5,10 @@ One logit costs the selection about 2C ALU ops here (the key packing, then C run
 in the MMA accumulator's registers), against 1 + 3 per extraction in a running top-k that
 inserts key by key: at k = 4, C = 2, four ops instead of about eight. The candidates are
 exact whenever no tile holds more than C of a row's top-k; the pick detects the rows where a
-tile might (C of its keys selected), where a tile held a non-finite logit, or where a
-selected key is negative (the code order of equal negative keys is reversed), and queues
-them for the exact sweep (router_topk). For top-k positions spread evenly over T tiles the
+tile might (C of its keys selected), where a tile held a non-finite logit, where a
+selected key is negative (the code order of equal negative keys is reversed), or where the
+k-th key and the best one left out are equal after truncation (either logit may be the
+larger), and queues them for the exact sweep (router_topk), which compares logits. For top-k positions spread evenly over T tiles the
 queued share is about binom(k, C + 1) / T^C: 9 % at k = 4, C = 2, T = 64 (M = 8,192).
 
 Kernels (grid, reads -> writes):
@@ -188,11 +189,12 @@ def _candidates_kernel(X, W, R2, CAND, ZOUT, OUT_M, OUT_NORM, N, H, M, R, m_per_
 def _doubtful(bk, bi, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr,
               BM: tl.constexpr):
     """Rows whose selection the candidates cannot vouch for: a slot left empty, a negative
-    key selected, or (C < K) C selected keys from one tile, whose next key might belong."""
+    key selected, or (C <= K) C selected keys from one tile, whose next key might belong or
+    tie the last after truncation (the key ties with the keys left out: _pick_kernel)."""
     live = tl.arange(0, KP)[None, :] < K
     weak = live & ((bi < 0) | (bk.to(tl.int32, bitcast=True) < 0))
     bad = tl.max(weak.to(tl.int32), axis=1) > 0
-    if C < K:
+    if C <= K:     # C = K: all K from one tile, whose next key may tie the last
         tile = tl.where(live & (bi >= 0), bi // BM, -1)
         for j in range(K):
             t_j = column(tile, j, KP)
@@ -209,7 +211,9 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H,
                  BH: tl.constexpr):
     """Top-k of the TC = T·C candidates of each row by truncated key, ties by lower expert
     index (candidates are read in tile order, so a strictly larger key is needed to enter),
-    exact values and gates; doubtful rows are queued in REDO."""
+    exact values and gates; doubtful rows are queued in REDO, among them those whose k-th
+    key ties after truncation with the best one left out (the exact sweep then orders them
+    by value)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
@@ -217,6 +221,7 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H,
     bk = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP), tl.float32)
     bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
     thr = tl.full((BN,), NEG_INF, tl.float32)
+    left = tl.full((BN,), NEG_INF, tl.float32)     # the best truncated key left out
     nan_seen = tl.zeros((BN,), tl.int32)
     for c0 in range(0, TC, BT):
         cc = c0 + tl.arange(0, BT)
@@ -230,11 +235,16 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H,
         ok = top > thr
         while tl.max(ok.to(tl.int32), axis=0) > 0:
             pick = tl.min(tl.where(tk == top[:, None], gidx, BIG_IDX), axis=1)
+            left = tl.maximum(left, tl.where(ok, thr, top))    # evicted, or not taken
             bk, bi, thr = insert_key(bk, bi, thr, top, pick, ok)
             tk = tl.where(gidx == pick[:, None], NEG_INF, tk)
             top = tl.max(tk, axis=1)
             ok = top > thr
-    bad = (_doubtful(bk, bi, K, KP, C, BM) | (nan_seen > 0)) & row_ok
+        left = tl.maximum(left, top)
+    # a key left out that ties the k-th after truncation may be the larger logit: the exact
+    # sweep decides those rows by value
+    tie = (left == thr) & (thr > NEG_INF)
+    bad = (_doubtful(bk, bi, K, KP, C, BM) | (nan_seen > 0) | tie) & row_ok
     z = z_rows(ZS, rows64, row_ok, R, sz_n, sz_r, MODE, BN, BR)
     vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                         K, KP, MODE, BR, BH)

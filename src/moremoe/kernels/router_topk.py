@@ -11,22 +11,24 @@ launch_sweep runs, for every k and both routers:
      values; rows for which the candidates may not hold the top-k are queued in REDO;
   2. _exact_kernel here, over the queued rows, or over all rows where candidates would
      queue most of them (few tiles and large k) or where the rows are too few to fill the
-     GPU (then split over the experts and merged): each tile inserts, one key per step,
-     every key that belongs in the row's running top-k (a block-uniform loop).
+     GPU (then split over the experts and merged): each tile inserts, one logit per step,
+     every logit that belongs in the row's running top-k (a block-uniform loop), compared
+     by value and then by index: exact on the fp32 logits.
 
 Kernels (grid, reads -> writes):
   _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO] -> top-k val fp32, idx int32,
                                     gates fp32 [+ online-softmax row max m and normaliser Z]
                                     or, split, each split's top-k (N, SPLITS, k)
   _merge_kernel      (N/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
-                                    truncated key as one sweep would, ordered by value)
+                                    the tiles' logits as one sweep would, ordered by value)
 
-Selection (docs/design.md, "Selection semantics"; keys in _common.py):
-  * the running buffer keeps keys truncated (code bits cleared) and only a strictly larger
-    candidate enters, so ties across tiles keep the lower expert index; within a tile the
-    code orders equal truncated keys by lower column (for negative values the code order is
-    reversed and _lowest_tied restores it).
-  * NaN and ±inf logits are never selected (their keys are NaN). A row with fewer than k
+Selection (docs/design.md, "Selection semantics"):
+  * the exact sweep's running buffer keeps the fp32 logits of its entries and their
+    experts; a logit enters when it is larger than the buffer's worst, or equal to it with
+    a lower index, so the top-k is exact on the logits the tiles computed, ties to the
+    lower index. The candidates' keys (_common.py) only filter: the pick queues here every
+    row whose k-th and best left-out keys tie after truncation (router_candidates).
+  * NaN and ±inf logits are never selected. A row with fewer than k
     selectable logits fills the remaining slots with the lowest expert indices not yet
     chosen; values are always the logits of the returned indices: the finite ones
     descending, then the others, ties by lower index. Gates are the softmax over the finite
@@ -41,30 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, QUIET_KEYS, column,
-                      dot_precision, exact_values, fill_splits, insert_key, key_column,
-                      logit_tile, next_pow2, pack_keys, trunc_keys, write_sorted, z_block,
-                      z_rows)
+from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, column,
+                      dot_precision, exact_values, fill_splits, logit_tile, next_pow2,
+                      write_sorted, z_block, z_rows)
 from .router_candidates import launch_candidates, launch_pick
-
-
-@triton.jit
-def _lowest_tied(keys, top, neg, BM: tl.constexpr):
-    """For negative maxima the code order is reversed (a larger code is more negative):
-    among keys tied with top after truncation, return the key of the lowest column."""
-    tt = trunc_keys(top, BM)
-    cols = tl.arange(0, BM)
-    same = trunc_keys(keys, BM) == tt[:, None]
-    cmin = tl.min(tl.where(same, cols[None, :], BM), axis=1)
-    fixed = (tt.to(tl.int32, bitcast=True) | ((2 * BM - 1) - cmin)).to(tl.float32,
-                                                                          bitcast=True)
-    return tl.where(neg, fixed, top)
-
-
-@triton.jit
-def _flags(ok, top):
-    """Block-wide: 0 nothing to insert, 1 something, 2 something negative (one reduction)."""
-    return tl.max(ok.to(tl.int32) + (ok & (top < 0)).to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -84,21 +66,48 @@ def _fill_unselected(bi, base, limit, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _select_exact(keys, top, m0, bk, bi, thr, BM: tl.constexpr):
-    """Insert every key of the tile that belongs in the running top-k, one per step."""
-    cand = trunc_keys(top, BM)
-    ok = cand > thr
-    flag = _flags(ok, top)
-    while flag > 0:
-        if flag > 1:
-            top = _lowest_tied(keys, top, ok & (top < 0), BM)
-        bk, bi, thr = insert_key(bk, bi, thr, cand, m0 + key_column(top, BM), ok)
-        keys = tl.where(keys == top[:, None], NEG_INF, keys)
-        top = tl.max(keys, axis=1)
-        cand = trunc_keys(top, BM)
-        ok = cand > thr
-        flag = _flags(ok, top)
-    return bk, bi, thr
+def _best_left(lv, cols, m0):
+    """Each row's largest value left in the tile, its lowest column among equal ones, and
+    that column's expert index."""
+    top = tl.max(lv, axis=1)
+    tcol = tl.min(tl.where(lv == top[:, None], cols[None, :], BIG_IDX), axis=1)
+    return top, tcol, m0 + tcol
+
+
+@triton.jit
+def _enters(top, gidx, thr_v, thr_i):
+    """Whether (top, gidx) beats the buffer's worst entry (thr_v, thr_i): a larger value, or
+    an equal one of a lower index; -inf (non-finite, masked, none left) never enters."""
+    return (top > NEG_INF) & ((top > thr_v) | ((top == thr_v) & (gidx < thr_i)))
+
+
+@triton.jit
+def _insert_exact(bv, bi, thr_v, thr_i, top, gidx, ok):
+    """Put (top, gidx) into each row's buffer where ok, in place of its worst entry (the
+    lowest value, among equal values the highest index); returns the new worst."""
+    hit = (bv == thr_v[:, None]) & (bi == thr_i[:, None]) & ok[:, None]
+    bv = tl.where(hit, top[:, None], bv)
+    bi = tl.where(hit, gidx[:, None], bi)
+    thr_v = tl.min(bv, axis=1)
+    thr_i = tl.max(tl.where(bv == thr_v[:, None], bi, -BIG_IDX), axis=1)
+    return bv, bi, thr_v, thr_i
+
+
+@triton.jit
+def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr):
+    """Insert every logit of the tile (lv: the non-finite and masked ones -inf) that belongs
+    in the running top-k, best first, by value and then by the lower index: exact on the
+    fp32 logits (no key truncation). A row whose best left does not enter has nothing left
+    that would, so the block-uniform loop ends when no row's does."""
+    cols = tl.arange(0, BM)
+    top, tcol, gidx = _best_left(lv, cols, m0)
+    ok = _enters(top, gidx, thr_v, thr_i)
+    while tl.max(ok.to(tl.int32), axis=0) > 0:
+        bv, bi, thr_v, thr_i = _insert_exact(bv, bi, thr_v, thr_i, top, gidx, ok)
+        lv = tl.where(cols[None, :] == tcol[:, None], NEG_INF, lv)
+        top, tcol, gidx = _best_left(lv, cols, m0)
+        ok = _enters(top, gidx, thr_v, thr_i)
+    return bv, bi, thr_v, thr_i
 
 
 @triton.jit
@@ -111,7 +120,7 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
                   FULL_R: tl.constexpr = False):
     """The exact sweep over the experts of split program_id(1) for a block of rows: rows
     program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
-    GIVEN launch exit at once. SCRATCH: the split's running buffer (truncated keys in
+    GIVEN launch exit at once. SCRATCH: the split's running buffer (the tiles' logits in
     OUT_KEY, experts, exact values) goes to OUT + split·so_s at the queue position, unsorted,
     for _merge_kernel. STATS (one split) adds the online-softmax
     statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
@@ -129,10 +138,11 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
         else:
             z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
         slots = tl.arange(0, KP)
-        bk = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP),
+        bv = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP),
                                                                             tl.float32)
         bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
-        thr = tl.full((BN,), NEG_INF, tl.float32)
+        thr_v = tl.full((BN,), NEG_INF, tl.float32)
+        thr_i = tl.full((BN,), -1, tl.int32)
         run_m = tl.full((BN,), NEG_INF, tl.float32)
         run_norm = tl.zeros((BN,), tl.float32)
         m_begin = tl.program_id(1) * m_per_split
@@ -142,30 +152,26 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
             col_ok = (cols < M) | EVEN
             logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h,
                                 sw_m, sw_k, MODE, BN, BM, BR, BH, PREC, FULL_R)
-            keys = pack_keys(logits, BM, 0)
-            if QUIET_KEYS:
-                keys = tl.where(keys == keys, keys, NEG_INF)
+            lv = tl.where(tl.abs(logits) < float("inf"), logits, NEG_INF)   # NaN too
             if not EVEN:
-                keys = tl.where(col_ok[None, :], keys, NEG_INF)
-            top = tl.max(keys, axis=1)
-            if STATS:   # the keys of non-finite logits are NaN: a row of only those has none
-                new_m = tl.maximum(run_m, tl.where(top == top, top, NEG_INF))
+                lv = tl.where(col_ok[None, :], lv, NEG_INF)
+            if STATS:   # over the finite logits: a row of none has m = -inf, Z = 0
+                new_m = tl.maximum(run_m, tl.max(lv, axis=1))
                 safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
-                p = tl.exp(logits - safe_m[:, None])
-                p = tl.where(col_ok[None, :] & (p < float("inf")), p, 0.0)
+                p = tl.exp(lv - safe_m[:, None])
                 run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
                 run_m = new_m
-            bk, bi, thr = _select_exact(keys, top, m0, bk, bi, thr, BM)
+            bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM)
         if tl.min(tl.min(bi, axis=1), axis=0) < 0:
             bi = _fill_unselected(bi, m_begin, m_end, K, KP)
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                             K, KP, MODE, BR, BH)
-        if SCRATCH:     # the split's buffer as it is: keys (truncated), experts, values
+        if SCRATCH:     # the split's buffer as it is: the tiles' logits, experts, values
             offs = (pos.to(tl.int64)[:, None] * so_n + tl.program_id(1) * so_s
                     + slots[None, :])
             tl.store(OUT_VAL + offs, vals, mask=row_ok[:, None])
             tl.store(OUT_IDX + offs, bi, mask=row_ok[:, None])
-            tl.store(OUT_KEY + offs, bk, mask=row_ok[:, None])
+            tl.store(OUT_KEY + offs, bv, mask=row_ok[:, None])
         else:
             write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
         if STATS:
@@ -178,10 +184,10 @@ def _merge_kernel(IN_VAL, IN_IDX, IN_KEY, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS
                   SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                   GIVEN: tl.constexpr, BN: tl.constexpr):
     """Top-k of the SPLITS·K candidates the split exact sweep wrote for each row (GIVEN:
-    each queued row), chosen as one sweep chooses them: by truncated key, ties (and the
-    fillers, whose key is -inf) to the lower expert; then ordered by exact value into the
-    row's outputs. Choosing by the exact values instead would make the routing of a row
-    depend on whether its batch was small enough to be split."""
+    each queued row), chosen as one sweep chooses them: by the tiles' fp32 logits (IN_KEY),
+    ties (and the fillers, whose logit there is -inf) to the lower expert; then ordered by
+    exact value into the row's outputs. Choosing by exact_values' sums instead (another
+    summation order) could make a row's routing depend on whether its batch was split."""
     start = tl.program_id(0) * BN
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
@@ -215,9 +221,9 @@ def _merge_kernel(IN_VAL, IN_IDX, IN_KEY, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS
 
 def _flag_share(k: int, c: int, tiles: int) -> float:
     """Expected share of rows whose top-k has c or more experts in one tile (the pick cannot
-    tell whether the tile's next key belongs: the row is redone), for top-k positions spread
-    evenly over the tiles."""
-    if c >= k:
+    tell whether the tile's next key belongs, or ties the last one after truncation: the
+    row is redone), for top-k positions spread evenly over the tiles; none when c > k."""
+    if c > k:
         return 0.0
     return min(1.0, math.comb(k, c) / tiles ** (c - 1))
 
@@ -225,7 +231,8 @@ def _flag_share(k: int, c: int, tiles: int) -> float:
 def pick_candidates(k: int, tiles: int, redo_cost: float = 12.0) -> int:
     """Keys kept per tile (1..4), or 0 for the exact sweep over all rows: the least of
     ~2c ALU ops per logit + the share of rows redone × the exact sweep's ops per logit."""
-    costs = {c: 2 * c + redo_cost * _flag_share(k, c, tiles) for c in range(1, min(k, 4) + 1)}
+    costs = {c: 2 * c + redo_cost * _flag_share(k, c, tiles)
+             for c in range(1, min(k + 1, 4) + 1)}
     c = min(costs, key=costs.get)
     return c if costs[c] < redo_cost else 0
 
