@@ -30,8 +30,10 @@ def _rank(rank, world, port, out, stdout, oom_rank=None):
         import torch
         from moremoe.bench import ep
 
-        def comm(self):
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        def comm(self):         # the phase builds; its call runs out of memory
+            def fn():
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+            return fn
         ep.Phases.comm = comm
     buf, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
@@ -110,7 +112,7 @@ def test_a_rank_out_of_memory_inside_a_collective_stops_every_rank_in_one_line(t
     spawn_bounded(_rank, (2, _free_port(), str(out), str(stdout), 1), 2, 120)
     r0, r1 = (json.loads((tmp_path / f"stdout.{r}").read_text()) for r in (0, 1))
     assert r0["code"] != 0 and r1["code"] != 0
-    assert "rank 1 ran out of GPU memory in (a) moe_torch" in r1["err"]
+    assert "rank 1 ran out of GPU memory in (a) moe_torch M=4 forward: its comm phase" in r1["err"]
     assert "which holds collectives the other ranks wait in" in r1["err"]
     assert "rank 0: a collective failed because another rank stopped" in r0["err"]
     for r in (r0, r1):
