@@ -91,6 +91,7 @@ def test_nothing_a_run_made_is_written_into_even_with_force(capsys, gpt2_run, tm
     shutil.copytree(gpt2_run / "checkpoints" / "step_00000002", weights_only)
     (weights_only / "state.pt").unlink()
     before = {p.name: p.read_bytes() for p in weights_only.iterdir()}
+    run_files = {p: p.read_bytes() for p in gpt2_run.iterdir() if p.is_file()}
     never = r"holds a {} of moremoe; it is never written into \(not even with --force\)"
     fails(capsys, ["hf", "export", str(gpt2_run), str(weights_only), "--force"],
           rf"OUT_DIR {weights_only} " + never.format("checkpoint"))
@@ -107,6 +108,9 @@ def test_nothing_a_run_made_is_written_into_even_with_force(capsys, gpt2_run, tm
                        "--device", "cpu"], rf"--out {target} " + never.format(what))
     assert {p.name: p.read_bytes() for p in weights_only.iterdir()} == before
     assert (gpt2_run / "checkpoints" / "step_00000002" / "state.pt").is_file()
+    # the run's own files (config.json among them) byte for byte: it still resumes
+    assert {p: p.read_bytes() for p in gpt2_run.iterdir() if p.is_file()} == run_files
+    assert (gpt2_run / "config.json") in run_files
 
 
 def test_a_forced_export_of_another_vocabulary_drops_the_old_tokenizer(capsys, gpt2_run,
