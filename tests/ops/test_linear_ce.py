@@ -25,18 +25,23 @@ def _loss_and_grads(fn, x, W, t, **kw):
     return loss.detach(), x.grad, W.grad
 
 
+def _assert_unfused(x, W, t, chunk_rows):
+    """The op's loss and gradients are the unfused path's: a row's loss sums H products and
+    V exponentials; dW also sums over the N rows."""
+    want = _loss_and_grads(linear_cross_entropy_ref, x, W, t)
+    got = _loss_and_grads(linear_cross_entropy, x, W, t, chunk_rows=chunk_rows)
+    tol = reduction_tol(x.dtype, x.shape[1] + W.shape[0] + x.shape[0])
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk_rows", [None, 1, 3, 16])
 @pytest.mark.parametrize("V", [53, 64])         # W padded to 64 rows, or already a multiple
 def test_chunks_give_the_unfused_loss_and_gradients(dtype, chunk_rows, V):
     x, W, t = _inputs(V=V, dtype=dtype)
-    want = _loss_and_grads(linear_cross_entropy_ref, x, W, t)
-    got = _loss_and_grads(linear_cross_entropy, x, W, t, chunk_rows=chunk_rows)
-    # a row's loss sums H products and V exponentials; dW also sums over the N rows
-    tol = reduction_tol(dtype, x.shape[1] + W.shape[0] + x.shape[0])
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        torch.testing.assert_close(a.float(), b.float(), **tol)
+    _assert_unfused(x, W, t, chunk_rows)
 
 
 def test_every_target_ignored_gives_nan_as_cross_entropy_does():
@@ -92,10 +97,5 @@ def test_the_compiled_chunks_on_the_gpu_give_the_unfused_loss_and_gradients(dtyp
                                                                              chunk_rows):
     """On CUDA each chunk's loss and gradient are torch.compile'd (one pass over the
     chunk's logits): the same loss and gradients as the unfused path, a GPT-2 vocabulary."""
-    x, W, t = (a.cuda() for a in _inputs(N=301, H=64, V=50_257, dtype=dtype))
-    want = _loss_and_grads(linear_cross_entropy_ref, x, W, t)
-    got = _loss_and_grads(linear_cross_entropy, x, W, t, chunk_rows=chunk_rows)
-    tol = reduction_tol(dtype, x.shape[1] + W.shape[0] + x.shape[0])
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        torch.testing.assert_close(a.float(), b.float(), **tol)
+    _assert_unfused(*(a.cuda() for a in _inputs(N=301, H=64, V=50_257, dtype=dtype)),
+                    chunk_rows)

@@ -147,6 +147,8 @@ def test_a_stopped_search_resumes_from_its_checkpoints_exactly(tmp_path):
     assert stopped.stopped and stopped.report.stopped == ["m"]
     [at] = stopped.report.stopped_at        # where it stopped, with its last evaluation
     assert at["name"] == "m" and 0 < at["steps"] < at["total"]
+    # the same code run twice in one process (as the losses below): an exact match is a
+    # count of entries over the evaluated ones, the epoch steps x rows / size
     seen = {h["epoch"]: h["exact_match"] for h in whole["history"]}
     assert at["epoch"] == 0 or seen[at["epoch"]] == at["exact_match"]
     assert len(list((tmp_path / pool.CHECKPOINTS).glob("*.pt"))) == 1

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -341,7 +342,7 @@ def measure(setup, cfg, flow, variant, phase, device, base) -> dict:
     if flow != "one_gpu":
         with no_recovery(f"{where}: the replicated weights' broadcast"):
             layer.broadcast_replicated()
-    make = lambda: Phases(layer, flow, x, phase, device)        # noqa: E731
+    make = partial(Phases, layer, flow, x, phase, device)
     if sharded:                 # its routing gathers the shards' lists
         with no_recovery(f"{where}: the sharded routing"):
             ph = make()
@@ -361,7 +362,7 @@ def measure(setup, cfg, flow, variant, phase, device, base) -> dict:
         return {**row, "oom": True, "ms": None}
     timed = dict(local)
     with no_recovery(f"{where}: setting up its timed phases"):
-        if flow == "a" and variant == "more_sharded":
+        if sharded:
             timed["router"], timed["merge"] = ph.route(), ph.merge()
         timed["comm"], timed["total"] = ph.comm(), ph.total()
     for name, fn in timed.items():

@@ -43,7 +43,8 @@ def _ep_setup(args):
     if not HAS_TRITON or not (cuda or (args.quick and INTERPRET)):
         raise UserError("bench ep needs Triton and CUDA GPUs (or --quick with "
                         "TRITON_INTERPRET=1 for a code-path check on the CPU, over gloo)")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else         torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else \
+        torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))

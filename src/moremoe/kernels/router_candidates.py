@@ -8,8 +8,8 @@ exact whenever no tile holds more than C of a row's top-k; the pick detects the 
 tile might (C of its keys selected), where a tile held a non-finite logit, where a
 selected key is negative (the code order of equal negative keys is reversed), or where the
 k-th key and the best one left out are equal after truncation (either logit may be the
-larger), and queues them for the exact sweep (router_topk), which compares logits. For top-k positions spread evenly over T tiles the
-queued share is about binom(k, C + 1) / T^C: 9 % at k = 4, C = 2, T = 64 (M = 8,192).
+larger), and queues them for the exact sweep (router_topk), which compares logits. For
+top-k positions spread evenly over T tiles the queued share is about binom(k, C + 1) / T^C: 9 % at k = 4, C = 2, T = 64 (M = 8,192).
 
 Kernels (grid, reads -> writes):
   _candidates_kernel (N/BN, SPLITS) x, R1|W [, R2] -> CAND (T, C, N) fp32 keys,
@@ -26,10 +26,10 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET
-from ._common import (BIG_IDX, LOWRANK, LINEAR, MODE_LINEAR, MODE_LOWRANK, NEG_INF,
-                      QUIET_KEYS, column, dot_precision, exact_values, fill_splits, insert_key,
-                      key_column, load_rows, logit_tile, next_pow2, pack_keys, trunc_keys,
-                      write_sorted, z_block, z_rows)
+from ._common import (BIG_IDX, LOWRANK, LINEAR, MODE_LOWRANK, NEG_INF, QUIET_KEYS, column,
+                      dot_precision, exact_values, fill_splits, insert_key, key_column,
+                      logit_tile, next_pow2, pack_keys, trunc_keys, write_sorted, z_block,
+                      z_rows)
 
 
 @triton.jit

@@ -3,8 +3,9 @@ targets, without the (N, V) logits in memory. Rows go through in chunks of at mo
 chunk_elements(device) logits: the forward keeps each row's log-sum-exp (N,) only, the
 backward forms each chunk's logits again, turns them into p − onehot and multiplies them
 into dx (N, H) and dW (V, H). On CUDA each chunk's loss and gradient are torch.compile'd
-into one pass over its logits (no fp32 copy); elsewhere they run eagerly, in place. W's rows are padded with zeros to a multiple of PAD_ROWS (the
-padded logits are −inf: no probability, no gradient).
+into one pass over its logits (no fp32 copy); elsewhere they run eagerly, in place. W's
+rows are padded with zeros to a multiple of PAD_ROWS (the padded logits are −inf: no
+probability, no gradient).
 
 The logits are formed as the head forms them today (``x @ Wᵀ`` in the inputs' dtype, the
 autocast dtype under autocast: bf16 logits, fp32 accumulation in the GEMM) and the loss is
@@ -80,7 +81,8 @@ def _chunk_loss(logits_CP: Tensor, t_C: Tensor, V: int) -> tuple[Tensor, Tensor]
 def _chunk_grad(logits_CP: Tensor, lse_C: Tensor, t_C: Tensor, scale: Tensor,
                 V: int) -> Tensor:
     """d = (p − onehot(t)) · scale in the logits' dtype, 0 in the padded columns and the
-    ignored rows: one pass over the chunk where compiled (CUDA), in place otherwise."""
+    ignored rows, eagerly: in place on one fp32 copy of the chunk (written out of place,
+    as _chunk_grad_fused is for torch.compile, it would hold four)."""
     d_CP = logits_CP.float().sub_(lse_C[:, None]).exp_()
     d_CP[:, V:] = 0.0
     valid_C = t_C != IGNORE_INDEX

@@ -22,8 +22,8 @@ projections' inputs, q, k, v and output (8h in the activation dtype), the MoE la
 each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, and its
 backward their gradients ((2a + 4)V; with train.fused_loss only each token's log-sum-exp,
 4 bytes, and one chunk of at most 2^24 logits at a time, 2^27 on a GPU). Activation
-checkpointing keeps each block's input (4h) and one block at a time. torch.compile fuses some of these away: read the estimate as an
-upper bound.
+checkpointing keeps each block's input (4h) and one block at a time. torch.compile fuses
+some of these away: read the estimate as an upper bound.
 """
 from __future__ import annotations
 

@@ -238,8 +238,13 @@ class Workers:
 class ExecutorReport:
     reused: list = field(default_factory=list)      # task names answered from the journal
     resumed: list = field(default_factory=list)     # (task name, step): from a checkpoint
-    stopped: list = field(default_factory=list)     # task names checkpointed at a stop
-    stopped_at: list = field(default_factory=list)  # their last evaluations (a dict each)
+    stopped_at: list = field(default_factory=list)  # runs checkpointed at a stop: name,
+                                                    # steps, total, last epoch, exact match
+
+    @property
+    def stopped(self) -> list:
+        """The names of the runs checkpointed at a stop."""
+        return [r["name"] for r in self.stopped_at]
 
 
 class Executor:
@@ -377,7 +382,6 @@ class Executor:
             if ev.kind == "done":
                 finish(ev.key, ev.record)
             else:
-                self.report.stopped.append(task.name)
                 self.report.stopped_at.append({"name": task.name, "steps": ev.steps,
                                                "total": ev.total, "epoch": ev.epoch,
                                                "exact_match": ev.exact_match})
