@@ -12,7 +12,7 @@
 #   make test-demo    the demo's conclusion on 3 seeds at 1 and 2 threads (13-21 minutes)
 #   make test-gpu     on a machine with a CUDA GPU and torch installed (no .venv): every test
 #                     marked gpu that needs one GPU, in one pytest run (7 minutes on an H200)
-#   make test-gpu-multi  the tests that need 2 GPUs (skipped with fewer), in one run; each
+#   make test-gpu-multi  the tests that need 2 or 4 GPUs (skipped with fewer), in one run; each
 #                     launches processes, bounded, and kills them (tests/procs.py).
 #                     GPU_PYTHON picks the interpreter (default python3)
 PYTHON ?= python3

@@ -14,6 +14,7 @@
 #   OUT=/tmp/ep bash benchmarks/ep_train_gpu.sh             # 2 GPUs, about 6.1 minutes
 #   MINUTES=10 LIMIT_S=800 bash benchmarks/ep_train_gpu.sh   # the issue's 10-minute run
 #   MINUTES=0.7 RESUME_SETS=train.activation_checkpointing=true bash benchmarks/ep_train_gpu.sh
+#   EP=4 RESUME_EP=2 MOE_RUN=0 bash benchmarks/ep_train_gpu.sh   # E = 4, resumed on E = 2
 #   DEVICE=cpu PRESET=tiny-more PRESET2=tiny-moe MINUTES=0.3 RESUME_MINUTES=0.2 LIMIT_S=900 \
 #     SETS="model.seq_len=64 train.batch_size=2" bash benchmarks/ep_train_gpu.sh  # CPU check
 #
@@ -27,6 +28,11 @@
 # 88 GiB of state with bf16 moments): 64 GiB planned; compile off (half a minute does not
 # pay for it). The schedule is SCHEDULE_STEPS long (2,000: a 100-step warm-up that ends
 # inside the run, so the curve moves; the preset's 40B tokens would warm up for 15,000).
+#
+# EP (default 2) is (a)'s expert-parallel size, one process a GPU; RESUME_EP (default 1)
+# is (b)'s: 1 resumes on E = 1 with FSDP2 on the EP GPUs as above, 2 or more on E =
+# RESUME_EP with as many processes (the checkpoint's expert shards regrouped on load). The
+# file names keep "ep2" for (a) whatever EP is; the report names each run's layout.
 #
 # Writes into $OUT (default benchmarks/results/ep_train_gpu), at most 8 files, what the
 # device machine sends back: ep_train.txt (the plans, the table, the resume), loss.png,
@@ -60,6 +66,8 @@ RESUME_SETUP_S=${RESUME_SETUP_S:-60}  # (b) without its steps: load, first step,
 SETS=${SETS:-}                        # more section.key=value for every run and plan
 RESUME_SETS=${RESUME_SETS:-}          # more section.key=value for (b) alone
 MOE_RUN=${MOE_RUN:-1}                 # 0: no (c)
+EP=${EP:-2}                           # (a)'s expert-parallel size = processes
+RESUME_EP=${RESUME_EP:-1}             # (b)'s: 1 = E = 1 under FSDP2 on EP GPUs
 WORK=$RUNS/work                       # summaries, configs and logs before the report
 export PYTHONPATH="$ROOT/src:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$ROOT" || exit 1
@@ -93,14 +101,14 @@ limited() {
     return "$rc"
 }
 
-train() {         # NAME LIMIT ARGS...: torchrun ... train, its output in OUT/NAME.log
-    local name=$1 limit=$2
-    shift 2
+train() {         # NAME LIMIT NPROC ARGS...: torchrun ... train, its output in OUT/NAME.log
+    local name=$1 limit=$2 nproc=$3
+    shift 3
     local sets=()
     for s in $SETS; do sets+=(--set "$s"); done      # first: each run's own --set win
     [ "$limit" -ge 40 ] || fail "no time left for $name ($limit s of LIMIT_S=$LIMIT_S)"
     limited "$limit" "$OUT/$name.log" "$PY" -m torch.distributed.run --standalone \
-        --nproc_per_node 2 -m moremoe.cli train --data "$DATA" --device "$DEVICE" \
+        --nproc_per_node "$nproc" -m moremoe.cli train --data "$DATA" --device "$DEVICE" \
         --max-steps "$SCHEDULE_STEPS" "${sets[@]}" "$@"
 }
 
@@ -124,8 +132,8 @@ rm -f "$OUT"/{ep_train.txt,loss.png,summaries.json,ep2.log,resumed.log,moe1024.l
       "$OUT"/{ep2,resumed}_log.jsonl "$WORK"/*
 if [ "$DEVICE" = cuda ]; then
     GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
-    if [ "$GPUS" -lt 2 ]; then
-        echo "ep_train_gpu.sh: error: needs 2 GPUs, this machine has $GPUS" >&2
+    if [ "$GPUS" -lt "$EP" ]; then
+        echo "ep_train_gpu.sh: error: EP=$EP needs $EP GPUs, this machine has $GPUS" >&2
         exit 2
     fi
 fi
@@ -139,20 +147,24 @@ if [ ! -f "$DATA/meta.json" ]; then
 fi
 
 say "memory plans per GPU"
-timeout 60 "$PY" benchmarks/ep_train_report.py plans --device "$DEVICE" --world 2 \
-    --data "$DATA" "$PRESET parallel.expert=2 optim.moments=bf16 $SETS" \
-    "$PRESET parallel.expert=2 $SETS" "$PRESET parallel.data=fsdp optim.moments=bf16 $SETS" \
-    "$PRESET parallel.data=fsdp optim.moments=bf16 $SETS $RESUME_SETS" \
-    "$PRESET2 parallel.expert=2 $SETS" "$PRESET2 $SETS" >"$WORK/plans.txt" ||
+if [ "$RESUME_EP" = 1 ]; then
+    resume_plan="$PRESET parallel.data=fsdp optim.moments=bf16 $SETS $RESUME_SETS"
+else
+    resume_plan="$PRESET parallel.expert=$RESUME_EP optim.moments=bf16 $SETS $RESUME_SETS"
+fi
+timeout 60 "$PY" benchmarks/ep_train_report.py plans --device "$DEVICE" --world "$EP" \
+    --data "$DATA" "$PRESET parallel.expert=$EP optim.moments=bf16 $SETS" \
+    "$PRESET parallel.expert=$EP $SETS" "$PRESET parallel.data=fsdp optim.moments=bf16 $SETS" \
+    "$resume_plan" "$PRESET2 parallel.expert=$EP $SETS" "$PRESET2 $SETS" >"$WORK/plans.txt" ||
     fail "the memory plans: $(tail -1 "$WORK/plans.txt")"
 cat "$WORK/plans.txt"
 
 # (a); what it may take: all but the resume's set-up, 15 s of its steps and the report
 LOGGING=(--set train.eval_every=100000 --set train.eval_batches=2 --set train.ckpt_every=100000)
-say "(a) $PRESET, E = 2, $MINUTES min"
+say "(a) $PRESET, E = $EP, $MINUTES min"
 rm -rf "$RUNS/ep2"
-train ep2 $(($(left) - RESUME_SETUP_S - 25)) --preset "$PRESET" --out "$RUNS/ep2" \
-    --max-minutes "$MINUTES" --set parallel.expert=2 --set optim.moments=bf16 \
+train ep2 $(($(left) - RESUME_SETUP_S - 25)) "$EP" --preset "$PRESET" --out "$RUNS/ep2" \
+    --max-minutes "$MINUTES" --set parallel.expert="$EP" --set optim.moments=bf16 \
     --set train.log_every=5 "${LOGGING[@]}" --set train.save_on_stop=true
 keep ep2 "$RUNS/ep2" "max_minutes max_steps"
 ls -d "$RUNS"/ep2/checkpoints/step_* >/dev/null 2>&1 || fail "(a) left no checkpoint"
@@ -162,9 +174,20 @@ steps_s=$(($(left) - RESUME_SETUP_S - 15))
 [ "$steps_s" -ge 10 ] || fail "no time left for the resume ($(left) s of LIMIT_S=$LIMIT_S)"
 resume_min=$("$PY" -c 'import sys; a, b = sys.argv[1:]; print(min(float(a), int(b) // 6 / 10))' \
     "$RESUME_MINUTES" "$steps_s")
-say "(b) resumed with E = 1 under FSDP2, $resume_min min"
-train resumed $(($(left) - 15)) --preset "$PRESET" --out "$RUNS/ep2" --resume \
-    --max-minutes "$resume_min" --set parallel.expert=1 --set parallel.data=fsdp \
+if [ "$RESUME_EP" = 1 ]; then
+    say "(b) resumed with E = 1 under FSDP2 on $EP GPUs, $resume_min min"
+    layout=(--set parallel.expert=1 --set parallel.data=fsdp); nproc=$EP
+else
+    # the global batch must not change: fewer ranks accumulate more micro-batches
+    accum=$("$PY" -c 'import json, sys; c = json.load(open(sys.argv[1]))["train"]
+a, e, r = c["grad_accum"], int(sys.argv[2]), int(sys.argv[3])
+print(a * e // r if a * e % r == 0 else sys.exit("grad_accum x EP is not a multiple of RESUME_EP"))' \
+        "$RUNS/ep2/config.json" "$EP" "$RESUME_EP") || fail "(b): the global batch cannot be kept"
+    say "(b) resumed with E = $RESUME_EP (grad_accum $accum), $resume_min min"
+    layout=(--set parallel.expert="$RESUME_EP" --set train.grad_accum="$accum"); nproc=$RESUME_EP
+fi
+train resumed $(($(left) - 15)) "$nproc" --preset "$PRESET" --out "$RUNS/ep2" --resume \
+    --max-minutes "$resume_min" "${layout[@]}" \
     --set optim.moments=bf16 --set train.log_every=1 "${LOGGING[@]}" \
     --set train.compile=false --set train.save_on_stop=false \
     $(for s in $RESUME_SETS; do printf -- '--set %s ' "$s"; done)
@@ -172,10 +195,10 @@ keep resumed "$RUNS/ep2" "max_minutes max_steps"
 
 # (c) only with time to spare
 if [ "$MOE_RUN" = 1 ] && [ "$(left)" -ge 100 ]; then
-    say "(c) $PRESET2, E = 2, 0.5 min"
+    say "(c) $PRESET2, E = $EP, 0.5 min"
     rm -rf "$RUNS/moe1024"
-    train moe1024 $(($(left) - 15)) --preset "$PRESET2" --out "$RUNS/moe1024" \
-        --max-minutes 0.5 --set parallel.expert=2 --set train.log_every=5 "${LOGGING[@]}" \
+    train moe1024 $(($(left) - 15)) "$EP" --preset "$PRESET2" --out "$RUNS/moe1024" \
+        --max-minutes 0.5 --set parallel.expert="$EP" --set train.log_every=5 "${LOGGING[@]}" \
         --set train.compile=false --set train.save_on_stop=false
     keep moe1024 "$RUNS/moe1024" "max_minutes max_steps"
 else

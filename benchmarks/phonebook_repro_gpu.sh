@@ -7,9 +7,11 @@
 #   ACTION=watch SECONDS_=540 OUT=/tmp/o bash benchmarks/phonebook_repro_gpu.sh  # copy as it runs
 #   ACTION=stop OUT=/tmp/o bash benchmarks/phonebook_repro_gpu.sh    # checkpoint, stop, copy
 #
-# PB_GROUPS: space-separated GPUS:POINTS:ARCH, one reproduce process each into runs/repro-N
-# (default "0,1:h64-s8:both 2:h128-s8:moe 3:h64-s16:moe": a long failing run gets a GPU to
-# itself soon); RESUME=1 continues them; EXTRA adds options. start then runs the phonebook GPU
+# PB_GROUPS: space-separated GPUS:POINTS:ARCH[:OPTIONS], one reproduce process each into
+# runs/repro-N (default "0,1:h64-s8:both 2:h128-s8:moe 3:h64-s16:moe": a long failing run
+# gets a GPU to itself soon), OPTIONS that group's own, commas for spaces ("2:rank:more:
+# --ranks,4" and "3:rank:more:--ranks,8" put two rank searches on two GPUs); RESUME=1
+# continues them (each runs/repro-N/trials.jsonl a journal); EXTRA adds options to all. start then runs the phonebook GPU
 # tests (TESTS=0 skips them) and the demo on the busy GPUs, and watches until SECONDS_
 # (default 480) after the call began; DEMO=1 first runs `moremoe demo` alone, timed, into
 # $OUT/demo.log. stop sends SIGTERM (each process checkpoints its runs,
@@ -70,8 +72,9 @@ case "$ACTION" in
     fi
     i=0
     for group in $GROUPS_; do
-      IFS=: read -r gpus points arch <<< "$group"
+      IFS=: read -r gpus points arch own <<< "$group"
       flags=()
+      [ -n "${own:-}" ] && read -r -a flags <<< "${own//,/ }"
       [ "${RESUME:-0}" = 1 ] && flags+=(--resume)
       CUDA_VISIBLE_DEVICES=$gpus setsid nohup $PY -m moremoe.cli phonebook reproduce \
         --points "$points" --arch "$arch" --out "runs/repro-$i" "${flags[@]}" ${EXTRA:-} \

@@ -1,7 +1,10 @@
-"""Expert parallelism on two GPUs with NCCL (`pytest -m gpu` on a machine with 2 GPUs): at a
-moderate size in bf16, with the fused kernels, (a) with the replicated and the sharded
+"""Expert parallelism on 2 and 4 GPUs with NCCL (`pytest -m gpu` on a machine with them): at
+a moderate size in bf16, with the fused kernels, (a) with the replicated and the sharded
 router and (b) with uneven ranks route exactly as one GPU does and give its outputs and
-every gradient (ep_workers' comparisons, run by two spawned processes)."""
+every gradient (ep_workers' comparisons, run by spawned processes). At E = 4, (b) also runs
+the routing issue's case (h = 512, M = 8,192, r = 64, k = 4, 16,384 rows in quarters of
+uneven size): each rank's router sees a quarter, one GPU the whole, and the indices must be
+equal."""
 import json
 import traceback
 from datetime import timedelta
@@ -10,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu,
-              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 H, S, R, M, K, N = 256, 64, 32, 64, 4, 2048
 
@@ -23,7 +25,8 @@ def _check(rank, world):
     g = torch.Generator(device=dev).manual_seed(1)
     x = torch.randn(N, H, device=dev, generator=g).bfloat16()
     wy = torch.randn(N, H, device=dev, generator=g)
-    sizes = [N // 2 - 300, N // 2 + 300]
+    sizes = {2: [N // 2 - 300, N // 2 + 300],
+             4: [N // 4 - 300, N // 4 + 100, N // 4 + 300, N // 4 - 100]}[world]
     for cfg in (MoEConfig.moe(M, K, H, S, init_std=0.3), MoEConfig.more(M, K, H, S, R,
                                                                          init_std=0.3)):
         torch.manual_seed(0)
@@ -33,6 +36,24 @@ def _check(rank, world):
         if cfg.is_lowrank:
             w.compare_replicated(layer, x, wy, shard_router=True)
         w.compare_local(layer, x, wy, rank, world, sizes)
+    if world == 4:
+        _check_issue_case(dev, rank, world)
+
+
+def _check_issue_case(dev, rank, world):
+    """Flow (b) at the routing issue's size: chunks small enough (about 4,096 rows a rank)
+    to cross the fused routers' batch-size switches, indices equal to one GPU's."""
+    import ep_workers as w
+    from moremoe.nn import MoEConfig, MoELayer
+    n = 16384
+    g = torch.Generator(device=dev).manual_seed(2)
+    x = torch.randn(n, 512, device=dev, generator=g).bfloat16()
+    wy = torch.randn(n, 512, device=dev, generator=g)
+    sizes = [n // 4 - 1000, n // 4 + 7, n // 4 + 1000, n // 4 - 7]
+    torch.manual_seed(0)
+    with torch.device(dev):
+        layer = MoELayer(MoEConfig.more(8192, 4, 512, 64, 64)).to(torch.bfloat16).train()
+    w.compare_local(layer, x, wy, rank, world, sizes)
 
 
 def _rank(rank, world, port, out_dir):
@@ -49,9 +70,12 @@ def _rank(rank, world, port, out_dir):
     dist.destroy_process_group()
 
 
-def test_two_gpus_equal_one_in_bf16(tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_gpus_equal_one_in_bf16(world, tmp_path):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
     from procs import spawn_bounded
     from test_expert_parallel import free_port
-    spawn_bounded(_rank, (2, free_port(), str(tmp_path)), 2, timeout=300)
-    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    spawn_bounded(_rank, (world, free_port(), str(tmp_path)), world, timeout=300)
+    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)}
     assert all(v == "ok" for v in results.values()), results
