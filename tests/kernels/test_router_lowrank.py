@@ -280,7 +280,7 @@ def test_rows_with_c_keys_in_one_tile_are_redone():
     R1[32:36] = big
     logits = logits_lowrank(x, R1, R2)
     want = torch.topk(logits, 4, dim=1).indices
-    assert (want.sort(1).values == torch.arange(32, 36)).all()
+    assert (want.sort(1).values == torch.arange(32, 36, device=want.device)).all()
     got = kr.infer(x, R1, R2, 4, config={"BM": 16, "C": 1})[1]
     assert torch.equal(got.long(), want)
 

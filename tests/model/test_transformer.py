@@ -114,6 +114,41 @@ def test_repeat_kv_is_repeat_interleave_in_values_and_gradients(rep):
                                torch.autograd.grad(want, x, g)[0])
 
 
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_native_gqa_maps_heads_as_repeat_kv(device, monkeypatch):
+    """SDPA's enable_gqa (taken on capable GPUs) and the repeated heads (everywhere else)
+    give the same attention and gradients: query head g·rep + r reads key/value head g in
+    both. On the CPU the native path is forced (SDPA's math kernel honours it)."""
+    import moremoe.model.transformer as tr
+    dtype = torch.bfloat16 if device == "cuda" else torch.float64
+    torch.manual_seed(0)
+    attn = tr.Attention(TransformerConfig(vocab=50, layers=1, heads=8, kv_heads=2,
+                                          moe=MoEConfig.moe(4, 2, 64, 8), max_seq_len=40),
+                        ).to(device, dtype)
+    x = torch.randn(3, 37, 64, device=device, dtype=dtype)
+    cos, sin = (t.to(device) for t in rotary_tables(37, attn.head_dim, 10000.0))
+    outs = []
+    for native in (True, False):
+        if device == "cpu":
+            monkeypatch.setattr(tr, "_native_gqa", lambda q, kw, native=native: native)
+        elif not native:
+            monkeypatch.setattr(tr, "_native_gqa", lambda q, kw: False)
+        else:
+            assert tr._native_gqa(x[:, None], {"is_causal": True})
+        attn.zero_grad()
+        y = attn(x, cos, sin)
+        y.float().square().sum().backward()
+        outs.append([y.detach().float()] + [p.grad.float() for p in attn.parameters()])
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    for got, want in zip(*outs):
+        torch.testing.assert_close(got, want, **tol)
+    assert not tr._native_gqa(torch.zeros(1, 1, 1, 1), {"is_causal": True})
+
+
 def test_compiled_blocks_and_loss_match_eager():
     torch.manual_seed(0)
     model = Transformer(tiny(kv_heads=2))

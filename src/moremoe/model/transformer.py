@@ -163,6 +163,18 @@ def repeat_kv(x_BGSD: torch.Tensor, rep: int) -> torch.Tensor:
     return x_BGSD[:, :, None].expand(B, G, rep, S, D).reshape(B, G * rep, S, D)
 
 
+def _native_gqa(q_BHTD: torch.Tensor, sdpa_kwargs: dict) -> bool:
+    """Whether SDPA takes the G key/value heads as they are (enable_gqa): on a CUDA GPU of
+    compute capability 8.0 or more, bf16 or fp16 queries, no explicit mask. There its
+    flash and cuDNN kernels read each key/value head once (on an H200 at the presets'
+    shape, forward + backward 0.28 ms against 0.48 with the heads repeated first:
+    benchmarks/NOTES.md, issue 36). Elsewhere (fp32, a mask, a CPU, older GPUs) SDPA would
+    fall back to its unfused math kernel for enable_gqa, so the heads are repeated."""
+    return (q_BHTD.is_cuda and q_BHTD.dtype in (torch.bfloat16, torch.float16)
+            and "attn_mask" not in sdpa_kwargs
+            and torch.cuda.get_device_capability(q_BHTD.device) >= (8, 0))
+
+
 def _causal(T: int, S: int, device) -> dict:
     """SDPA arguments for T queries that are the last T of S positions: query i sees keys
     <= S - T + i. SDPA's is_causal aligns its mask to the top left, right only when T == S."""
@@ -213,10 +225,14 @@ class Attention(nn.Module):
             return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
+        kw = _causal(T, k.shape[2], q.device)
         if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
-            k, v = repeat_kv(k, rep), repeat_kv(v, rep)
-        out = F.scaled_dot_product_attention(q, k, v, **_causal(T, k.shape[2], q.device))
+            if _native_gqa(q, kw):
+                kw["enable_gqa"] = True
+            else:
+                rep = self.heads // self.kv_heads
+                k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
 
