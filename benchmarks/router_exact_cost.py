@@ -8,6 +8,8 @@ decision on fp32 logits). The issue's shape, bf16, h = 512, M = 8,192, k = 4, r 
   lowrank exact sweep         the exact sweep alone (config C = 0) at N = 262,144
   lowrank infer N=16, N=64    decoding: the exact sweep split over the experts
   lowrank infer k=1           two keys a tile now, one before
+  ... (argmax)                the exact sweep's step as one (value, column) reduction
+                              (AFTER only; BEFORE's rows say None)
 
 Each process times every variant (median of device-event timings after warm-up,
 moremoe.bench.harness.time_ms); the parent runs ROUNDS rounds of (before, after) and
@@ -59,6 +61,15 @@ def child() -> None:
         "lowrank infer N=64": lambda: router_lowrank(x[:64], R1, R2, K),
         "lowrank infer k=1": lambda: router_lowrank(x, R1, R2, 1),
     }
+    from moremoe.kernels import router_topk
+    if "ARGMAX" in getattr(router_topk._exact_kernel, "src", ""):   # the one-reduction step
+        one = {"argmax": 1}
+        variants.update({
+            "lowrank infer (argmax)": lambda: klr.infer(x, R1, R2, K, config=one),
+            "lowrank exact sweep (argmax)": lambda: klr.infer(x, R1, R2, K,
+                                                              config={"C": 0, **one}),
+            "lowrank infer N=64 (argmax)": lambda: klr.infer(x[:64], R1, R2, K, config=one),
+        })
     for name, fn in variants.items():
         try:
             ms = time_ms(fn, device=dev)
@@ -88,7 +99,7 @@ def main(before: str, after: str, out: str, rounds: int = 2) -> int:
     env = environment(torch.device("cuda"))
     rows = []
     for name in times["after"][0]:
-        med = {t: statistics.median(r[name] for r in times[t] if r.get(name) is not None)
+        med = {t: statistics.median(r[name] for r in times[t])
                if all(r.get(name) is not None for r in times[t]) else None for t in times}
         ratio = med["after"] / med["before"] if None not in med.values() else None
         rows.append({"bench": "router_exact_cost", "variant": name, "hidden": H,

@@ -137,18 +137,38 @@ def _tie_setup(sign: float):
     return x, R1, R2
 
 
+@pytest.mark.parametrize("argmax", [0, 1])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 @pytest.mark.parametrize("k", [1, 2])
-def test_ties_break_to_the_lower_index(sign, k):
+def test_ties_break_to_the_lower_index(sign, k, argmax):
+    """argmax: the exact sweep's step as one (value, column) reduction."""
     x, R1, R2 = _tie_setup(sign)
-    val, idx, _ = kr.infer(x, R1, R2, k)
+    cfg = {"argmax": argmax}
+    val, idx, _ = kr.infer(x, R1, R2, k, config=cfg)
     logits = logits_lowrank(x, R1, R2)
     assert torch.all(logits[:, 3] == logits[:, 140])
     assert idx[:, 0].tolist() == [3] * 8                   # across tiles: 3 beats 140, 141
     if k == 2:
         assert idx[:, 1].tolist() == [140] * 8             # within a tile: 140 beats 141
     for S in (2, 4):
-        assert torch.equal(kr.infer(x, R1, R2, k, splits=S)[1], idx)
+        assert torch.equal(kr.infer(x, R1, R2, k, splits=S, config=cfg)[1], idx)
+
+
+def test_the_sweeps_one_reduction_step_selects_as_its_two_reduction_step():
+    """The exact sweep with its step as one (value, column) reduction (config argmax) gives
+    the two-reduction step's experts and values, on negative logits with exact ties across
+    and within tiles, NaN and -inf among them, at k = 6 over 700 experts."""
+    x, R1, R2 = make(150, 32, 700, 16)
+    R1 = R1 - 3.0 * R1.abs().max()
+    R1[[5, 50, 333]] = R1[7].clone()
+    R1[9, 0] = float("nan")
+    R1[600] = 0.0
+    R1[600, 0] = float("-inf")
+    x, R2 = x.abs() + 0.1, R2.abs()
+    two = kr.infer(x, R1, R2, 6, config={"BM": 32, "C": 0, "argmax": 0})
+    one = kr.infer(x, R1, R2, 6, config={"BM": 32, "C": 0, "argmax": 1})
+    assert torch.equal(one[1], two[1])
+    assert torch.equal(one[0], two[0])
 
 
 def test_nan_and_inf_logits_are_never_selected():

@@ -66,11 +66,17 @@ def _fill_unselected(bi, base, limit, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _best_left(lv, cols, m0):
+def _best_left(lv, cols, m0, ARGMAX: tl.constexpr):
     """Each row's largest value left in the tile, its lowest column among equal ones, and
-    that column's expert index."""
-    top = tl.max(lv, axis=1)
-    tcol = tl.min(tl.where(lv == top[:, None], cols[None, :], BIG_IDX), axis=1)
+    that column's expert index: two reductions (the maximum, then the lowest column that
+    holds it), or ARGMAX one reduction of (value, column) pairs whose ties go left (the
+    same answer; which is faster is the GPU's to say: config "argmax")."""
+    if ARGMAX:
+        top, tcol = tl.max(lv, axis=1, return_indices=True,
+                           return_indices_tie_break_left=True)
+    else:
+        top = tl.max(lv, axis=1)
+        tcol = tl.min(tl.where(lv == top[:, None], cols[None, :], BIG_IDX), axis=1)
     return top, tcol, m0 + tcol
 
 
@@ -94,18 +100,18 @@ def _insert_exact(bv, bi, thr_v, thr_i, top, gidx, ok):
 
 
 @triton.jit
-def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr):
+def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr, ARGMAX: tl.constexpr):
     """Insert every logit of the tile (lv: the non-finite and masked ones -inf) that belongs
     in the running top-k, best first, by value and then by the lower index: exact on the
     fp32 logits (no key truncation). A row whose best left does not enter has nothing left
     that would, so the block-uniform loop ends when no row's does."""
     cols = tl.arange(0, BM)
-    top, tcol, gidx = _best_left(lv, cols, m0)
+    top, tcol, gidx = _best_left(lv, cols, m0, ARGMAX)
     ok = _enters(top, gidx, thr_v, thr_i)
     while tl.max(ok.to(tl.int32), axis=0) > 0:
         bv, bi, thr_v, thr_i = _insert_exact(bv, bi, thr_v, thr_i, top, gidx, ok)
         lv = tl.where(cols[None, :] == tcol[:, None], NEG_INF, lv)
-        top, tcol, gidx = _best_left(lv, cols, m0)
+        top, tcol, gidx = _best_left(lv, cols, m0, ARGMAX)
         ok = _enters(top, gidx, thr_v, thr_i)
     return bv, bi, thr_v, thr_i
 
@@ -117,14 +123,14 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
                   STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, EVEN: tl.constexpr = False,
-                  FULL_R: tl.constexpr = False):
+                  FULL_R: tl.constexpr = False, ARGMAX: tl.constexpr = False):
     """The exact sweep over the experts of split program_id(1) for a block of rows: rows
     program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
     GIVEN launch exit at once. SCRATCH: the split's running buffer (the tiles' logits in
     OUT_KEY, experts, exact values) goes to OUT + split·so_s at the queue position, unsorted,
     for _merge_kernel. STATS (one split) adds the online-softmax
     statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
-    FULL_R: r == BR (no rank masks)."""
+    FULL_R: r == BR (no rank masks). ARGMAX: the step's reduction (_best_left)."""
     start = tl.program_id(0) * BN
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
@@ -161,7 +167,7 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
                 p = tl.exp(lv - safe_m[:, None])
                 run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
                 run_m = new_m
-            bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM)
+            bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM, ARGMAX)
         if tl.min(tl.min(bi, axis=1), axis=0) < 0:
             bi = _fill_unselected(bi, m_begin, m_end, K, KP)
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
@@ -244,7 +250,8 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ; BM = 128
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
     shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep),
-    cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps. The
+    cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps;
+    argmax (default 0) the exact sweep's step as one (value, column) reduction. The
     standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
@@ -294,7 +301,8 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
         so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
         SCRATCH=splits > 1, BN=cfg["BN"], BM=BM, BR=cfg["BR"], BH=cfg["BH"],
         PREC=dot_precision(x.dtype), EVEN=M % BM == 0 and m_per_split % BM == 0,
-        FULL_R=mode != LINEAR and R == cfg["BR"], num_warps=cfg["num_warps"],
+        FULL_R=mode != LINEAR and R == cfg["BR"], ARGMAX=bool(cfg.get("argmax", 0)),
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
         BNm = 32
