@@ -130,6 +130,15 @@ def test_rank_searches_chosen_and_the_start_alone_first(capsys, tmp_path, instan
     sizes = {t["train"]["size"] for s in report["searches"] for t in s["trials"]}
     assert 100_000 in sizes and max(sizes) == 100_000 and 30_000 in sizes
     assert (out / "rank.png").stat().st_size > 0
+    from moremoe.cli.phonebook_paper import _failed_starts
+    from moremoe.training.phonebook_paper import searches
+    below = _failed_starts(searches(["rank"], ["moe", 4]), report)
+    r4 = report["searches"][1]
+    if r4["capacity"] is None:          # nothing memorised: the figure draws it below 100K
+        assert [(b["rank"], b["size"]) for b in below] == [(4, 100_000)]
+        assert 0 <= below[0]["exact_match"] < 0.9 and below[0]["epoch"] >= 0
+    else:
+        assert below == []
 
 
 def test_the_rank_figure_takes_the_h128_dot_for_r16_and_draws_lower_bounds(tmp_path):
@@ -139,6 +148,9 @@ def test_the_rank_figure_takes_the_h128_dot_for_r16_and_draws_lower_bounds(tmp_p
     moe = {**row, "point": "rank", "arch": "moe", "rank": None, "unfinished": False,
            "history_at_capacity": [{"step": 1, "hnorm": [0.9, 0.8]}]}
     assert plot_rank_figure([row, moe], tmp_path / "rank.png").stat().st_size > 0
+    below = [{"rank": 4, "size": 100_000, "exact_match": 0.353, "epoch": 1368.1,
+              "stopped": True}, {"rank": 16, "size": 100_000, "exact_match": 0.1, "epoch": 3}]
+    assert plot_rank_figure([row, moe], tmp_path / "b.png", below).stat().st_size > 0
 
 
 def test_reproduce_one_arm(capsys, tmp_path, instant):

@@ -72,6 +72,20 @@ def _append_rows(path: Path, rows: list[dict]) -> int:
     return len(new)
 
 
+def _failed_starts(found: list, report: dict) -> list[dict]:
+    """The rank searches that did not memorise their start: its trial ended below the
+    threshold (the rank figure draws them below that size)."""
+    out = []
+    for s, got in zip(found, report["searches"]):
+        start = next((t for t in got["trials"] if t["train"]["size"] == s.start), None)
+        if s.point == "rank" and s.arch == "more" and got["capacity"] is None \
+                and start is not None and not start["reached"]:
+            out.append({"rank": s.model.moe.rank, "size": s.start,
+                        "exact_match": start["exact_match"], "stopped": False,
+                        "epoch": start["steps"] * start["train"]["batch_size"] / s.start})
+    return out
+
+
 def _check_rows_file(path: Path) -> None:
     """--rows names a file this command can append to: none yet, empty, or rows of
     `phonebook reproduce` (checked before any training, not after it)."""
@@ -132,7 +146,7 @@ def cmd_phonebook_reproduce(args) -> int:
         write_atomic(rows_path, "".join(dumps(r) + "\n" for r in report["rows"]).encode())
         plot_reproduction(report["rows"], png_path)
         if "rank" in args.points:
-            plot_rank_figure(report["rows"], rank_png)
+            plot_rank_figure(report["rows"], rank_png, _failed_starts(found, report))
     ex = execute(args, paper.plans(found, args.grid, cfg, noted, ahead=args.ahead), json_path,
                  report, render)
     if args.rows is not None:

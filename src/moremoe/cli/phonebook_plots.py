@@ -51,9 +51,12 @@ def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
+def plot_rank_figure(rows: list[dict], path: str | Path, below: list[dict] = ()) -> Path:
     """Capacity of MoRE-192 (h = 128, s = 8) against r with the MoE-192's as a dashed level;
-    H_norm per layer against step for MoRE r = 32 and the MoE, at their capacity runs."""
+    H_norm per layer against step for MoRE r = 32 and the MoE, at their capacity runs.
+    below: ranks that did not memorise their search's start, each {"rank", "size",
+    "exact_match", "epoch", "stopped"} (a failed trial, or one stopped short of its epochs),
+    drawn as a down-triangle at that size with its exact match."""
     from ..training.phonebook_paper import RANK_START, RANKS
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -75,6 +78,16 @@ def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
             if pts:
                 axes[0].plot(*zip(*pts), marker=marker, linestyle="none", color=COLORS["more"],
                              label="lower bound (search stopped)" if low else None)
+    have = {m[0] for m in more}
+    short = sorted((b for b in below if b["rank"] not in have), key=lambda b: b["rank"])
+    for i, b in enumerate(short):
+        axes[0].plot([b["rank"]], [b["size"]], marker="v", linestyle="none",
+                     color=COLORS["more"],
+                     label=None if i else "below this size (its exact match)")
+        axes[0].annotate(f"{b['exact_match']:.2f} at epoch {b['epoch']:,.0f}"
+                         + (" (stopped)" if b.get("stopped") else ""),
+                         (b["rank"], b["size"]), textcoords="offset points", xytext=(-6, -14),
+                         ha="left", fontsize=7, color=COLORS["more"])
     moe = next((r for r in rank if r["arch"] == "moe" and r["capacity"]), None)
     if moe is not None:
         axes[0].axhline(moe["capacity"], color=COLORS["moe"], linestyle="--",
@@ -85,7 +98,8 @@ def plot_rank_figure(rows: list[dict], path: str | Path) -> Path:
     axes[0].set_xscale("log", base=2)
     axes[0].set_xticks(RANKS, [str(r) for r in RANKS])
     axes[0].set_xlim(RANKS[0] / 1.3, RANKS[-1] * 1.3)
-    ys = [RANK_START, *(m[1] for m in more), *([moe["capacity"]] if moe else [])]
+    ys = [RANK_START, *(m[1] for m in more), *(b["size"] for b in below),
+          *([moe["capacity"]] if moe else [])]
     axes[0].set_ylim(min(ys) / 3, max(ys) * 3)
     axes[0].set_yscale("log")
     axes[0].set_xlabel("router rank r")
