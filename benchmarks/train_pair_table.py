@@ -59,7 +59,10 @@ def rows(root: Path) -> list[dict]:
                "stopped": s.get("stopped"), "step_ms": s["mean_step_ms"],
                "tokens_per_s": s["tokens_per_s"], "mfu": s["mfu"],
                "peak_memory_gib": s["peak_memory_gib"], "val_loss": s["val_loss"],
-               "steps_timed": s["steps_this_run"] - s["timing_warmup_steps"]}
+               "steps_timed": s["steps_this_run"] - s["timing_warmup_steps"],
+               # the routing's balance at the end (per-expert kernels slow down when a few
+               # experts take most rows, as in a run's first steps): the mean over layers
+               "hnorm": (sum(s["hnorm"]) / len(s["hnorm"])) if s.get("hnorm") else None}
         today = TODAY.get((s["name"], s["world"]))
         if today and s["mean_step_ms"]:
             row["today_step_ms"] = today[0]
@@ -94,7 +97,7 @@ def ratios(table: list[dict]) -> list[str]:
 def markdown(table: list[dict]) -> str:
     head = ("| model | GPUs | ms/step | tokens/s | MFU | peak GiB | today ms/step (e5e3f90) "
             "| tokens/s | MFU | peak GiB | step / today | kernels ms/step | host ms/step "
-            "| steps timed | val loss | commit |")
+            "| steps timed | val loss | H_norm | commit |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
     def f(v, fmt):
@@ -108,7 +111,7 @@ def markdown(table: list[dict]) -> str:
             f"| {f(t[2] and 100 * t[2], '.1f')} % | {f(t[3], '.1f')} "
             f"| {f(r.get('step_vs_today'), '.2f')} | {f(r.get('kernels_ms_per_step'), '.0f')} "
             f"| {f(r.get('host_ms_per_step'), '.0f')} | {r['steps_timed']} "
-            f"| {f(r['val_loss'], '.3f')} | {r['commit']} |")
+            f"| {f(r['val_loss'], '.3f')} | {f(r['hnorm'], '.2f')} | {r['commit']} |")
     return "\n".join(lines)
 
 

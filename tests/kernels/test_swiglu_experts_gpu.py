@@ -171,3 +171,32 @@ def test_a_shard_in_chunks_equals_the_whole_layers_slots_bf16():
     (swiglu_experts_ref(xr, gr, idx, *wr, first_expert=lo) * dy.float()).sum().backward()
     for a, b in zip(got, (xr.grad, gr.grad, *[w.grad for w in wr])):
         assert ((a.float() - b).norm() / b.norm()).item() < 2e-2
+
+
+def test_hot_experts_in_pieces_at_the_presets_micro_batch():
+    """The h = 512 pair's micro-batch (16,384 tokens, M = 256, k = 4) with half the tokens
+    on expert 3 and a quarter on expert 7 (a router at the start of training): the weight
+    gradients in pieces of 512 rows equal one program an expert's within bf16's summation
+    error, and the fp32 reference's."""
+    from moremoe.kernels import swiglu_experts as mg
+    from moremoe.ops.reference import swiglu_experts_ref
+    x, gates, idx, ws = _setup(16384, 512, 64, 256, 4)
+    n = torch.arange(16384, device="cuda")
+    idx[:, 0] = torch.where(n % 2 == 0, 3, idx[:, 0])
+    idx[:, 1] = torch.where(n % 4 == 1, 7, idx[:, 1])
+    ok = torch.stack([torch.unique(r).numel() == 4 for r in idx.cpu()]).cuda()
+    x, gates, idx = x[ok], gates[ok], idx[ok]
+    assert (idx == 3).sum() > 6000
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True)
+    dy = torch.randn_like(y)
+    pieces = mg.backward(dy, x, gates, idx, *ws, act, xg, xu)
+    whole = mg.backward(dy, x, gates, idx, *ws, act, xg, xu, cfg={"dw_piece_rows": 2 ** 62})
+    xr, gr = x.float().requires_grad_(), gates.clone().requires_grad_()
+    wr = [w.float().requires_grad_() for w in ws]
+    (swiglu_experts_ref(xr, gr, idx, *wr) * dy.float()).sum().backward()
+    for a, b, want in zip(pieces[2:], whole[2:], (w.grad for w in wr)):
+        # the same fp32 terms summed in another grouping: at most (rows) x eps x the
+        # largest partial sum apart
+        bound = x.shape[0] * torch.finfo(torch.float32).eps * b.abs().max().item()
+        assert (a - b).abs().max().item() <= bound
+        assert ((a.float() - want).norm() / want.norm()).item() < 2e-2

@@ -380,3 +380,39 @@ def test_a_shards_custom_ops_opcheck():
         "test_schema", "test_autograd_registration", "test_faketensor"))
     torch.library.opcheck(ose.infer_op, tuple(t.detach() if torch.is_tensor(t) else t
                                               for t in args))
+
+
+@pytest.mark.parametrize("rows", [8, 16, 2 ** 62])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked):
+    """A router that sends most pairs to two experts (as at the start of training): their
+    rows are cut into pieces of `rows` (several programs, then the pieces added in order;
+    2^62: one program an expert), across chunks of tokens too; the weight gradients match
+    fp64 autograd, with empty experts zero, and the in-place accumulation (keep = 0: stored,
+    keep = 1: added) gives the sum of two backwards."""
+    x, gates, _, ws = make(53, 40, 24, 9, 3)
+    g, rows_ = torch.Generator().manual_seed(3), []
+    for n in range(53):          # 40 and 35 pairs on experts 2 and 6, expert 8 empty
+        hot = [2] * (n < 40) + [6] * (n < 35)
+        rest = [e for e in torch.randperm(8, generator=g).tolist() if e not in (2, 6)]
+        rows_.append(hot + rest[:3 - len(hot)])
+    idx = torch.tensor(rows_, dtype=torch.int32, device=DEV)
+    cfg = {"dw_piece_rows": rows, "dw_BR": 8}
+    meta = routing_meta(idx, 9, mg.config(40, 24, cfg)["BM"],
+                        bounds=(0, 20, 21, 53) if chunked else None)
+    y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True, meta=meta)
+    dy = torch.randn_like(y)
+    got = mg.backward(dy, x, gates, idx, *ws, act, xg, xu, cfg=cfg, meta=meta)
+    x64, g64 = x.double().requires_grad_(), gates.double().requires_grad_()
+    w64 = [w.double().requires_grad_() for w in ws]
+    (swiglu_experts_ref(x64, g64, idx, *w64) * dy.double()).sum().backward()
+    for g, w in zip(got[2:], w64):
+        torch.testing.assert_close(g.double(), w.grad, rtol=1e-4, atol=1e-5)
+        assert torch.equal(g[8], torch.zeros_like(g[8]))
+    into = [torch.full_like(w, float("nan")) for w in ws]
+    keep = torch.zeros(1, dtype=torch.int32, device=DEV)
+    for _ in range(2):           # the first stores over the NaNs, the second adds
+        mg.backward(dy, x, gates, idx, *ws, act, xg, xu, cfg=cfg, meta=meta, into=into,
+                    keep=keep)
+    for g, w in zip(into, w64):
+        torch.testing.assert_close(g.double(), 2 * w.grad, rtol=1e-4, atol=2e-5)

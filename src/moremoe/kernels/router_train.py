@@ -12,8 +12,10 @@ Kernels (grid, reads -> writes):
                                       fp32, g (N): one sweep, P shared by two MMAs
   _bwd_cols_kernel     (M/BM, SPLITS) z, R1, m, Z, p̄, g -> the dense part of dR1, partials
                                       (SPLITS, M, r)
-  _sparse_cols_kernel  (M, r/BR)      z|x, pairs sorted by expert, dval -> the top-k part of
-                                      dR1|dW (M, r)
+  _sparse_cols_kernel  (pieces, r/BR) z|x, pairs sorted by expert, dval -> the top-k part of
+                                      dR1|dW (M, r), an expert's pairs in pieces of 256
+                                      (expert_wgrad.plan), _sparse_reduce_kernel (M, r/BR)
+                                      adding a split expert's pieces in order
   _dlogits_rows_kernel (Nc/BN,)       ℓ (Nc, M) fp32 from cuBLAS, m, Z, p̄, idx, dval -> dℓ
                                       for a chunk of tokens (the standard router)
 
@@ -30,12 +32,14 @@ import triton
 import triton.language as tl
 
 from . import DTYPES, MAX_K
+from . import expert_wgrad as wgrad
 from ._common import (LINEAR, MODE_LINEAR, NEG_INF, dot_precision, fill_splits, load_rows,
                       logit_tile, z_rows)
 from .router_topk import launch_sweep, sweep_config
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
+SPARSE_PIECE_PAIRS = 256   # pairs one program sums in sparse_weight_grad (8 loads of 32)
 
 
 @triton.jit
@@ -214,25 +218,53 @@ def _bwd_cols_kernel(Z, W, M_ROW, NORM_ROW, PBAR, G, OUT, N, M, R, n_per_split,
 
 
 @triton.jit
-def _sparse_cols_kernel(A, ORDER, OFFSETS, DVAL, OUT, R, sa_n, sa_r, so_m,
-                        K: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr):
-    """dW[e, chunk] += Σ over the (token, slot) pairs routed to expert e, in pair order, of
+def _sparse_cols_kernel(A, ORDER, OFFSETS, DVAL, OUT, OWNER, FIRST, SLOT, SCRATCH, M, R, P,
+                        sa_n, sa_r, so_m, K: tl.constexpr, BP: tl.constexpr,
+                        BR: tl.constexpr):
+    """dW[e, chunk] = Σ over the (token, slot) pairs routed to expert e, in pair order, of
     dval · a[token, chunk] (a = z or x): the sparse top-k part of dR1 | dW, deterministic
-    (one program per expert and r-chunk, a fixed order, no atomics)."""
+    (no atomics). Program program_id(0) sums one piece of P pairs of its expert
+    (expert_wgrad.plan): an expert of one piece is stored to OUT, one of several into its
+    scratch slots, added in piece order by _sparse_reduce_kernel (an expert that most
+    tokens chose no longer leaves one program looping over them all)."""
+    i = tl.program_id(0)
+    e = tl.load(OWNER + i)
+    if e < M:
+        rr = tl.program_id(1) * BR + tl.arange(0, BR)
+        r_ok = rr < R
+        j = i - tl.load(FIRST + e)
+        start = tl.load(OFFSETS + e)
+        end = tl.load(OFFSETS + e + 1)
+        lo = start + j * P
+        hi = tl.minimum(lo + P, end)
+        acc = tl.zeros((BR,), tl.float32)
+        for p0 in range(lo, hi, BP):
+            pp = p0 + tl.arange(0, BP)
+            ok = pp < hi
+            pair = tl.load(ORDER + pp, mask=ok, other=0)
+            dv = tl.load(DVAL + pair, mask=ok, other=0.0)
+            a = load_rows(A, pair // K, ok, sa_n, rr, r_ok, sa_r).to(tl.float32)
+            acc += tl.sum(dv[:, None] * a, axis=0)
+        if end - start > P:
+            s = (tl.load(SLOT + e) + j).to(tl.int64)
+            tl.store(SCRATCH + s * R + rr, acc, mask=r_ok)
+        else:
+            tl.store(OUT + e.to(tl.int64) * so_m + rr, acc, mask=r_ok)
+
+
+@triton.jit
+def _sparse_reduce_kernel(OUT, OFFSETS, SLOT, SCRATCH, R, P, so_m, BR: tl.constexpr):
+    """Expert program_id(0) of several pieces: its scratch slots added in piece order."""
     e = tl.program_id(0)
-    rr = tl.program_id(1) * BR + tl.arange(0, BR)
-    r_ok = rr < R
-    start = tl.load(OFFSETS + e)
-    end = tl.load(OFFSETS + e + 1)
-    acc = tl.zeros((BR,), tl.float32)
-    for p0 in range(start, end, BP):
-        pp = p0 + tl.arange(0, BP)
-        ok = pp < end
-        pair = tl.load(ORDER + pp, mask=ok, other=0)
-        dv = tl.load(DVAL + pair, mask=ok, other=0.0)
-        a = load_rows(A, pair // K, ok, sa_n, rr, r_ok, sa_r).to(tl.float32)
-        acc += tl.sum(dv[:, None] * a, axis=0)
-    tl.store(OUT + e.to(tl.int64) * so_m + rr, acc, mask=r_ok)
+    count = tl.load(OFFSETS + e + 1) - tl.load(OFFSETS + e)
+    if count > P:
+        rr = tl.program_id(1) * BR + tl.arange(0, BR)
+        r_ok = rr < R
+        first = tl.load(SLOT + e).to(tl.int64)
+        acc = tl.zeros((BR,), tl.float32)
+        for s in range(first, first + (count + P - 1) // P):
+            acc += tl.load(SCRATCH + s * R + rr, mask=r_ok, other=0.0)
+        tl.store(OUT + e.to(tl.int64) * so_m + rr, acc, mask=r_ok)
 
 
 # ---------------------------------------------------------------- launchers
@@ -271,9 +303,10 @@ def _token_splits(device, tiles: int, N: int, BN: int, splits: int | None) -> in
     return fill_splits(device, tiles, N, BN)
 
 
-def sparse_weight_grad(a, idx, dval, experts: int):
+def sparse_weight_grad(a, idx, dval, experts: int, piece_pairs: int = SPARSE_PIECE_PAIRS):
     """(M, R) fp32: row e is Σ over the (token, slot) pairs routed to expert e of dval · a[token]
-    (a = z for dR1, x for dW), summed in pair order per expert: deterministic, no atomics."""
+    (a = z for dR1, x for dW), summed in pair order within pieces of piece_pairs pairs and
+    the pieces in order: deterministic, no atomics (2^62: one program an expert)."""
     N, R = a.shape
     k = idx.shape[1]
     out = torch.zeros(experts, R, device=a.device, dtype=torch.float32)
@@ -283,10 +316,16 @@ def sparse_weight_grad(a, idx, dval, experts: int):
     sorted_e, order = torch.sort(flat, stable=True)
     offsets = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=a.device,
                                                         dtype=flat.dtype))
+    owner, first, _, slot, bound, slots = wgrad.plan(offsets, experts, 1, piece_pairs,
+                                                     flat.shape[0])
+    scratch = torch.empty(slots, R, device=a.device, dtype=torch.float32)
     BR = min(128, max(16, triton.next_power_of_2(R)))
-    _sparse_cols_kernel[(experts, triton.cdiv(R, BR))](
-        a, order, offsets, dval.float().contiguous(), out, R, a.stride(0), a.stride(1),
-        out.stride(0), K=k, BP=32, BR=BR, num_warps=4)
+    _sparse_cols_kernel[(bound, triton.cdiv(R, BR))](
+        a, order, offsets, dval.float().contiguous(), out, owner, first, slot, scratch,
+        experts, R, piece_pairs, a.stride(0), a.stride(1), out.stride(0), K=k, BP=32, BR=BR,
+        num_warps=4)
+    _sparse_reduce_kernel[(experts, triton.cdiv(R, BR))](
+        out, offsets, slot, scratch, R, piece_pairs, out.stride(0), BR=BR, num_warps=4)
     return out
 
 

@@ -19,8 +19,10 @@ Backward
                               the gate gradient partials (s/BS, P): t = dy W_down,
                               dgate = t · act, dact = gate t, then the SwiGLU derivative
   _dx_kernel       (B, h/BH)  dxg, dxu, w_gate, w_up -> dx pair rows (P, h), combined as above
-  _dw_kernel       (M, C/BC, D/BD)  per expert: Σ over its rows of Aᵀ B (dW_gate = dgᵀ x,
-                              dW_up = duᵀ x, dW_down = (gate dy)ᵀ act), rows in a fixed order
+  expert_wgrad     (pieces, C/BC, D/BD)  per expert: Σ over its rows of Aᵀ B (dW_gate = dgᵀ x,
+                              dW_up = duᵀ x, dW_down = (gate dy)ᵀ act), an expert's rows cut
+                              into pieces of dw_piece_rows (summed by several programs,
+                              then in piece order): a fixed order, robust to hot experts
 
 An expert-parallel shard (first_expert: its weights are experts [first_expert, + M) of a
 larger layer): the other shards' slots get no block (never read or written), the combine
@@ -33,13 +35,14 @@ Any h and s: the last chunk of each is masked, the chunks BS / BH at least 16 wi
 MMA's smallest K); offsets and row indices int64. The weights are x's dtype or fp32 (master
 weights under autocast): fp32 tiles are rounded to x's dtype as loaded (to nearest even, as
 torch's cast), with no cast copy in memory. The weight gradients come out in fp32, or are
-added by _dw_kernel's epilogue into fp32 buffers across micro-steps (backward's `into`).
+added by expert_wgrad's epilogue into fp32 buffers across micro-steps (backward's `into`).
 """
 import torch
 import triton
 import triton.language as tl
 
 from . import DTYPES
+from . import expert_wgrad as wgrad
 from ._common import load_rows, next_pow2
 from .routing_meta import RoutingMeta, routing_meta
 from .token_rows import combine_pairs
@@ -230,48 +233,6 @@ def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
                  mask=ok[:, None] & h_ok[None, :])
 
 
-@triton.jit
-def _dw_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, CHUNKS, M, C, D, K, sa_r, sb_r, sw_e,
-               sw_c, sw_d, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr,
-               SCALE_A: tl.constexpr, ACCUMULATE: tl.constexpr, BR: tl.constexpr,
-               BC: tl.constexpr, BD: tl.constexpr):
-    """dW[e][c, d] = Σ_rows A[row, c] B[row, d] over expert e's sorted rows, chunk by chunk
-    (a fixed order); a row of A (or B) is a token's (x, dy: gathered by pair // K) or a
-    sorted row (act, dxg, dxu); SCALE_A multiplies A's rows by their gate. ACCUMULATE: the
-    sum is added to fp32 DW where KEEP[0] != 0, else stored over it (old values unread)."""
-    e = tl.program_id(0)
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)
-    dd = tl.program_id(2) * BD + tl.arange(0, BD)
-    c_ok = cc < C
-    d_ok = dd < D
-    acc = tl.zeros((BC, BD), tl.float32)
-    for chunk in range(0, CHUNKS):          # expert e is the virtual experts chunk·M + e
-        start = tl.load(OFFSETS + chunk * M + e)
-        end = tl.load(OFFSETS + chunk * M + e + 1)
-        for r0 in range(start, end, BR):
-            rows = r0 + tl.arange(0, BR).to(tl.int64)
-            ok = rows < end
-            pair = tl.load(ORDER + rows, mask=ok, other=0)
-            ra = rows
-            rb = rows
-            if A_BY_TOKEN:
-                ra = pair // K
-            if B_BY_TOKEN:
-                rb = pair // K
-            a = load_rows(A, ra, ok, sa_r, cc, c_ok, 1)
-            if SCALE_A:
-                gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
-                a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
-            b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
-            acc = tl.dot(tl.trans(a), b, acc)
-    ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
-    mask = c_ok[:, None] & d_ok[None, :]
-    if ACCUMULATE:
-        keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
-        acc += tl.load(ptr, mask=mask & keep, other=0.0)
-    tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
-
-
 # ---------------------------------------------------------------- launchers
 
 def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
@@ -297,17 +258,20 @@ def check_inputs(x, gates, idx, w_gate, w_up, w_down) -> None:
 def config(h: int, s: int, overrides: dict | None = None) -> dict:
     """BM sorted rows per block (a 64-row MMA), BS / BH the s and h chunks; dw_* the weight
     gradients' own tiles (rows summed per step, the two weight dimensions), warps and
-    stages, by default the same as the blocks'."""
+    stages, by default the same as the blocks', and dw_piece_rows the rows one program sums
+    (expert_wgrad; 2^62: one program an expert)."""
     cfg = {"BM": 64, "BS": max(16, min(64, next_pow2(s))), "BH": max(16, min(64, next_pow2(h))),
            "num_warps": 4, "num_stages": 2}
     cfg.update({k: v for k, v in (overrides or {}).items() if not k.startswith("dw_")})
     cfg.update({"dw_BR": cfg["BM"], "dw_BS": cfg["BS"], "dw_BH": cfg["BH"],
-                "dw_warps": cfg["num_warps"], "dw_stages": cfg["num_stages"]})
+                "dw_warps": cfg["num_warps"], "dw_stages": cfg["num_stages"],
+                "dw_piece_rows": wgrad.PIECE_ROWS})
     cfg.update({k: v for k, v in (overrides or {}).items() if k.startswith("dw_")})
     cfg.setdefault("fused", None)
     cfg.setdefault("split_h", None)
     unknown = set(cfg) - {"BM", "BS", "BH", "num_warps", "num_stages", "dw_BR", "dw_BS",
-                          "dw_BH", "dw_warps", "dw_stages", "fused", "split_h"}
+                          "dw_BH", "dw_warps", "dw_stages", "dw_piece_rows", "fused",
+                          "split_h"}
     if unknown:
         raise ValueError(f"unknown expert kernel config keys {sorted(unknown)}")
     return cfg
@@ -476,18 +440,17 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
         _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, 0, M,
                                                  h, s, *w_gate.stride(), **blk)
         bs, bh = c["dw_BS"], c["dw_BH"]
-        dwk = dict(BR=c["dw_BR"], num_warps=c["dw_warps"], num_stages=c["dw_stages"],
-                   ACCUMULATE=into is not None)
-        flag = keep if into is not None else dgate      # unread without ACCUMULATE
+        rows = c["dw_piece_rows"]
+        wk = dict(experts=M, chunks=chunks, k=k, accumulate=into is not None, br=c["dw_BR"],
+                  warps=c["dw_warps"], stages=c["dw_stages"], piece_rows=rows,
+                  pieces=wgrad.plan(meta.offsets, M, chunks, rows, P))
         for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
-            _dw_kernel[(M, triton.cdiv(s, bs), triton.cdiv(h, bh))](
-                a, x, gates_flat, dw, flag, meta.offsets, meta.order, chunks, M, s, h, k, s,
-                x.stride(0), *dw.stride(), A_BY_TOKEN=False, B_BY_TOKEN=True, SCALE_A=False,
-                BC=bs, BD=bh, **dwk)
-        _dw_kernel[(M, triton.cdiv(h, bh), triton.cdiv(s, bs))](   # (gate dy)ᵀ act: (h, s)
-            dy, act, gates_flat, dws[2], flag, meta.offsets, meta.order, chunks, M, h, s, k,
-            dy.stride(0), s, *dws[2].stride(), A_BY_TOKEN=True, B_BY_TOKEN=False,
-            SCALE_A=True, BC=bh, BD=bs, **dwk)
+            wgrad.weight_grad(a, x, gates_flat, dw, keep, meta.offsets, meta.order,
+                              a_by_token=False, b_by_token=True, scale_a=False, bc=bs, bd=bh,
+                              **wk)
+        wgrad.weight_grad(dy, act, gates_flat, dws[2], keep, meta.offsets, meta.order,
+                          a_by_token=True, b_by_token=False, scale_a=True, bc=bh, bd=bs,
+                          **wk)                          # (gate dy)ᵀ act: (h, s)
     elif into is not None:              # no pairs: a stale buffer becomes zeros
         for g in dws:
             g.masked_fill_(keep == 0, 0.0)

@@ -1,0 +1,169 @@
+"""Per-expert weight gradients, dW[e] = Σ over expert e's sorted rows of Aᵀ B, split so that
+an expert with many rows is summed by several programs, in a fixed order.
+
+One program per expert (the first version) loops over all of its expert's rows: a router
+that sends most tokens to a few experts (as at the start of training: H_norm 0.4-0.66 in
+MoRE-1792's first steps) leaves one program summing thousands of rows while the rest of the
+GPU idles (the weight-gradient kernels were 27 % of the h = 512 presets' steps there;
+benchmarks/NOTES.md, issue 36). Here expert e's rows, counted over every chunk of tokens,
+c_e = Σ_c c_{c,e}, are cut into n_e = max(1, ceil(c_e / P)) pieces of P rows:
+
+  plan(offsets, M, chunks, P, total)   pieces laid out expert by expert (first_e = Σ_{e'<e}
+                                       n_e'); owner[i] the expert of piece i (M past the
+                                       last); slot_e the first scratch slot of an expert of
+                                       several pieces. B = M + ceil(total / P) programs
+                                       cover every piece, S = 2 ceil(total / P) slots every
+                                       several-piece expert's (c_e > P: n_e < 2 c_e / P).
+                                       Device tensors only: no host sync.
+  _piece_kernel   (B, C/BC, D/BD)      the piece's rows in sorted order (a piece may span the
+                                       chunks of its expert: their row ranges are walked in
+                                       chunk order); an expert of one piece is stored to DW
+                                       (added to it where KEEP says), else the sum goes to
+                                       its scratch slot
+  _reduce_kernel  (M, C/BC, D/BD)      the scratch slots of an expert of several pieces added
+                                       in piece order (onto DW where KEEP says); others exit
+
+So an expert's sum is always Σ over pieces in piece order of Σ over rows in row order:
+deterministic, and the same whatever the timing (no atomics). At balanced routing (c_e <= P)
+every expert is one piece and the work is the one-program version's.
+
+Rows: a row of A (or B) is a token's (gathered by pair // K, A_BY_TOKEN / B_BY_TOKEN) or a
+sorted row; SCALE_A multiplies A's rows by their pair's gate. piece_rows = 2^62 gives every
+expert one piece: the one-program-per-expert schedule, kept for comparison (config
+dw_piece_rows)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import load_rows
+
+PIECE_ROWS = 512      # P: rows a program sums (8 MMAs of 64 rows)
+
+
+def plan(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int, total: int):
+    """(owner (B,) int32, first (M,) int64, count (M,) int64, slot (M,) int64, B, S) for the
+    sorted rows offsets (chunks·M + 1,) of `total` rows: each expert's pieces, see above."""
+    per = (offsets[1:] - offsets[:-1]).reshape(chunks, experts).sum(0)       # c_e
+    n = torch.clamp(torch.div(per + piece_rows - 1, piece_rows, rounding_mode="floor"), min=1)
+    ends = torch.cumsum(n, 0)
+    bound = experts + triton.cdiv(total, piece_rows)
+    owner = torch.searchsorted(ends, torch.arange(bound, device=offsets.device,
+                                                  dtype=ends.dtype), right=True)
+    several = torch.where(n > 1, n, 0)
+    slot = torch.cumsum(several, 0) - several
+    return (owner.to(torch.int32), ends - n, per, slot, bound,
+            max(1, 2 * triton.cdiv(total, piece_rows)))
+
+
+@triton.jit
+def _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, hi, M, CHUNKS, C, D, K, sa_r, sb_r, cc, dd,
+               c_ok, d_ok, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr,
+               SCALE_A: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+    """Σ of Aᵀ B over rows [lo, hi) of expert e's rows concatenated over the chunks (chunk c's
+    rows are order[offsets[c·M + e] : offsets[c·M + e + 1]]), in that order."""
+    acc = tl.zeros((BC, BD), tl.float32)
+    seen = lo * 0                           # rows of expert e in the chunks before this one
+    for chunk in range(0, CHUNKS):
+        start = tl.load(OFFSETS + chunk * M + e)
+        end = tl.load(OFFSETS + chunk * M + e + 1)
+        a0 = tl.maximum(lo - seen, 0) + start          # this chunk's part of [lo, hi)
+        a1 = tl.minimum(hi - seen, end - start) + start
+        for r0 in range(a0, a1, BR):
+            rows = r0 + tl.arange(0, BR).to(tl.int64)
+            ok = rows < a1
+            pair = tl.load(ORDER + rows, mask=ok, other=0)
+            ra = rows
+            rb = rows
+            if A_BY_TOKEN:
+                ra = pair // K
+            if B_BY_TOKEN:
+                rb = pair // K
+            a = load_rows(A, ra, ok, sa_r, cc, c_ok, 1)
+            if SCALE_A:
+                gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
+                a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
+            b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
+            acc = tl.dot(tl.trans(a), b, acc)
+        seen += end - start
+    return acc
+
+
+@triton.jit
+def _piece_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, OWNER, FIRST, COUNT, SLOT, SCRATCH,
+                  CHUNKS, M, C, D, K, P, sa_r, sb_r, sw_e, sw_c, sw_d,
+                  A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
+                  ACCUMULATE: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                  BD: tl.constexpr):
+    """Piece program_id(0): its sum stored to DW (an expert of one piece; added where
+    KEEP[0] != 0 with ACCUMULATE) or to its scratch slot (SCRATCH (S, C, D) fp32)."""
+    i = tl.program_id(0)
+    e = tl.load(OWNER + i)
+    if e < M:
+        cc = tl.program_id(1) * BC + tl.arange(0, BC)
+        dd = tl.program_id(2) * BD + tl.arange(0, BD)
+        c_ok = cc < C
+        d_ok = dd < D
+        j = i - tl.load(FIRST + e)
+        count = tl.load(COUNT + e)
+        lo = j * P
+        acc = _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, tl.minimum(lo + P, count), M,
+                         CHUNKS, C, D, K, sa_r, sb_r, cc, dd, c_ok, d_ok, A_BY_TOKEN,
+                         B_BY_TOKEN, SCALE_A, BR, BC, BD)
+        mask = c_ok[:, None] & d_ok[None, :]
+        if count > P:       # several pieces: the scratch slot, added up by _reduce_kernel
+            s = (tl.load(SLOT + e) + j).to(tl.int64)
+            tl.store(SCRATCH + s * C * D + cc[:, None] * D + dd[None, :], acc, mask=mask)
+        else:
+            ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
+            if ACCUMULATE:
+                keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
+                acc += tl.load(ptr, mask=mask & keep, other=0.0)
+            tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reduce_kernel(DW, KEEP, COUNT, SLOT, SCRATCH, M, C, D, P, sw_e, sw_c, sw_d,
+                   ACCUMULATE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+    """Expert program_id(0) of several pieces: its scratch slots summed in piece order."""
+    e = tl.program_id(0)
+    count = tl.load(COUNT + e)
+    if count > P:
+        cc = tl.program_id(1) * BC + tl.arange(0, BC)
+        dd = tl.program_id(2) * BD + tl.arange(0, BD)
+        mask = (cc < C)[:, None] & (dd < D)[None, :]
+        first = tl.load(SLOT + e).to(tl.int64)
+        acc = tl.zeros((BC, BD), tl.float32)
+        for s in range(first, first + (count + P - 1) // P):
+            acc += tl.load(SCRATCH + s * C * D + cc[:, None] * D + dd[None, :], mask=mask,
+                           other=0.0)
+        ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
+        if ACCUMULATE:
+            keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
+            acc += tl.load(ptr, mask=mask & keep, other=0.0)
+        tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
+
+
+def weight_grad(a, b, gates, dw, keep, offsets, order, *, experts: int, chunks: int, k: int,
+                a_by_token: bool, b_by_token: bool, scale_a: bool, accumulate: bool,
+                br: int, bc: int, bd: int, warps: int, stages: int, pieces=None,
+                piece_rows: int = PIECE_ROWS):
+    """dw[e] (= or +=, see the module) Σ over expert e's sorted rows of aᵀ b: a (rows, C),
+    b (rows, D) (by token or sorted, as the flags say), dw (M, C, D); pieces: a plan() to
+    reuse (the three weight gradients of a backward share one)."""
+    M, C, D = experts, dw.shape[1], dw.shape[2]
+    total = order.shape[0]
+    owner, first, count, slot, bound, slots = pieces or plan(offsets, M, chunks, piece_rows,
+                                                             total)
+    scratch = torch.empty(slots, C, D, device=dw.device, dtype=torch.float32)
+    flag = keep if accumulate else count            # unread without ACCUMULATE
+    tiles = (triton.cdiv(C, bc), triton.cdiv(D, bd))
+    _piece_kernel[(bound, *tiles)](
+        a, b, gates, dw, flag, offsets, order, owner, first, count, slot, scratch, chunks, M,
+        C, D, k, piece_rows, a.stride(0), b.stride(0), *dw.stride(), A_BY_TOKEN=a_by_token,
+        B_BY_TOKEN=b_by_token, SCALE_A=scale_a, ACCUMULATE=accumulate, BR=br, BC=bc, BD=bd,
+        num_warps=warps, num_stages=stages)
+    _reduce_kernel[(M, *tiles)](dw, flag, count, slot, scratch, M, C, D, piece_rows,
+                                *dw.stride(), ACCUMULATE=accumulate, BC=bc, BD=bd,
+                                num_warps=4)
