@@ -46,15 +46,27 @@ def test_router_tune_rows(capsys, tmp_path, timings):
 
 
 def test_experts_tune_rows(capsys, tmp_path, timings):
-    timings += [2.0, 4.0, 1.0, 2.0]         # forward, backward of the default, then BM=32
+    """Each configuration at uniform routing, then at Zipf-skewed routing (hot experts)."""
+    timings += [2.0, 4.0, 1.0, 2.0] * 2     # forward, backward of the default, then BM=32
     rows = _rows(capsys, ["bench", "experts", "--quick", "--tune",
                           "--out", str(tmp_path / "experts.jsonl")])
-    assert [(r["config"], r["phase"]) for r in rows] == [
-        ({}, "forward"), ({}, "backward"), ({"BM": 32}, "forward"), ({"BM": 32}, "backward")]
+    assert [(r["routing"], r["config"], r["phase"]) for r in rows] == [
+        (routing, *case) for routing in ("uniform", "zipf") for case in (
+            ({}, "forward"), ({}, "backward"), ({"BM": 32}, "forward"),
+            ({"BM": 32}, "backward"))]
     for r in rows:
         assert r["bench"] == "experts" and r["sweep"] == "tune" and r["weights"] == "bfloat16"
         assert r["floor_ms"] is None or r["floor_ms"] > 0
-    assert [r["speedup_vs_default"] for r in rows] == [1.0, 1.0, 2.0, 2.0]
+    assert [r["speedup_vs_default"] for r in rows] == [1.0, 1.0, 2.0, 2.0] * 2
+
+
+def test_zipf_routing_has_hot_experts_and_distinct_experts_a_row():
+    from moremoe.bench.layer import LayerPoint
+    p = LayerPoint(16, 64, s=16, N=4000)
+    _, _, idx, _ = tune._expert_inputs(p, torch.float32, torch.device("cpu"), "zipf")
+    assert all(len(set(r)) == p.k for r in idx.tolist())
+    counts = torch.bincount(idx.reshape(-1).long(), minlength=p.M).float()
+    assert counts.max() > 4 * counts.mean()          # uniform: about the mean
 
 
 def test_a_configuration_that_cannot_run_is_an_error_row_but_the_default_raises():

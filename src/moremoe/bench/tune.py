@@ -33,13 +33,18 @@ EXPERTS = [dict(BM=bm, BS=bs, BH=bh, num_warps=w, num_stages=st)
            for bm, bs, bh, w, st in ((64, 64, 64, 4, 3), (64, 64, 128, 4, 3),
                                      (128, 64, 64, 8, 3), (128, 64, 128, 8, 3),
                                      (128, 128, 64, 8, 3), (64, 32, 128, 4, 4))]
-EXPERTS += [{"dw_BR": 32}, {"dw_BR": 128}, {"dw_BH": 128}, {"dw_warps": 8, "dw_stages": 3}]
+EXPERTS += [{"dw_BR": 32}, {"dw_BR": 128}, {"dw_BH": 128}, {"dw_warps": 8, "dw_stages": 3},
+            {"dw_piece_rows": 256}, {"dw_piece_rows": 2048}, {"dw_piece_rows": 2 ** 62}]
 # the layer benchmarks' point (bf16 weights), and the h = 512 pair's training micro-batch
-# (16,384 tokens; fp32 weights, as the trainer's kernels read them under autocast)
-EXPERT_POINTS = [(LayerPoint(512, 8192), torch.bfloat16),
-                 (LayerPoint(512, 8192, s=128), torch.bfloat16),
-                 (LayerPoint(512, 256, N=16384), torch.float32),
-                 (LayerPoint(512, 1792, s=56, N=16384), torch.float32)]
+# (16,384 tokens; fp32 weights, as the trainer's kernels read them under autocast), with
+# uniform routing and with a Zipf-skewed one (a run's first steps: H_norm about 0.5)
+EXPERT_POINTS = [(LayerPoint(512, 8192), torch.bfloat16, "uniform"),
+                 (LayerPoint(512, 8192, s=128), torch.bfloat16, "uniform"),
+                 (LayerPoint(512, 256, N=16384), torch.float32, "uniform"),
+                 (LayerPoint(512, 1792, s=56, N=16384), torch.float32, "uniform"),
+                 (LayerPoint(512, 256, N=16384), torch.float32, "zipf"),
+                 (LayerPoint(512, 1792, s=56, N=16384), torch.float32, "zipf")]
+ZIPF = 1.2     # expert e (in a random order) chosen with weight 1 / (e + 1)^ZIPF
 
 
 def _launch_errors() -> tuple:
@@ -107,12 +112,18 @@ def router_tune(device, *, quick=False, progress=None):
         free(device)
 
 
-def _expert_inputs(p: LayerPoint, wdtype, device):
+def _expert_inputs(p: LayerPoint, wdtype, device, routing: str = "uniform"):
     """Uniform random routing (a repeated expert within a row is rare and harmless to
-    timing), bf16 tokens, weights in wdtype."""
+    timing), or "zipf": k distinct experts a row drawn with weights 1 / (rank + 1)^ZIPF, the
+    ranks a random order of the experts; bf16 tokens, weights in wdtype."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(p.N, p.h, device=device, generator=g).to(torch.bfloat16)
-    idx = torch.randint(0, p.M, (p.N, p.k), device=device, generator=g).int()
+    if routing == "zipf":
+        weight = (torch.arange(p.M, device=device) + 1.0) ** -ZIPF
+        weight = weight[torch.randperm(p.M, device=device, generator=g)]
+        idx = torch.multinomial(weight.expand(p.N, p.M), p.k, generator=g).int()
+    else:
+        idx = torch.randint(0, p.M, (p.N, p.k), device=device, generator=g).int()
     gates = torch.softmax(torch.randn(p.N, p.k, device=device, generator=g), -1)
     ws = [(torch.randn(*shape, device=device, generator=g) * 0.05).to(wdtype)
           for shape in ((p.M, p.s, p.h), (p.M, p.s, p.h), (p.M, p.h, p.s))]
@@ -145,14 +156,16 @@ def _expert_phases(p: LayerPoint, cfg: dict, args, device) -> dict:
 def run_experts_tune(device, *, quick=False, progress=None):
     """Rows of `bench experts --tune`: forward and backward of each block configuration."""
     env, ceil = environment(device), ceilings(device)
-    points = [(LayerPoint(32, 8, s=16, N=32), torch.bfloat16)] if quick else EXPERT_POINTS
+    points = ([(LayerPoint(32, 8, s=16, N=32), torch.bfloat16, "uniform"),
+               (LayerPoint(32, 8, s=16, N=32), torch.bfloat16, "zipf")] if quick
+              else EXPERT_POINTS)
     configs = [{"BM": 32}] if quick else EXPERTS
-    plan = [(p, wdtype, [{}] + [c for c in configs              # BS no wider than s needs
-                                if c.get("BS", 0) <= 1 << (p.s - 1).bit_length()])
-            for p, wdtype in points]
-    total, i = sum(2 - _dw_only(c) for _, _, cfgs in plan for c in cfgs), 0
-    for p, wdtype, cfgs in plan:
-        x, gates, idx, ws = _expert_inputs(p, wdtype, device)
+    plan = [(p, wdtype, routing, [{}] + [c for c in configs     # BS no wider than s needs
+                                         if c.get("BS", 0) <= 1 << (p.s - 1).bit_length()])
+            for p, wdtype, routing in points]
+    total, i = sum(2 - _dw_only(c) for *_, cfgs in plan for c in cfgs), 0
+    for p, wdtype, routing, cfgs in plan:
+        x, gates, idx, ws = _expert_inputs(p, wdtype, device, routing)
         fwd, fwd_bytes, bwd_bytes = expert_cost(p)
         default = {}
         for cfg in cfgs:
@@ -162,7 +175,8 @@ def run_experts_tune(device, *, quick=False, progress=None):
                 default.setdefault(phase, got["ms"])         # the default comes first
                 fl = floor_ms(flops, nbytes, ceil)
                 row = _row("experts", p, "experts", env, ceil, sweep="tune", phase=phase,
-                           config=cfg, weights=str(wdtype).removeprefix("torch."), **got,
+                           config=cfg, weights=str(wdtype).removeprefix("torch."),
+                           routing=routing, **got,
                            flops=flops, bytes=nbytes, floor_ms=fl)
                 if got["ms"]:
                     row.update(ratio_to_floor=got["ms"] / fl if fl else None,

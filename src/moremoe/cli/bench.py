@@ -377,8 +377,10 @@ def add_bench_parser(sub) -> None:
             pb.add_argument("--tune", action="store_true",
                             help="instead, time the kernels' block configurations beside "
                                  "their defaults, forward and backward, at h=512, M=8192 "
-                                 "(s=64, 128) and the h512 pair's training micro-batch "
-                                 "(to rerun on a new GPU)")
+                                 "(s=64, 128) and the h512 pair's training micro-batch, "
+                                 "there also with Zipf-skewed routing (hot experts, as in "
+                                 "a run's first steps; rows say which) (to rerun on a new "
+                                 "GPU)")
         if name == "phonebook":
             pb.add_argument("--modes", type=_subset_arg("--modes", lambda: MODES),
                             default=list(MODES), help="step modes of the one-run rows "
