@@ -24,6 +24,7 @@ from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more", "peer")
 MOMENTS = ("fp32", "bf16")
+UPDATES = ("auto", "fused")     # training/optim.py's choices
 EXPERT_GRADS = ("auto", "autograd", "in_place")
 GRAD_DTYPES = ("fp32", "bf16")
 SECTIONS = ("model", "optim", "train", "parallel")
@@ -122,6 +123,10 @@ class OptimSpec:
                                       # gradients into .grad across micro-steps (one process
                                       # or expert shards; nn/experts.py); "auto": in_place
                                       # there with fp32 grads, else autograd
+    update: str = "auto"              # with fp32 moments on a GPU: "auto" updates tensors of
+                                      # 2^22 elements or more by the one-pass Triton kernel
+                                      # and the rest by torch's fused AdamW (the faster of the
+                                      # two by size, measured); "fused": torch's for all
     grads: str = "fp32"               # the parameters' .grad: "fp32", or "bf16" (2 bytes a
                                       # parameter; micro-steps accumulate in bf16; one
                                       # process, with moments=bf16; training/optim.py)
@@ -146,6 +151,9 @@ class OptimSpec:
         if self.moments not in MOMENTS:
             raise ValueError(f"optim.moments must be one of {', '.join(MOMENTS)}, got "
                              f"{self.moments!r}")
+        if self.update not in UPDATES:
+            raise ValueError(f"optim.update must be one of {', '.join(UPDATES)}, got "
+                             f"{self.update!r}")
         if self.expert_grads not in EXPERT_GRADS:
             raise ValueError(f"optim.expert_grads must be one of {', '.join(EXPERT_GRADS)}, "
                              f"got {self.expert_grads!r}")
@@ -272,7 +280,7 @@ class ParallelSpec:
 # Keys whose values are names from a list: a value of the wrong type names the list too
 CHOICES = {"parallel.data": DATA_MODES, "parallel.reduce_dtype": REDUCE_DTYPES,
            "optim.moments": MOMENTS, "optim.expert_grads": EXPERT_GRADS,
-           "optim.grads": GRAD_DTYPES}
+           "optim.grads": GRAD_DTYPES, "optim.update": UPDATES}
 
 
 # Fields a resumed run may change: budget, logging, hardware and where things live. The
@@ -284,7 +292,8 @@ RESUMABLE = {"train": {"data", "batch_size", "grad_accum", "max_steps", "max_tok
                        "tensorboard", "peak_tflops", "nan_policy", "nan_skip_limit",
                        "activation_checkpointing", "fused_loss"},
              "model": {"router_impl", "experts_impl"},
-             "optim": {"expert_grads", "grads"},   # gradients: not part of the saved state
+             # gradients: not part of the saved state; update: the same state either way
+             "optim": {"expert_grads", "grads", "update"},
              # checkpoints hold the whole state, any layout; a resumed run may reduce in
              # another dtype or bucket size (it then follows another rounding of the average)
              "parallel": {"data", "expert", "bucket_mb", "reduce_dtype"}}

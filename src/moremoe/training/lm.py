@@ -150,7 +150,8 @@ class LMTrainer:
         self.in_place = in_place_expert_banks(self.model) if in_place else []
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
-                                  fused=self.dev.type == "cuda", moments=o.moments)
+                                  fused=self.dev.type == "cuda", moments=o.moments,
+                                  update=o.update)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, o.warmup_frac, o.min_lr_frac))
         if self._pending is not None:

@@ -8,6 +8,14 @@ optimizer state a parameter instead of 8, the fp32 weights staying the master co
 each parameter's update is one Triton pass (ops/adamw.py). Its measured effect on the loss:
 benchmarks/NOTES.md (issue 27).
 
+With fp32 moments on a GPU (optim.update=auto) the update is chosen by size, from the
+measured step (benchmarks/NOTES.md, issue 27: MoRE-1792's norm, clip and AdamW 21.3 ms with
+the one-pass Triton update against 26.5 with torch's fused AdamW, MoE-256 6.0 against 5.0):
+``SplitAdamW``, torch's fused AdamW for the many small tensors (its multi-tensor launches)
+and the one-pass update for tensors of at least 2^22 elements (the expert banks), where the
+bytes a parameter (32 against 36: the fused update writes the scaled gradient back)
+outweigh a launch each.
+
 ``clipped_step`` folds the global-norm clip into the update: the clip coefficient is a
 device scalar that the update multiplies each gradient by as it reads it (torch's fused
 AdamW: as its grad_scale), so no pass writes the clipped gradients before the update."""
@@ -20,6 +28,7 @@ import torch
 from ..nn.experts import SwiGLUExperts
 from ..nn.peer import PEERLayer
 from ..ops.adamw import adamw_
+from .config import UPDATES
 from ..ops.dispatch import resolve_impl
 from ..nn.router import LinearRouter, LowRankRouter
 
@@ -44,16 +53,21 @@ def param_groups(model: torch.nn.Module, *, lr: float, weight_decay: float,
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
                    weight_decay: float = 0.01, router_lr: float | None = None,
-                   fused: bool = False, moments: str = "fp32",
-                   capturable: bool = False) -> torch.optim.Optimizer:
+                   fused: bool = False, moments: str = "fp32", capturable: bool = False,
+                   update: str = "auto") -> torch.optim.Optimizer:
     """AdamW over param_groups (fused: the one-kernel implementation; capturable: its step
     may be captured in a CUDA graph); moments="bf16": LowPrecisionAdamW, the moments in
-    bfloat16."""
+    bfloat16; update="auto" with fused fp32 moments: SplitAdamW (the large tensors by the
+    one-pass update), "fused": torch's fused AdamW for every tensor."""
     groups = param_groups(model, lr=lr, weight_decay=weight_decay, router_lr=router_lr)
     if moments == "bf16":
         return LowPrecisionAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
     if moments != "fp32":
         raise ValueError(f"moments must be fp32 or bf16, got {moments!r}")
+    if update not in UPDATES:
+        raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
+    if fused and not capturable and update == "auto":
+        return SplitAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps,
                              **({"fused": True} if fused else {}),
                              **({"capturable": True} if capturable else {}))
@@ -80,6 +94,56 @@ def set_grad_dtype(model: torch.nn.Module, grads: str, world: int) -> None:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (FSDP2), a plain tensor as it is."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+class SplitAdamW(torch.optim.AdamW):
+    """torch's fused AdamW, except for the tensors of at least BIG elements, which the
+    one-pass update of ops/adamw.py takes (the same arithmetic; a clip set as torch's
+    grad_scale is read as its reciprocal coefficient, the gradient not written back). The
+    state is torch's (fp32 moments; the large tensors' step counter on the host, no read
+    back per tensor), so checkpoints load into either class."""
+
+    BIG = 1 << 22
+
+    def __init__(self, params, **kw):
+        super().__init__(params, fused=True, **kw)
+
+    def _big(self, p: torch.Tensor) -> bool:
+        return p.numel() >= self.BIG
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        held = [(p, p.grad) for g in self.param_groups for p in g["params"]
+                if p.grad is not None and self._big(p)]
+        for p, _ in held:                 # torch's fused step skips a tensor without .grad
+            p.grad = None
+        try:
+            loss = super().step(closure)
+        finally:
+            for p, g in held:
+                p.grad = g
+        scale = getattr(self, "grad_scale", None)
+        coef = None if scale is None else scale.reciprocal()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and self._big(p):
+                    self._update(p, group, coef)
+        return loss
+
+    def _update(self, p: torch.Tensor, group: dict, coef: torch.Tensor | None) -> None:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        step = state["step"]
+        if step.device.type != "cpu":     # a checkpoint of torch's fused AdamW
+            state["step"] = step = step.cpu()
+        step += 1
+        (beta1, beta2), t = group["betas"], float(step)
+        w, g, m, v = (_local(x) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
+        adamw_(w, g, m, v, lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
+               weight_decay=group["weight_decay"], step=t, coef=coef)
 
 
 class LowPrecisionAdamW(torch.optim.Optimizer):
