@@ -33,7 +33,9 @@ parameter on a GPU; the loss measured within run-to-run noise, benchmarks/NOTES.
 and so does --set train.fused_loss=true (the output head and the loss in chunks of tokens:
 the (tokens, vocabulary) logits are never stored).
 The fused expert backward adds its weight gradients into .grad across micro-steps
-(optim.expert_grads=auto, the default: one process or expert shards with fp32 gradients;
+(optim.expert_grads=auto, the default: one process, DDP or expert shards, with fp32
+gradients; under DDP the trainer all-reduces those gradients during the last micro-step's
+backward;
 =autograd turns it off). --set optim.grads=bf16 (with optim.moments=bf16, one
 process) keeps the gradients in bf16, 2 bytes a parameter, accumulated in bf16.
 

@@ -52,14 +52,17 @@ def check_bucket(bucket_mb: float, *, compiled: bool, world: int, data: str = "d
 def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",
                 compile_scope: str | None = None, mode: str = "default",
                 experts: ExpertPlan | None = None, checkpointing: bool = False,
-                bucket_mb: float = 25.0, reduce_dtype: str = "fp32") -> torch.nn.Module:
+                bucket_mb: float = 25.0, reduce_dtype: str = "fp32",
+                ignore: tuple = ()) -> torch.nn.Module:
     """model (its parameters sharded in place under data="fsdp" with several ranks, its MoE
     layers replaced by expert shards with `experts`) -> the module to call for training:
     DDP-wrapped, and compiled as a whole with compile_scope="model" ("blocks": each block
     compiled in place; None: eager). With expert parallelism the MoE layers run eagerly
     (either scope compiles each block's norms and attention), and DDP / FSDP2 leave the
     expert shards to the plan; checkpointing: activation checkpointing of every block;
-    bucket_mb and reduce_dtype: DDP's gradient buckets and the dtype they are all-reduced in.
+    bucket_mb and reduce_dtype: DDP's gradient buckets and the dtype they are all-reduced in;
+    ignore: parameter names DDP leaves out (the expert banks that accumulate their gradients
+    in place: the trainer all-reduces those itself, training/bank_sync.py).
 
     Under DDP torch.compile splits each compiled graph where DDP's buckets end (dynamo's
     DDPOptimizer, on by default): the compiled backward then runs as one piece per bucket
@@ -71,11 +74,11 @@ def parallelize(model: torch.nn.Module, info: DistInfo, *, data: str = "ddp",
     buckets from the start."""
     if checkpointing:      # full recompute under expert parallelism: every collective again
         model.checkpoint_blocks(full=experts is not None)
-    ignore, group = [], None
+    ignore, group = list(ignore), None
     graphs = compile_scope is not None and mode in CUDA_GRAPH_MODES and info.device.type == "cuda"
     if experts is not None:
         experts.apply(model)
-        ignore, group = experts.names, experts.rest_group
+        ignore, group = [*ignore, *experts.names], experts.rest_group
         if compile_scope is not None:
             model.compile_blocks(mode, moe=False)
             compile_scope = None

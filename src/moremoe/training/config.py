@@ -120,9 +120,10 @@ class OptimSpec:
                                       # instead of 8; one Triton pass a parameter on a GPU;
                                       # training/optim.py)
     expert_grads: str = "auto"        # "in_place": the fused expert backward adds the weight
-                                      # gradients into .grad across micro-steps (one process
-                                      # or expert shards; nn/experts.py); "auto": in_place
-                                      # there with fp32 grads, else autograd
+                                      # gradients into .grad across micro-steps (one process,
+                                      # DDP, expert shards; not FSDP2 of whole experts;
+                                      # nn/experts.py); "auto": in_place there with fp32
+                                      # grads, else autograd
     update: str = "auto"              # with fp32 moments on a GPU: "auto" updates tensors of
                                       # 2^22 elements or more by the one-pass Triton kernel
                                       # and the rest by torch's fused AdamW (the faster of the

@@ -204,16 +204,27 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
                                  for k, v in saved[i].items()}
 
 
+def _fused_banks(model: torch.nn.Module) -> list[SwiGLUExperts]:
+    return [m for m in model.modules() if isinstance(m, SwiGLUExperts)
+            and resolve_impl(m.impl, m.w_gate) == "triton"]
+
+
 def in_place_expert_banks(model: torch.nn.Module) -> list[SwiGLUExperts]:
     """Every expert bank of the model that trains with the fused kernels where its weights
     are (impl "auto" on CUDA; "triton", also in the CPU interpreter), set to accumulate its
     weight gradients into .grad in its backward (nn/experts.py); the caller's zero_grads
     restarts them."""
-    banks = [m for m in model.modules() if isinstance(m, SwiGLUExperts)
-             and resolve_impl(m.impl, m.w_gate) == "triton"]
+    banks = _fused_banks(model)
     for m in banks:
         m.accumulate_grads_in_place()
     return banks
+
+
+def in_place_bank_names(model: torch.nn.Module) -> list[str]:
+    """The parameter names of the weights in_place_expert_banks(model) would take (for DDP
+    to leave out of its buckets: their gradients are all-reduced after the backward)."""
+    own = {id(w) for m in _fused_banks(model) for w in m.weights()}
+    return [name for name, p in model.named_parameters() if id(p) in own]
 
 
 @torch.no_grad()
