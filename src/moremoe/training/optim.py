@@ -27,7 +27,7 @@ import torch
 
 from ..nn.experts import SwiGLUExperts
 from ..nn.peer import PEERLayer
-from ..ops.adamw import adamw_
+from ..ops.adamw import CHUNK, adamw_
 from .config import UPDATES
 from ..ops.dispatch import resolve_impl
 from ..nn.router import LinearRouter, LowRankRouter
@@ -127,23 +127,26 @@ class SplitAdamW(torch.optim.AdamW):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None and self._big(p):
-                    self._update(p, group, coef)
+                    _one_pass(self.state[p], p, group, coef, torch.float32)
         return loss
 
-    def _update(self, p: torch.Tensor, group: dict, coef: torch.Tensor | None) -> None:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            for key in ("exp_avg", "exp_avg_sq"):
-                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        step = state["step"]
-        if step.device.type != "cpu":     # a checkpoint of torch's fused AdamW
-            state["step"] = step = step.cpu()
-        step += 1
-        (beta1, beta2), t = group["betas"], float(step)
-        w, g, m, v = (_local(x) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
-        adamw_(w, g, m, v, lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
-               weight_decay=group["weight_decay"], step=t, coef=coef)
+
+def _one_pass(state: dict, p: torch.Tensor, group: dict, coef: torch.Tensor | None,
+              moment_dtype: torch.dtype, chunk: int = CHUNK) -> None:
+    """One parameter's AdamW update by ops/adamw.py, its state under torch's keys: the step
+    counter on the host (a checkpoint's device counter is moved there: no read back a
+    parameter), the moments in moment_dtype."""
+    if not state:
+        state["step"] = torch.tensor(0.0)
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = torch.zeros_like(p, dtype=moment_dtype)
+    if state["step"].device.type != "cpu":      # a checkpoint of torch's fused AdamW
+        state["step"] = state["step"].cpu()
+    state["step"] += 1
+    (beta1, beta2), t = group["betas"], float(state["step"])
+    w, g, m, v = (_local(x) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
+    adamw_(w, g, m, v, lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
+           weight_decay=group["weight_decay"], step=t, coef=coef, chunk=chunk)
 
 
 class LowPrecisionAdamW(torch.optim.Optimizer):
@@ -173,21 +176,9 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, group, grad_coef)
+                    _one_pass(self.state[p], p, group, grad_coef, self.moment_dtype,
+                              self.CHUNK)
         return loss
-
-    def _update(self, p: torch.Tensor, group: dict, coef: torch.Tensor | None) -> None:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            for key in ("exp_avg", "exp_avg_sq"):
-                state[key] = torch.zeros_like(p, dtype=self.moment_dtype)
-        state["step"] += 1
-        (beta1, beta2), t = group["betas"], float(state["step"])
-        w, g, m, v = (_local(x) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
-        adamw_(w, g, m, v, lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
-               weight_decay=group["weight_decay"], step=t,
-               coef=coef, chunk=self.CHUNK)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load casts every state tensor to its parameter's dtype (fp32 here, and all
