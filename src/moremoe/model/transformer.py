@@ -171,8 +171,13 @@ def _native_gqa(q_BHTD: torch.Tensor, sdpa_kwargs: dict) -> bool:
     benchmarks/NOTES.md, issue 36). Elsewhere (fp32, a mask, a CPU, older GPUs) SDPA would
     fall back to its unfused math kernel for enable_gqa, so the heads are repeated."""
     return (q_BHTD.is_cuda and q_BHTD.dtype in (torch.bfloat16, torch.float16)
-            and "attn_mask" not in sdpa_kwargs
-            and torch.cuda.get_device_capability(q_BHTD.device) >= (8, 0))
+            and "attn_mask" not in sdpa_kwargs and _gqa_capable(q_BHTD.device.index))
+
+
+@torch.compiler.assume_constant_result
+def _gqa_capable(index: int | None) -> bool:
+    """Compute capability 8.0 or more (a constant to torch.compile, also under fullgraph)."""
+    return torch.cuda.get_device_capability(index) >= (8, 0)
 
 
 def _causal(T: int, S: int, device) -> dict:
