@@ -12,7 +12,8 @@ group's stream, after the work already queued on the compute stream) while the b
 goes on to the earlier layers, as DDP's buckets do. The hook acts only in the last
 micro-step (``arm``); ``finish`` launches any bank whose hook did not fire (a layer whose
 router does not train), waits, and divides by the ranks: the gradients are then those of
-one process over the global batch, as DDP's."""
+one process over the global batch, as DDP's. With no banks (one process, expert
+parallelism, FSDP2) it does nothing."""
 from __future__ import annotations
 
 from functools import partial
@@ -22,6 +23,22 @@ import torch.distributed as dist
 
 from ..nn.moe import MoELayer
 from ..parallel.ddp import DistInfo
+from .optim import in_place_bank_names
+
+
+def in_place_plan(model: torch.nn.Module, info: DistInfo, optim, data: str,
+                  experts) -> tuple[bool, tuple]:
+    """(whether the fused expert banks add their gradients into .grad in the backward, the
+    weight names DDP must leave out for BankSync). In place (docs/design.md, "The step's
+    parameter-proportional work") wherever FSDP2 does not shard them, with
+    optim.expert_grads "in_place", or "auto" with fp32 gradients; under DDP (several ranks,
+    no expert plan `experts`) their weights stay out of DDP's buckets and BankSync
+    all-reduces their gradients, overlapped with the last micro-step's backward."""
+    sharded = info.world > 1 and data == "fsdp" and experts is None
+    in_place = not sharded and (optim.expert_grads == "in_place"
+                                or optim.expert_grads == "auto" and optim.grads == "fp32")
+    sync = in_place and info.world > 1 and experts is None
+    return in_place, tuple(in_place_bank_names(model)) if sync else ()
 
 
 class BankSync:

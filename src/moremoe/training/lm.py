@@ -40,9 +40,9 @@ from .config import RunConfig
 from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
-from .bank_sync import BankSync
-from .optim import (clipped_step, cosine_with_warmup, in_place_bank_names,
-                    in_place_expert_banks, make_optimizer, set_grad_dtype, zero_grads)
+from .bank_sync import BankSync, in_place_plan
+from .optim import (clipped_step, cosine_with_warmup, in_place_expert_banks, make_optimizer,
+                    set_grad_dtype, zero_grads)
 from .signals import StopSignals, exit_status
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
@@ -139,25 +139,16 @@ class LMTrainer:
         t, o, par = self.cfg.train, self.cfg.optim, self.cfg.parallel
         self.graphs = self.compile_mode in plan.CUDA_GRAPH_MODES and self.dev.type == "cuda"
         self.experts = expert_plan.ExpertPlan(self.info, par.expert) if par.expert > 1 else None
-        # the fused expert banks add their gradients into .grad in the backward (docs/design.md,
-        # "The step's parameter-proportional work") wherever FSDP2 does not shard them; under
-        # DDP their weights stay out of its buckets and BankSync all-reduces their gradients,
-        # overlapped with the last micro-step's backward
-        sharded = self.info.world > 1 and par.data == "fsdp" and self.experts is None
-        in_place = not sharded and (o.expert_grads == "in_place"
-                                    or o.expert_grads == "auto" and o.grads == "fp32")
-        sync = in_place and self.info.world > 1 and self.experts is None
+        in_place, skip = in_place_plan(self.model, self.info, o, par.data, self.experts)
         self.ddp_model = plan.parallelize(
             self.model, self.info, data=par.data, experts=self.experts, mode=self.compile_mode,
             compile_scope=t.compile_scope if t.compile else None, bucket_mb=par.bucket_mb,
-            checkpointing=t.activation_checkpointing, reduce_dtype=par.reduce_dtype,
-            ignore=tuple(in_place_bank_names(self.model)) if sync else ())
+            checkpointing=t.activation_checkpointing, reduce_dtype=par.reduce_dtype, ignore=skip)
         self.in_place = in_place_expert_banks(self.model) if in_place else []
-        self.bank_sync = BankSync(self.model, self.in_place, self.info) if sync else None
+        self.bank_sync = BankSync(self.model, self.in_place if skip else [], self.info)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
-                                  fused=self.dev.type == "cuda", moments=o.moments,
-                                  update=o.update)
+                                  fused=self.dev.type == "cuda", moments=o.moments, update=o.update)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, o.warmup_frac, o.min_lr_frac))
         if self._pending is not None:
@@ -251,8 +242,7 @@ class LMTrainer:
             last = j == accum - 1
             if self.graphs:                 # this micro-step may overwrite the last one's outputs
                 torch.compiler.cudagraph_mark_step_begin()
-            if self.bank_sync is not None:
-                self.bank_sync.arm(last)
+            self.bank_sync.arm(last)             # DDP's in-place expert gradients
             with fsdp.no_sync(self.ddp_model, self.info, last):
                 with torch.autocast(device_type=self.dev.type, dtype=self.amp,
                                     enabled=self.amp is not None):
@@ -262,8 +252,7 @@ class LMTrainer:
             sums += torch.stack([out.loss, out.lm_loss, out.aux_loss]).detach().float()
         if self.experts is not None:
             self.experts.reduce_gradients()
-        elif self.bank_sync is not None:
-            self.bank_sync.finish()
+        self.bank_sync.finish()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         gnorm = (fsdp.whole(torch.nn.utils.get_total_norm(grads)) if self.experts is None
                  else self.experts.total_norm(self.model.parameters()))
