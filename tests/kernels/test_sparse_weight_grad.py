@@ -30,3 +30,18 @@ def test_hot_experts_in_pieces_sum_as_fp64(pieces, R):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got[6], torch.zeros(R, device=DEV))
     assert torch.equal(sparse_weight_grad(a, idx, dval, M, piece_pairs=pieces), got)
+
+
+def test_the_plan_caps_the_scratch_by_growing_the_pieces():
+    """The scratch is allocated whatever the routing: at most MAX_SLOTS slots, the pieces
+    growing past their default size for more rows; every piece of an expert accounted for."""
+    from moremoe.kernels import expert_wgrad as wgrad
+    for total, rows in ((2000, 512), (1 << 20, 2048)):
+        counts = torch.tensor([total - 3, 0, 3])              # one hot expert, one empty
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+        p = wgrad.plan(offsets, 3, 1, wgrad.PIECE_ROWS, total)
+        assert p.rows == rows and p.slots <= wgrad.MAX_SLOTS
+        n = -(-(total - 3) // rows)
+        assert p.first.tolist() == [0, n, n + 1] and p.count.tolist() == counts.tolist()
+        assert p.owner[:n + 2].tolist() == [0] * n + [1, 2]
+        assert (p.owner[n + 2:] == 3).all() and p.bound >= n + 2

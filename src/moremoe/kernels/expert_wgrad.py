@@ -13,8 +13,11 @@ c_e = Σ_c c_{c,e}, are cut into n_e = max(1, ceil(c_e / P)) pieces of P rows:
                                        last); slot_e the first scratch slot of an expert of
                                        several pieces. B = M + ceil(total / P) programs
                                        cover every piece, S = 2 ceil(total / P) slots every
-                                       several-piece expert's (c_e > P: n_e < 2 c_e / P).
-                                       Device tensors only: no host sync.
+                                       several-piece expert's (c_e > P: n_e < 2 c_e / P);
+                                       P grows with `total` so that S <= MAX_SLOTS (the
+                                       scratch is allocated whatever the routing: 128 MB at
+                                       most for a (64, 512) fp32 weight). Device tensors
+                                       only: no host sync.
   _piece_kernel   (B, C/BC, D/BD)      the piece's rows in sorted order (a piece may span the
                                        chunks of its expert: their row ranges are walked in
                                        chunk order); an expert of one piece is stored to DW
@@ -33,18 +36,33 @@ expert one piece: the one-program-per-expert schedule, kept for comparison (conf
 dw_piece_rows)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from ._common import load_rows
 
-PIECE_ROWS = 512      # P: rows a program sums (8 MMAs of 64 rows)
+PIECE_ROWS = 512      # P: rows a program sums (8 MMAs of 64 rows), at least
+MAX_SLOTS = 1024      # scratch slots at most: P grows past PIECE_ROWS for more rows
 
 
-def plan(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int, total: int):
-    """(owner (B,) int32, first (M,) int64, count (M,) int64, slot (M,) int64, B, S) for the
-    sorted rows offsets (chunks·M + 1,) of `total` rows: each expert's pieces, see above."""
+class Plan(NamedTuple):
+    owner: torch.Tensor       # (B,) int32: each piece's expert, M past the last
+    first: torch.Tensor       # (M,) int64: each expert's first piece
+    count: torch.Tensor       # (M,) int64: each expert's rows over every chunk
+    slot: torch.Tensor        # (M,) int64: a several-piece expert's first scratch slot
+    bound: int                # B, the programs a launch takes
+    slots: int                # S, the scratch slots
+    rows: int                 # P, the rows a piece holds
+
+
+def plan(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int,
+         total: int) -> Plan:
+    """Each expert's pieces of the sorted rows offsets (chunks·M + 1,) of `total` rows, at
+    least piece_rows rows a piece, see above."""
+    piece_rows = max(piece_rows, triton.cdiv(2 * total, MAX_SLOTS))
     per = (offsets[1:] - offsets[:-1]).reshape(chunks, experts).sum(0)       # c_e
     n = torch.clamp(torch.div(per + piece_rows - 1, piece_rows, rounding_mode="floor"), min=1)
     ends = torch.cumsum(n, 0)
@@ -53,8 +71,8 @@ def plan(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int, tota
                                                   dtype=ends.dtype), right=True)
     several = torch.where(n > 1, n, 0)
     slot = torch.cumsum(several, 0) - several
-    return (owner.to(torch.int32), ends - n, per, slot, bound,
-            max(1, 2 * triton.cdiv(total, piece_rows)))
+    return Plan(owner.to(torch.int32), ends - n, per, slot, bound,
+                max(1, 2 * triton.cdiv(total, piece_rows)), piece_rows)
 
 
 @triton.jit
@@ -147,23 +165,23 @@ def _reduce_kernel(DW, KEEP, COUNT, SLOT, SCRATCH, M, C, D, P, sw_e, sw_c, sw_d,
 
 def weight_grad(a, b, gates, dw, keep, offsets, order, *, experts: int, chunks: int, k: int,
                 a_by_token: bool, b_by_token: bool, scale_a: bool, accumulate: bool,
-                br: int, bc: int, bd: int, warps: int, stages: int, pieces=None,
+                br: int, bc: int, bd: int, warps: int, stages: int, pieces: Plan | None = None,
                 piece_rows: int = PIECE_ROWS):
     """dw[e] (= or +=, see the module) Σ over expert e's sorted rows of aᵀ b: a (rows, C),
     b (rows, D) (by token or sorted, as the flags say), dw (M, C, D); pieces: a plan() to
     reuse (the three weight gradients of a backward share one)."""
     M, C, D = experts, dw.shape[1], dw.shape[2]
     total = order.shape[0]
-    owner, first, count, slot, bound, slots = pieces or plan(offsets, M, chunks, piece_rows,
-                                                             total)
+    owner, first, count, slot, bound, slots, rows = pieces or plan(offsets, M, chunks,
+                                                                   piece_rows, total)
     scratch = torch.empty(slots, C, D, device=dw.device, dtype=torch.float32)
     flag = keep if accumulate else count            # unread without ACCUMULATE
     tiles = (triton.cdiv(C, bc), triton.cdiv(D, bd))
     _piece_kernel[(bound, *tiles)](
         a, b, gates, dw, flag, offsets, order, owner, first, count, slot, scratch, chunks, M,
-        C, D, k, piece_rows, a.stride(0), b.stride(0), *dw.stride(), A_BY_TOKEN=a_by_token,
+        C, D, k, rows, a.stride(0), b.stride(0), *dw.stride(), A_BY_TOKEN=a_by_token,
         B_BY_TOKEN=b_by_token, SCALE_A=scale_a, ACCUMULATE=accumulate, BR=br, BC=bc, BD=bd,
         num_warps=warps, num_stages=stages)
-    _reduce_kernel[(M, *tiles)](dw, flag, count, slot, scratch, M, C, D, piece_rows,
+    _reduce_kernel[(M, *tiles)](dw, flag, count, slot, scratch, M, C, D, rows,
                                 *dw.stride(), ACCUMULATE=accumulate, BC=bc, BD=bd,
                                 num_warps=4)

@@ -316,16 +316,16 @@ def sparse_weight_grad(a, idx, dval, experts: int, piece_pairs: int = SPARSE_PIE
     sorted_e, order = torch.sort(flat, stable=True)
     offsets = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=a.device,
                                                         dtype=flat.dtype))
-    owner, first, _, slot, bound, slots = wgrad.plan(offsets, experts, 1, piece_pairs,
-                                                     flat.shape[0])
+    owner, first, _, slot, bound, slots, rows = wgrad.plan(offsets, experts, 1, piece_pairs,
+                                                           flat.shape[0])
     scratch = torch.empty(slots, R, device=a.device, dtype=torch.float32)
     BR = min(128, max(16, triton.next_power_of_2(R)))
     _sparse_cols_kernel[(bound, triton.cdiv(R, BR))](
         a, order, offsets, dval.float().contiguous(), out, owner, first, slot, scratch,
-        experts, R, piece_pairs, a.stride(0), a.stride(1), out.stride(0), K=k, BP=32, BR=BR,
+        experts, R, rows, a.stride(0), a.stride(1), out.stride(0), K=k, BP=32, BR=BR,
         num_warps=4)
     _sparse_reduce_kernel[(experts, triton.cdiv(R, BR))](
-        out, offsets, slot, scratch, R, piece_pairs, out.stride(0), BR=BR, num_warps=4)
+        out, offsets, slot, scratch, R, rows, out.stride(0), BR=BR, num_warps=4)
     return out
 
 

@@ -442,7 +442,7 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
         bs, bh = c["dw_BS"], c["dw_BH"]
         rows = c["dw_piece_rows"]
         wk = dict(experts=M, chunks=chunks, k=k, accumulate=into is not None, br=c["dw_BR"],
-                  warps=c["dw_warps"], stages=c["dw_stages"], piece_rows=rows,
+                  warps=c["dw_warps"], stages=c["dw_stages"],
                   pieces=wgrad.plan(meta.offsets, M, chunks, rows, P))
         for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
             wgrad.weight_grad(a, x, gates_flat, dw, keep, meta.offsets, meta.order,
