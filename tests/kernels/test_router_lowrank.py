@@ -168,7 +168,8 @@ def test_the_sweeps_one_reduction_step_selects_as_its_two_reduction_step():
     two = kr.infer(x, R1, R2, 6, config={"BM": 32, "C": 0, "argmax": 0})
     one = kr.infer(x, R1, R2, 6, config={"BM": 32, "C": 0, "argmax": 1})
     assert torch.equal(one[1], two[1])
-    assert torch.equal(one[0], two[0])
+    # the values of the same experts, by two compiled variants: within an r- and an h-term sum
+    torch.testing.assert_close(one[0], two[0], **reduction_tol(torch.float32, 16 + 32))
 
 
 def test_nan_and_inf_logits_are_never_selected():
