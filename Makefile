@@ -14,6 +14,8 @@
 #                     marked gpu that needs one GPU, in one pytest run (7 minutes on an H200)
 #   make test-gpu-multi  the tests that need 2 or 4 GPUs (skipped with fewer), in one run; each
 #                     launches processes, bounded, and kills them (tests/procs.py).
+#   make test-gpu-kernels  every kernel test (tests/kernels, marked gpu or not) on the GPU:
+#                     the interpreter's odd sizes and edge cases compiled for the device
 #                     GPU_PYTHON picks the interpreter (default python3)
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +23,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LOCK := requirements/lock-cpu.txt
 
-.PHONY: demo test test-cpus test-demo test-gpu test-gpu-multi test-latest test-lowest lock setup clean
+.PHONY: demo test test-cpus test-demo test-gpu test-gpu-multi test-gpu-kernels test-latest test-lowest lock setup clean
 GPU_PYTHON ?= python3
 
 setup: $(VENV)/.installed
@@ -44,6 +46,9 @@ test-gpu:
 
 test-gpu-multi:
 	$(GPU_PYTEST) -m multi_gpu $(PYTEST_ARGS) tests
+
+test-gpu-kernels:
+	$(GPU_PYTEST) -m "not multi_gpu" $(PYTEST_ARGS) tests/kernels
 
 test-demo: setup
 	$(BIN)/python -m pytest -q -m demo tests/test_demo_conclusion.py

@@ -220,6 +220,15 @@ def dot_precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def matmul_precision(dtype) -> str:
+    """The products of fp32 inputs as torch makes its own fp32 matmuls: exact fp32 products
+    at torch.get_float32_matmul_precision() "highest" (torch's default), TF32 at "high" or
+    "medium" (the trainer's setting); other dtypes the MMA's own. Read at launch."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
+
+
 def fill_splits(device, programs: int, length: int, block: int) -> int:
     """How many ways to split a dimension of `length` (in blocks of `block`) so that
     `programs` × splits fills the GPU twice over; 1 on the CPU or when `programs` already

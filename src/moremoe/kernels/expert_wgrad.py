@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import load_rows
+from ._common import load_rows, matmul_precision
 
 PIECE_ROWS = 512      # P: rows a program sums (8 MMAs of 64 rows), at least
 MAX_SLOTS = 1024      # scratch slots at most: P grows past PIECE_ROWS for more rows
@@ -78,7 +78,8 @@ def plan(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int,
 @triton.jit
 def _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, hi, M, CHUNKS, C, D, K, sa_r, sb_r, cc, dd,
                c_ok, d_ok, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr,
-               SCALE_A: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+               SCALE_A: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+               PREC: tl.constexpr):
     """Σ of Aᵀ B over rows [lo, hi) of expert e's rows concatenated over the chunks (chunk c's
     rows are order[offsets[c·M + e] : offsets[c·M + e + 1]]), in that order."""
     acc = tl.zeros((BC, BD), tl.float32)
@@ -103,7 +104,7 @@ def _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, hi, M, CHUNKS, C, D, K, sa_r,
                 gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
                 a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
             b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
-            acc = tl.dot(tl.trans(a), b, acc)
+            acc = tl.dot(tl.trans(a), b, acc, input_precision=PREC)
         seen += end - start
     return acc
 
@@ -113,7 +114,7 @@ def _piece_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, OWNER, FIRST, COUNT, SL
                   CHUNKS, M, C, D, K, P, sa_r, sb_r, sw_e, sw_c, sw_d,
                   A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
                   ACCUMULATE: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                  BD: tl.constexpr):
+                  BD: tl.constexpr, PREC: tl.constexpr):
     """Piece program_id(0): its sum stored to DW (an expert of one piece; added where
     KEEP[0] != 0 with ACCUMULATE) or to its scratch slot (SCRATCH (S, C, D) fp32)."""
     i = tl.program_id(0)
@@ -128,7 +129,7 @@ def _piece_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, OWNER, FIRST, COUNT, SL
         lo = j * P
         acc = _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, tl.minimum(lo + P, count), M,
                          CHUNKS, C, D, K, sa_r, sb_r, cc, dd, c_ok, d_ok, A_BY_TOKEN,
-                         B_BY_TOKEN, SCALE_A, BR, BC, BD)
+                         B_BY_TOKEN, SCALE_A, BR, BC, BD, PREC)
         mask = c_ok[:, None] & d_ok[None, :]
         if count > P:       # several pieces: the scratch slot, added up by _reduce_kernel
             s = (tl.load(SLOT + e) + j).to(tl.int64)
@@ -181,7 +182,7 @@ def weight_grad(a, b, gates, dw, keep, offsets, order, *, experts: int, chunks: 
         a, b, gates, dw, flag, offsets, order, owner, first, count, slot, scratch, chunks, M,
         C, D, k, rows, a.stride(0), b.stride(0), *dw.stride(), A_BY_TOKEN=a_by_token,
         B_BY_TOKEN=b_by_token, SCALE_A=scale_a, ACCUMULATE=accumulate, BR=br, BC=bc, BD=bd,
-        num_warps=warps, num_stages=stages)
+        PREC=matmul_precision(a.dtype), num_warps=warps, num_stages=stages)
     _reduce_kernel[(M, *tiles)](dw, flag, count, slot, scratch, M, C, D, rows,
                                 *dw.stride(), ACCUMULATE=accumulate, BC=bc, BD=bd,
                                 num_warps=4)

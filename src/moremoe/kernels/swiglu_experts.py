@@ -43,7 +43,7 @@ import triton.language as tl
 
 from . import DTYPES
 from . import expert_wgrad as wgrad
-from ._common import load_rows, next_pow2
+from ._common import load_rows, matmul_precision, next_pow2
 from .routing_meta import RoutingMeta, routing_meta
 from .token_rows import combine_pairs
 
@@ -65,7 +65,8 @@ def _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM: tl.constexpr):
 
 @triton.jit
 def _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
-             h_lo, h_hi, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+             h_lo, h_hi, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr,
+             PREC: tl.constexpr):
     """(x W_gateᵀ, x W_upᵀ) (BM, BS) fp32 of expert e for the token rows tok, summed over
     h in [h_lo, h_hi)."""
     wg_base = WG + e.to(tl.int64) * sw_e
@@ -78,8 +79,8 @@ def _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
         x = load_rows(X, tok, ok, sx_n, hh, h_ok, 1)
         wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
         wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(x.dtype)
-        acc_xg = tl.dot(x, tl.trans(wg), acc_xg)
-        acc_xu = tl.dot(x, tl.trans(wu), acc_xu)
+        acc_xg = tl.dot(x, tl.trans(wg), acc_xg, input_precision=PREC)
+        acc_xu = tl.dot(x, tl.trans(wu), acc_xu, input_precision=PREC)
     return acc_xg, acc_xu
 
 
@@ -87,7 +88,8 @@ def _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
 def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M,
                     H, S, K, P, H_PER, sx_n, sw_e, sw_s, sw_h, SAVE: tl.constexpr,
                     SPLIT: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr,
-                    BH: tl.constexpr):
+                    BH: tl.constexpr,
+                    PREC: tl.constexpr):
     """SPLIT (inference with few blocks): program (b, j, q) sums h in [q·H_PER, (q+1)·H_PER)
     only, writing its fp32 partial xg, xu to XG, XU (n_split, P, S) for the down kernel."""
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
@@ -98,7 +100,8 @@ def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, 
         mask = ok[:, None] & s_ok[None, :]
         h_lo = tl.program_id(2) * H_PER
         acc_xg, acc_xu = _gate_up(X, WG, WU, e, pair // K, ok, ss, s_ok, H, sx_n, sw_e, sw_s,
-                                  sw_h, h_lo, tl.minimum(h_lo + H_PER, H), BM, BS, BH)
+                                  sw_h, h_lo, tl.minimum(h_lo + H_PER, H), BM, BS, BH,
+                                  PREC)
         if SPLIT:
             part = tl.program_id(2).to(tl.int64) * P * S + offs
             tl.store(XG + part, acc_xg, mask=mask)
@@ -114,7 +117,8 @@ def _gate_up_kernel(X, WG, WU, ACT, XG, XU, BLOCK_EXPERT, BLOCK_START, OFFSETS, 
 @triton.jit
 def _down_kernel(ACT, XG, XU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0,
                  M, H, S, P, N_SPLIT, sw_e, sw_h, sw_s, SPLIT: tl.constexpr,
-                 BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+                 BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr,
+                 PREC: tl.constexpr):
     """SPLIT: act = silu(Σ xg) Σ xu from the gate/up kernel's N_SPLIT fp32 partials, rounded
     to ACT's dtype as the stored act would be."""
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
@@ -139,7 +143,7 @@ def _down_kernel(ACT, XG, XU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS
             else:
                 a = load_rows(ACT, rows, ok, S, ss, s_ok, 1)
             wd = load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(a.dtype)
-            acc = tl.dot(a, tl.trans(wd), acc)
+            acc = tl.dot(a, tl.trans(wd), acc, input_precision=PREC)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         tl.store(OUT + pair[:, None] * H + hh[None, :], (acc * gate[:, None]).to(
             OUT.dtype.element_ty), mask=ok[:, None] & h_ok[None, :])
@@ -148,7 +152,8 @@ def _down_kernel(ACT, XG, XU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS
 @triton.jit
 def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M,
                   H, S, K, sx_n, sw_e, sw_s, sw_h, sd_e, sd_h, sd_s,
-                  ATOMIC: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+                  ATOMIC: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr,
+                  PREC: tl.constexpr):
     """Inference with s <= BS: gate/up and down projections in one program, act kept on chip
     (no (P, s) round trip, one launch). Program (b, j) does the down projection's h chunks
     j, j + n, j + 2n, ... (n programs along axis 1): n = 1 when there are blocks enough to
@@ -162,7 +167,7 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
         s_ok = ss < S
         wd_base = WD + e.to(tl.int64) * sd_e
         acc_xg, acc_xu = _gate_up(X, WG, WU, e, tok, ok, ss, s_ok, H, sx_n, sw_e, sw_s, sw_h,
-                                  0, H, BM, BS, BH)
+                                  0, H, BM, BS, BH, PREC)
         act = (acc_xg * tl.sigmoid(acc_xg) * acc_xu).to(X.dtype.element_ty)
         gate = tl.load(GATES + pair, mask=ok, other=0.0).to(tl.float32)
         dest = tok if ATOMIC else pair
@@ -170,7 +175,7 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
             hh = h0 + tl.arange(0, BH)
             h_ok = hh < H
             wd = load_rows(wd_base, hh, h_ok, sd_h, ss, s_ok, sd_s).to(act.dtype)
-            out = tl.dot(act, tl.trans(wd)) * gate[:, None]
+            out = tl.dot(act, tl.trans(wd), input_precision=PREC) * gate[:, None]
             ptr = OUT + dest[:, None] * H + hh[None, :]
             mask = ok[:, None] & h_ok[None, :]
             if ATOMIC:
@@ -182,7 +187,8 @@ def _fused_kernel(X, WG, WU, WD, GATES, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS,
 @triton.jit
 def _down_bwd_kernel(DY, WD, ACT, XG, XU, GATES, DXG, DXU, DGATE, BLOCK_EXPERT, BLOCK_START,
                      OFFSETS, ORDER, B0, M, H, S, P, K, sdy_n, sw_e, sw_h, sw_s,
-                     BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+                     BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr,
+                     PREC: tl.constexpr):
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         tok = pair // K
@@ -194,7 +200,8 @@ def _down_bwd_kernel(DY, WD, ACT, XG, XU, GATES, DXG, DXU, DGATE, BLOCK_EXPERT, 
             hh = h0 + tl.arange(0, BH)
             h_ok = hh < H
             dy = load_rows(DY, tok, ok, sdy_n, hh, h_ok, 1)
-            t = tl.dot(dy, load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(dy.dtype), t)
+            t = tl.dot(dy, load_rows(wd_base, hh, h_ok, sw_h, ss, s_ok, sw_s).to(dy.dtype), t,
+                       input_precision=PREC)
         offs = rows[:, None] * S + ss[None, :]
         mask = ok[:, None] & s_ok[None, :]
         act = tl.load(ACT + offs, mask=mask, other=0.0).to(tl.float32)
@@ -212,7 +219,8 @@ def _down_bwd_kernel(DY, WD, ACT, XG, XU, GATES, DXG, DXU, DGATE, BLOCK_EXPERT, 
 
 @triton.jit
 def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M,
-               H, S, sw_e, sw_s, sw_h, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr):
+               H, S, sw_e, sw_s, sw_h, BM: tl.constexpr, BS: tl.constexpr, BH: tl.constexpr,
+               PREC: tl.constexpr):
     e, rows, ok, pair = _block(BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER, B0, M, BM)
     if e >= 0:
         hh = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -227,8 +235,8 @@ def _dx_kernel(DXG, DXU, WG, WU, OUT, BLOCK_EXPERT, BLOCK_START, OFFSETS, ORDER,
             dxu = load_rows(DXU, rows, ok, S, ss, s_ok, 1)
             wg = load_rows(wg_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dxg.dtype)
             wu = load_rows(wu_base, ss, s_ok, sw_s, hh, h_ok, sw_h).to(dxu.dtype)
-            acc = tl.dot(dxg, wg, acc)
-            acc = tl.dot(dxu, wu, acc)
+            acc = tl.dot(dxg, wg, acc, input_precision=PREC)
+            acc = tl.dot(dxu, wu, acc, input_precision=PREC)
         tl.store(OUT + pair[:, None] * H + hh[None, :], acc.to(OUT.dtype.element_ty),
                  mask=ok[:, None] & h_ok[None, :])
 
@@ -277,10 +285,11 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
     return cfg
 
 
-def _launch(c: dict) -> dict:
-    """The row-block kernels' tile and launch parameters from a config."""
+def _launch(c: dict, dtype: torch.dtype) -> dict:
+    """The row-block kernels' tile and launch parameters from a config, and the products'
+    precision for inputs of dtype (matmul_precision)."""
     return dict(BM=c["BM"], BS=c["BS"], BH=c["BH"], num_warps=c["num_warps"],
-                num_stages=c["num_stages"])
+                num_stages=c["num_stages"], PREC=matmul_precision(dtype))
 
 
 def _meta(meta: RoutingMeta | None, idx, M: int, c: dict, first_expert, **kw) -> RoutingMeta:
@@ -327,7 +336,7 @@ def _launcher(x, gates_flat, w_gate, w_up, w_down, meta, k, c, *, save, fused, a
         def launch(b0, nb):
             _fused_kernel[(nb, split)](
                 x, w_gate, w_up, w_down, gates_flat, out, *args, b0, M, h, s, k, x.stride(0),
-                *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, **_launch(c))
+                *w_gate.stride(), *w_down.stride(), ATOMIC=atomic, **_launch(c, dt))
         return launch, out, None, None, None
     act = torch.empty(P, s, device=dev, dtype=dt)
     n_s, n_h = triton.cdiv(s, c["BS"]), triton.cdiv(h, c["BH"])
@@ -344,10 +353,10 @@ def _launcher(x, gates_flat, w_gate, w_up, w_down, meta, k, c, *, save, fused, a
     def launch(b0, nb):
         _gate_up_kernel[(nb, n_s, split)](
             x, w_gate, w_up, act, xg, xu, *args, b0, M, h, s, k, P, h_per, x.stride(0),
-            *w_gate.stride(), SAVE=save, SPLIT=split > 1, **_launch(c))
+            *w_gate.stride(), SAVE=save, SPLIT=split > 1, **_launch(c, dt))
         _down_kernel[(nb, n_h)](
             act, xg, xu, w_down, gates_flat, out, *args, b0, M, h, s, P, split,
-            *w_down.stride(), SPLIT=split > 1, **_launch(c))
+            *w_down.stride(), SPLIT=split > 1, **_launch(c, dt))
     return launch, out, act, xg, xu
 
 
@@ -434,7 +443,7 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
     dws = list(into) if into is not None else [
         (torch.empty_like if P else torch.zeros_like)(w) for w in (w_gate, w_up, w_down)]
     if P:
-        blk = _launch(c)
+        blk = _launch(c, dt)
         _down_bwd_kernel[(B, n_s)](dy, w_down, act, xg, xu, gates_flat, dxg, dxu, dgate, *args,
                                    0, M, h, s, P, k, dy.stride(0), *w_down.stride(), **blk)
         _dx_kernel[(B, triton.cdiv(h, c["BH"]))](dxg, dxu, w_gate, w_up, dx_pairs, *args, 0, M,
