@@ -37,14 +37,22 @@ def losses(step: PhonebookStep, chunks: int, every: int) -> list[float]:
     return out
 
 
+# How far one matrix's move from the start may differ between two runs of the same step:
+# the eager step is not bitwise repeatable on the GPU (two eager runs of the MoE-32 moved a
+# router weight 7.1 % further one time than the other after 60 steps; the MoRE-96's
+# matrices 3.6 %; benchmarks/results/nvidia-h200/captured_step_drift_*.json), and AdamW
+# turns a gradient near zero whose sign the rounding flips into a whole step of lr the other
+# way. A matrix the captured step leaves out, or updates twice, moves 30-100 % apart.
+MOVED_APART = 0.15
+
+
 @pytest.mark.parametrize("mode", ["graph", "compiled"])
 @pytest.mark.parametrize("model", PAIR, ids=["MoE-32", "MoRE-96"])
 def test_the_captured_step_is_the_eager_step(model, mode):
     """The same step queued by a graph replay (of the eager modules, or of the compiled
     blocks) or op by op: the same losses within a few bf16 ulps after 60 steps, and every
-    weight matrix moved as far from the shared initialisation (element by element they may
-    not agree: AdamW turns a gradient near zero whose sign the rounding flips into a whole
-    step of lr the other way, and 60 steps compound it)."""
+    weight matrix moved as far from the shared initialisation, within what two eager runs
+    differ by (MOVED_APART; element by element they may not agree)."""
     eager = PhonebookStep(model, cfg(), 1e-3, device=CUDA, mode="eager")
     graph = PhonebookStep(model, cfg(), 1e-3, device=CUDA, mode=mode)
     start = [p.detach().clone() for p in eager.model.parameters()]
@@ -56,9 +64,11 @@ def test_the_captured_step_is_the_eager_step(model, mode):
     moved = [(name, (p - p0).norm().item(), (q - p0).norm().item())
              for p0, (name, p), q in zip(start, eager.model.named_parameters(),
                                          graph.model.parameters())]
-    apart = [m for m in moved if m[2] != pytest.approx(m[1], rel=0.05)]
+    apart = [m for m in moved if m[2] != pytest.approx(m[1], rel=MOVED_APART)]
     assert not apart, "moved from the start (eager, captured): " + "; ".join(
         f"{n} {a:.4f} {b:.4f}" for n, a, b in apart)
+    total = [sum(m[i] ** 2 for m in moved) ** 0.5 for i in (1, 2)]
+    assert total[1] == pytest.approx(total[0], rel=0.03)    # all matrices together
 
 
 @pytest.mark.parametrize("model", PAIR, ids=["MoE-32", "MoRE-96"])
