@@ -24,15 +24,15 @@ from pathlib import Path
 
 # (component, phase, pattern on the kernel's name); the first match wins
 COMPONENTS = [
-    ("experts: weight gradients (_dw_kernel)", "backward", r"^_dw_kernel"),
+    ("experts: weight gradients (_piece, _reduce)", "backward", r"^_(dw|piece|reduce)_kernel"),
     ("experts: input gradients (_dx, _down_bwd)", "backward", r"^_(dx|down_bwd)_kernel"),
     ("experts: forward (_gate_up, _down)", "forward", r"^_(gate_up|down)_kernel"),
     ("experts: rows gathered and combined", "both", r"^_(combine_pairs|gather\w*|scatter\w*)_kernel"),
     ("router: selection (_exact, _candidates, _pick)", "forward",
      r"^_(exact|candidates|pick|merge)_kernel"),
     ("router: balance statistics (_psum)", "forward", r"^_psum_kernel"),
-    ("router: backward (_sparse_cols, _bwd_cols, _bwd_rows)", "backward",
-     r"^_(sparse_cols|bwd_cols|bwd_rows)_kernel"),
+    ("router: backward (_sparse_cols, _sparse_reduce, _bwd_cols, _bwd_rows)", "backward",
+     r"^_(sparse_cols|sparse_reduce|bwd_cols|bwd_rows)_kernel"),
     ("attention forward (cuDNN)", "forward", r"sdpa.*fprop|flash_fwd"),
     ("attention backward (cuDNN)", "backward", r"sdpa.*bprop|dot_do_o|flash_bwd"),
     ("head + loss: log-softmax forward", "forward", r"log_softmax__to_copy"),
@@ -41,8 +41,8 @@ COMPONENTS = [
     ("routing metadata (radix sort)", "both", r"radix_sort"),
     # the profile truncates the names: AdamW's kernel and the other multi-tensor passes
     # (zeroing, scaling) read alike
-    ("optimizer: fused AdamW and other multi-tensor passes", "optimizer",
-     r"multi_tensor"),
+    ("optimizer: AdamW (one-pass _adamw, torch's fused) and other multi-tensor passes",
+     "optimizer", r"^_adamw_kernel|multi_tensor"),
     ("gradient norm (clipping)", "optimizer", r"foreach_norm|multi_tensor_norm"),
     ("copies, fills, elementwise", "both", r"^Memcpy|vectorized_elementwise|elementwise_kernel|reduce_kernel|^triton_"),
 ]
@@ -81,11 +81,11 @@ def floors(summary: dict, copy_bps: float, flops: float, micro: int) -> dict:
     dw_flops = 2 * pairs * 3 * m["hidden"] * m["width"] * m["layers"]
     dw_bytes = n_exp * 4 * (2 * micro - 1)
     return {
-        "experts: weight gradients (_dw_kernel)":
+        "experts: weight gradients (_piece, _reduce)":
             1e3 * max(dw_flops / flops, dw_bytes / copy_bps),
         "experts: forward (_gate_up, _down)": 1e3 * dw_flops / flops,
         "experts: input gradients (_dx, _down_bwd)": 1e3 * dw_flops / flops,
-        "optimizer: fused AdamW and other multi-tensor passes":
+        "optimizer: AdamW (one-pass _adamw, torch's fused) and other multi-tensor passes":
             1e3 * 28 * summary["params"] / copy_bps,
     }
 
