@@ -133,6 +133,33 @@ def test_fused_shard_kernels_equal_the_reference(lowrank):
         torch.testing.assert_close(x, y, **tol)
 
 
+@pytest.mark.parametrize("lowrank", [True, False])
+def test_fused_shard_backward_equals_the_reference(lowrank):
+    """The backward of shard_topk (local lse) and of shard_psum (the global lse handed in,
+    its own g returned through d lse) on the routers' fused kernels with g given (the
+    interpreter here) against the plain fp32 recomputation, with a row whose global lse is
+    −inf and odd sizes."""
+    g = torch.Generator().manual_seed(4)
+    N, R, Me, k = 37, 8 if lowrank else 24, 13, 3
+    a, w = torch.randn(N, R, generator=g), torch.randn(Me, R, generator=g)
+    lse = torch.logsumexp(a @ w.T, 1) + torch.rand(N, generator=g)
+    lse[5] = float("-inf")
+    v, u, pbar = torch.randn(N, k, generator=g), torch.randn(N, generator=g), \
+        torch.randn(Me, generator=g)
+    got = {}
+    for impl in ("triton", "reference"):
+        aa, ww, ll = (t.clone().requires_grad_() for t in (a, w, lse))
+        val, _, lse_e, _ = rs.shard_topk(aa, ww, k, lowrank=lowrank, impl=impl)
+        topk = torch.autograd.grad((val * v).sum() + (lse_e * u).sum(), (aa, ww))
+        psum = rs.shard_psum(aa, ww, ll, lowrank=lowrank, impl=impl)
+        dpsum = torch.autograd.grad((psum * pbar).sum(), (aa, ww, ll))
+        got[impl] = (*topk, *dpsum)
+    tol = reduction_tol(torch.float32, N + R + Me)
+    assert got["triton"][4][5] == 0
+    for x, y in zip(got["triton"], got["reference"]):
+        torch.testing.assert_close(x, y, **tol)
+
+
 def test_a_mesh_that_does_not_divide_the_experts_is_one_line():
     assert expert_range(8, 4, 3) == (6, 8)
     with pytest.raises(ValueError, match=r"^experts M=10 must be divisible by the "

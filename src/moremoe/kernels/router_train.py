@@ -113,15 +113,17 @@ def _scatter_dval(d, cols, rows64, row_ok, IDX, DVAL, si_n, j):
 
 
 @triton.jit
-def _bwd_rows_kernel(Z, W, WC, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G, SHIFT,
+def _bwd_rows_kernel(Z, W, WC, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G, SHIFT, G_IN,
                      N, M, R, sz_n, sz_r, sw_m, sw_r, swc_m, si_n, so_n,
                      K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
-                     PREC: tl.constexpr):
+                     PREC: tl.constexpr, G_GIVEN: tl.constexpr):
     """dz (BN, r) and g = P p̄ of a token block in one sweep over the expert tiles:
     dz = P (R1 ⊙ (p̄ − c)) − (g − c) P R1 + Σ_j dval_j R1[idx_j], with c = SHIFT[0] and
     WC = R1 ⊙ (p̄ − c). Two MMAs per tile share the P operand (as flash attention's P V);
     centring p̄ on c keeps the second term small, so its rounding costs no more than that of
-    dℓ = P (p̄ − g) rounded to the MMA's dtype."""
+    dℓ = P (p̄ − g) rounded to the MMA's dtype. G_GIVEN (an expert shard): the g of dℓ is
+    G_IN's, summed over all the shards' experts by the caller; OUT_G still gets the
+    shard's own P p̄."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
@@ -146,6 +148,8 @@ def _bwd_rows_kernel(Z, W, WC, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G, 
         acc_p = tl.dot(p16, w, acc_p, input_precision=PREC)
     g = tl.sum(g, axis=1)
     tl.store(OUT_G + rows64, g, mask=row_ok)
+    if G_GIVEN:
+        g = tl.load(G_IN + rows64, mask=row_ok, other=0.0)
     acc = acc_c - (g - tl.load(SHIFT))[:, None] * acc_p
     for j in range(K):  # the sparse part: Σ_j dval_j R1[idx_j, c]
         idx_j = tl.load(IDX + rows64 * si_n + j, mask=row_ok, other=0)
@@ -157,11 +161,13 @@ def _bwd_rows_kernel(Z, W, WC, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT_DZ, OUT_G, 
 
 
 @triton.jit
-def _dlogits_rows_kernel(LG, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT, n0, nc, M, si_n,
-                         K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+def _dlogits_rows_kernel(LG, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT, G_IN, OUT_G, n0, nc, M,
+                         si_n, K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                         G_GIVEN: tl.constexpr):
     """The standard router's dℓ for the token rows [n0, n0 + nc) from their fp32 logits
     LG (nc, M) (a cuBLAS GEMM), into OUT (nc, M) in x's dtype: g over the whole row first,
-    then P ⊙ (p̄ − g) + scatter(dval)."""
+    then P ⊙ (p̄ − g) + scatter(dval). G_GIVEN (an expert shard): the row's own g goes to
+    OUT_G and dℓ takes G_IN's (all the shards' experts)."""
     local = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = local < nc
     rows64 = (n0 + local).to(tl.int64)
@@ -175,6 +181,9 @@ def _dlogits_rows_kernel(LG, M_ROW, NORM_ROW, PBAR, IDX, DVAL, OUT, n0, nc, M, s
                      mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         pbar = tl.load(PBAR + cols, mask=col_ok, other=0.0)
         g += tl.sum(_probs(lg, m, lz) * pbar[None, :], axis=1)
+    if G_GIVEN:
+        tl.store(OUT_G + rows64, g, mask=row_ok)
+        g = tl.load(G_IN + rows64, mask=row_ok, other=0.0)
     for m0 in range(0, M, BM):
         cols = m0 + tl.arange(0, BM)
         col_ok = cols < M
@@ -350,16 +359,20 @@ def _mm_fp32(a, b):
     return (a @ b).float()
 
 
-def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config, chunk_bytes=1 << 30):
+def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, g_given, chunk_bytes=1 << 30):
     """Standard router: for chunks of tokens, the (N_c, M) logits are a cuBLAS GEMM, a
     Triton kernel turns them into dℓ (g needs the whole row, which the chunk has), and
     dx_c = dℓ W, dW += dℓᵀ x_c are cuBLAS GEMMs: three GEMMs at the cuBLAS rate, and the
-    (N, M) logits are never whole (a chunk holds at most chunk_bytes)."""
+    (N, M) logits are never whole (a chunk holds at most chunk_bytes). g_given: see
+    launch_backward; the rows' own g (N,) is then returned third."""
     N, H = x.shape
     M, k = w.shape[0], idx.shape[1]
     idx, dval, pbar = idx.contiguous(), dval.float().contiguous(), pbar.float().contiguous()
     dx = torch.empty(N, H, device=x.device, dtype=torch.float32)
     dw = torch.zeros(M, H, device=x.device, dtype=torch.float32)
+    given = g_given is not None
+    g_in = g_given.float().contiguous() if given else dx
+    g_out = torch.empty(N, device=x.device, dtype=torch.float32) if given else dx
     nc_max = max(1, chunk_bytes // (M * (4 + x.element_size())))
     BN, BM = 16, 256
     for n0 in range(0, N, nc_max):
@@ -368,11 +381,11 @@ def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config, chunk_bytes
         lg = _mm_fp32(xc, w.T)
         dl = torch.empty(nc, M, device=x.device, dtype=x.dtype)
         _dlogits_rows_kernel[(triton.cdiv(nc, BN),)](
-            lg, m_row, norm_row, pbar, idx, dval, dl, n0, nc, M, idx.stride(0), K=k, BN=BN,
-            BM=BM, num_warps=4)
+            lg, m_row, norm_row, pbar, idx, dval, dl, g_in, g_out, n0, nc, M, idx.stride(0),
+            K=k, BN=BN, BM=BM, G_GIVEN=given, num_warps=4)
         dx[n0:n0 + nc] = _mm_fp32(dl, w)
         dw += _mm_fp32(dl.T, xc)
-    return dx, dw
+    return (dx, dw, g_out) if given else (dx, dw)
 
 
 def launch_psum(x, w, m_row, norm_row, *, mode: int, splits: int | None = None,
@@ -396,18 +409,23 @@ def launch_psum(x, w, m_row, norm_row, *, mode: int, splits: int | None = None,
 
 
 def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits: int | None = None,
-                    config: dict | None = None):
+                    config: dict | None = None, g_given=None):
     """(dz|dx (N, R) fp32, dR1|dW (M, R) fp32) from dval = d topk_val (N, k) and p̄ = d psum
     (M,) or None (no balancing-loss gradient: only the sparse top-k part). The low-rank
     router: one sweep per token block (dz, g), one per expert tile (the dense part of dR1),
-    and sparse_weight_grad for its top-k part."""
+    and sparse_weight_grad for its top-k part.
+    g_given (N,) fp32 (an expert shard's rows, w its experts, P = exp(ℓ − m) / Z over all the
+    layer's experts): dℓ = P ⊙ (p̄ − g_given) + scatter(dval), and the shard's own
+    g = P p̄ (N,) fp32 is returned third, for the caller to sum over the shards; k may be 0."""
     N, M, R = x.shape[0], w.shape[0], x.shape[1]
     k = idx.shape[1]
     dev = x.device
-    if pbar is None:
+    if pbar is None and g_given is None:
         return _sparse_backward(x, w, idx, dval)
+    if pbar is None:
+        pbar = torch.zeros(M, device=dev, dtype=torch.float32)
     if mode == LINEAR:
-        return _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, config)
+        return _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, g_given)
     cfg = sweep_config(mode, R, x.shape[1], 1, overrides=config,
                        fp32=x.dtype == torch.float32)
     dz = torch.empty(N, R, device=dev, dtype=torch.float32)
@@ -418,17 +436,22 @@ def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits
     n_per_split = triton.cdiv(triton.cdiv(max(N, 1), n_splits), cfg["BN"]) * cfg["BN"]
     n_splits = max(1, triton.cdiv(N, n_per_split))
     dw = torch.zeros(n_splits, M, R, device=dev, dtype=torch.float32)
+    given = g_given is not None
     if N == 0:
-        return dz, dw.sum(0)
+        return (dz, dw.sum(0), g[:0]) if given else (dz, dw.sum(0))
+    g_in = g_given.float().contiguous() if given else g
     shift = pbar.mean().reshape(1)               # c: g_n is a P-weighted mean of p̄
     wc = (w.float() * (pbar - shift)[:, None]).to(w.dtype)
     common = dict(BN=cfg["BN"], BM=cfg["BM"], BR=cfg["BR"], PREC=dot_precision(x.dtype),
                   num_warps=cfg["num_warps"], num_stages=cfg["bwd_stages"])
     _bwd_rows_kernel[(triton.cdiv(N, cfg["BN"]),)](
-        x, w, wc, m_row, norm_row, pbar, idx, dval, dz, g, shift, N, M, R, x.stride(0),
+        x, w, wc, m_row, norm_row, pbar, idx, dval, dz, g, shift, g_in, N, M, R, x.stride(0),
         x.stride(1), w.stride(0), w.stride(1), wc.stride(0), idx.stride(0), dz.stride(0), K=k,
-        **common)
+        G_GIVEN=given, **common)
     _bwd_cols_kernel[(tiles, n_splits)](
-        x, w, m_row, norm_row, pbar, g, dw, N, M, R, n_per_split, x.stride(0), x.stride(1),
+        x, w, m_row, norm_row, pbar, g_in, dw, N, M, R, n_per_split, x.stride(0), x.stride(1),
         w.stride(0), w.stride(1), dw.stride(0), dw.stride(1), **common)
-    return dz, dw.sum(0) + sparse_weight_grad(x, idx, dval, M)
+    dw = dw.sum(0)
+    if k:
+        dw += sparse_weight_grad(x, idx, dval, M)
+    return (dz, dw, g[:N]) if given else (dz, dw)

@@ -15,9 +15,11 @@ tensors between ranks): each of E ranks scores only its M_e = M/E experts, ℓ_e
 
 Gradients: dℓ_e = scatter(dval) + P_e ⊙ (p̄ − g) needs g_n = Σ_i p̄_i P_ni over all M
 experts; it arrives through lse: shard_psum gives d lse = −Σ_{i in shard} p̄_i P_ni (a
-partial the caller sums over ranks) and shard_topk turns d lse_e into P_e ⊙ d lse_e. The
-fused backward kernels compute g from the columns they see, so they cannot take a global
-one: both backwards here recompute the logits in chunks of tokens in plain torch (fp32).
+partial the caller sums over ranks) and shard_topk turns d lse_e into P_e ⊙ d lse_e. Both
+are dℓ = P ⊙ (p̄ − g) + scatter(dval) with g handed in: the routers' fused backward kernels
+with g given (kernels/router_train.launch_backward, g_given) on CUDA, one sweep each;
+elsewhere the logits recomputed in chunks of tokens in plain torch, fp32 (_contract, the
+reference).
 
 Legend: N tokens, E ranks, M_e a shard's experts, k_e its top-k, R the width of the scored
 matrix a: r for the low-rank router (a = z = x R2ᵀ, w = R1's rows), h for the standard one
@@ -143,11 +145,37 @@ def _contract(a_NR, w_MR, lse_N, *, col_M=None, row_N=None, idx_NK=None, dval_NK
     return da.to(a_NR.dtype), dw.to(w_MR.dtype), g
 
 
+def _backward(a_NR, w_MR, lse_N, lowrank: bool, impl: str, *, col_M=None, row_N=None,
+              idx_NK=None, dval_NK=None):
+    """_contract's (da, dw, g | None), on the fused kernels where the forward took them:
+    dℓ = P ⊙ (col − (−row)) + scatter(dval), P = exp(ℓ − lse) (m = lse, Z = 1)."""
+    if not _use_kernels(impl, a_NR, 1, lowrank):
+        return _contract(a_NR, w_MR, lse_N, col_M=col_M, row_N=row_N, idx_NK=idx_NK,
+                         dval_NK=dval_NK)
+    from ..kernels.router_train import launch_backward
+    dt = kernel_dtype(a_NR)
+    _, mode = _kernels(lowrank)
+    N, M = a_NR.shape[0], w_MR.shape[0]
+    dev = a_NR.device
+    lse = lse_N.detach().float().contiguous()
+    norm = torch.where(torch.isfinite(lse), 1.0, float("inf"))
+    g_in = (-row_N.float() if row_N is not None
+            else torch.zeros(N, device=dev, dtype=torch.float32))
+    if idx_NK is None:
+        idx_NK = torch.zeros(N, 0, device=dev, dtype=torch.int32)
+        dval_NK = torch.zeros(N, 0, device=dev, dtype=torch.float32)
+    da, dw, g = launch_backward(a_NR.detach().to(dt).contiguous(), w_MR.detach().to(dt),
+                                lse, norm, col_M, idx_NK.int(), dval_NK, mode=mode,
+                                g_given=g_in)
+    return da.to(a_NR.dtype), dw.to(w_MR.dtype), (g if col_M is not None else None)
+
+
 class _ShardTopk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a_NR, w_MR, k, lowrank, impl, exact):
         val, idx, lse, keys = _topk_forward(a_NR.detach(), w_MR.detach(), k, lowrank, impl,
                                             exact)
+        ctx.lowrank, ctx.impl = lowrank, impl
         ctx.save_for_backward(a_NR, w_MR, idx, lse)
         ctx.mark_non_differentiable(idx)
         if keys is None:
@@ -158,20 +186,22 @@ class _ShardTopk(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dval, _didx, dlse, _dkeys):
         a, w, idx, lse = ctx.saved_tensors
-        da, dw, _ = _contract(a, w, lse, row_N=dlse, idx_NK=idx, dval_NK=dval)
+        da, dw, _ = _backward(a, w, lse, ctx.lowrank, ctx.impl, row_N=dlse, idx_NK=idx,
+                              dval_NK=dval)
         return da, dw, None, None, None, None
 
 
 class _ShardPsum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a_NR, w_MR, lse_N, lowrank, impl):
+        ctx.lowrank, ctx.impl = lowrank, impl
         ctx.save_for_backward(a_NR, w_MR, lse_N)
         return _psum_forward(a_NR.detach(), w_MR.detach(), lse_N.detach(), lowrank, impl)
 
     @staticmethod
     def backward(ctx, dpsum_M):
         a, w, lse = ctx.saved_tensors
-        da, dw, g = _contract(a, w, lse, col_M=dpsum_M)
+        da, dw, g = _backward(a, w, lse, ctx.lowrank, ctx.impl, col_M=dpsum_M)
         return da, dw, (-g).to(lse.dtype), None, None
 
 
