@@ -135,11 +135,7 @@ def _piece_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, OWNER, FIRST, COUNT, SL
             s = (tl.load(SLOT + e) + j).to(tl.int64)
             tl.store(SCRATCH + s * C * D + cc[:, None] * D + dd[None, :], acc, mask=mask)
         else:
-            ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
-            if ACCUMULATE:
-                keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
-                acc += tl.load(ptr, mask=mask & keep, other=0.0)
-            tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
+            _store(DW, KEEP, e, cc, dd, mask, acc, sw_e, sw_c, sw_d, ACCUMULATE, BC, BD)
 
 
 @triton.jit
@@ -157,11 +153,19 @@ def _reduce_kernel(DW, KEEP, COUNT, SLOT, SCRATCH, M, C, D, P, sw_e, sw_c, sw_d,
         for s in range(first, first + (count + P - 1) // P):
             acc += tl.load(SCRATCH + s * C * D + cc[:, None] * D + dd[None, :], mask=mask,
                            other=0.0)
-        ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
-        if ACCUMULATE:
-            keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
-            acc += tl.load(ptr, mask=mask & keep, other=0.0)
-        tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
+        _store(DW, KEEP, e, cc, dd, mask, acc, sw_e, sw_c, sw_d, ACCUMULATE, BC, BD)
+
+
+@triton.jit
+def _store(DW, KEEP, e, cc, dd, mask, acc, sw_e, sw_c, sw_d, ACCUMULATE: tl.constexpr,
+           BC: tl.constexpr, BD: tl.constexpr):
+    """Expert e's whole sum acc stored to its tile of DW, or added to it where KEEP[0] != 0
+    with ACCUMULATE (a stale buffer is overwritten)."""
+    ptr = DW + e.to(tl.int64) * sw_e + cc[:, None] * sw_c + dd[None, :] * sw_d
+    if ACCUMULATE:
+        keep = (tl.load(KEEP) + tl.zeros((BC, BD), tl.int32)) != 0
+        acc += tl.load(ptr, mask=mask & keep, other=0.0)
+    tl.store(ptr, acc.to(DW.dtype.element_ty), mask=mask)
 
 
 def weight_grad(a, b, gates, dw, keep, offsets, order, *, experts: int, chunks: int, k: int,
