@@ -24,6 +24,7 @@ from pathlib import Path
 
 # (component, phase, pattern on the kernel's name); the first match wins
 COMPONENTS = [
+    # _reduce_kernel also adds the router's split sparse-gradient pieces (a few µs)
     ("experts: weight gradients (_piece, _reduce)", "backward", r"^_(dw|piece|reduce)_kernel"),
     ("experts: input gradients (_dx, _down_bwd)", "backward", r"^_(dx|down_bwd)_kernel"),
     ("experts: forward (_gate_up, _down)", "forward", r"^_(gate_up|down)_kernel"),
@@ -31,8 +32,8 @@ COMPONENTS = [
     ("router: selection (_exact, _candidates, _pick)", "forward",
      r"^_(exact|candidates|pick|merge)_kernel"),
     ("router: balance statistics (_psum)", "forward", r"^_psum_kernel"),
-    ("router: backward (_sparse_cols, _sparse_reduce, _bwd_cols, _bwd_rows)", "backward",
-     r"^_(sparse_cols|sparse_reduce|bwd_cols|bwd_rows)_kernel"),
+    ("router: backward (_sparse_cols, _bwd_cols, _bwd_rows)", "backward",
+     r"^_(sparse_cols|bwd_cols|bwd_rows)_kernel"),
     ("attention forward (cuDNN)", "forward", r"sdpa.*fprop|flash_fwd"),
     ("attention backward (cuDNN)", "backward", r"sdpa.*bprop|dot_do_o|flash_bwd"),
     ("head + loss: log-softmax forward", "forward", r"log_softmax__to_copy"),

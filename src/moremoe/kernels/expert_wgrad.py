@@ -187,6 +187,15 @@ def weight_grad(a, b, gates, dw, keep, offsets, order, *, experts: int, chunks: 
         C, D, k, rows, a.stride(0), b.stride(0), *dw.stride(), A_BY_TOKEN=a_by_token,
         B_BY_TOKEN=b_by_token, SCALE_A=scale_a, ACCUMULATE=accumulate, BR=br, BC=bc, BD=bd,
         PREC=matmul_precision(a.dtype), num_warps=warps, num_stages=stages)
-    _reduce_kernel[(M, *tiles)](dw, flag, count, slot, scratch, M, C, D, rows,
-                                *dw.stride(), ACCUMULATE=accumulate, BC=bc, BD=bd,
-                                num_warps=4)
+    add_pieces(dw, flag, count, slot, scratch, rows, accumulate=accumulate, bc=bc, bd=bd)
+
+
+def add_pieces(dw, keep, count, slot, scratch, piece_rows: int, *, accumulate: bool, bc: int,
+               bd: int) -> None:
+    """Each expert of several pieces (count[e] > piece_rows): its scratch slots (S, C, D)
+    from slot[e] on added in piece order into dw[e] (M, C, D), stored or (accumulate, see
+    the module) added; experts of one piece are left as their piece kernel wrote them."""
+    M, C, D = dw.shape
+    _reduce_kernel[(M, triton.cdiv(C, bc), triton.cdiv(D, bd))](
+        dw, keep, count, slot, scratch, M, C, D, piece_rows, *dw.stride(),
+        ACCUMULATE=accumulate, BC=bc, BD=bd, num_warps=4)

@@ -14,8 +14,8 @@ Kernels (grid, reads -> writes):
                                       (SPLITS, M, r)
   _sparse_cols_kernel  (pieces, r/BR) z|x, pairs sorted by expert, dval -> the top-k part of
                                       dR1|dW (M, r), an expert's pairs in pieces of 256
-                                      (expert_wgrad.plan), _sparse_reduce_kernel (M, r/BR)
-                                      adding a split expert's pieces in order
+                                      (expert_wgrad.plan), expert_wgrad.add_pieces adding
+                                      a split expert's pieces in order
   _dlogits_rows_kernel (Nc/BN,)       ℓ (Nc, M) fp32 from cuBLAS, m, Z, p̄, idx, dval -> dℓ
                                       for a chunk of tokens (the standard router)
 
@@ -234,7 +234,7 @@ def _sparse_cols_kernel(A, ORDER, OFFSETS, DVAL, OUT, OWNER, FIRST, SLOT, SCRATC
     dval · a[token, chunk] (a = z or x): the sparse top-k part of dR1 | dW, deterministic
     (no atomics). Program program_id(0) sums one piece of P pairs of its expert
     (expert_wgrad.plan): an expert of one piece is stored to OUT, one of several into its
-    scratch slots, added in piece order by _sparse_reduce_kernel (an expert that most
+    scratch slots, added in piece order by expert_wgrad.add_pieces (an expert that most
     tokens chose no longer leaves one program looping over them all)."""
     i = tl.program_id(0)
     e = tl.load(OWNER + i)
@@ -259,21 +259,6 @@ def _sparse_cols_kernel(A, ORDER, OFFSETS, DVAL, OUT, OWNER, FIRST, SLOT, SCRATC
             tl.store(SCRATCH + s * R + rr, acc, mask=r_ok)
         else:
             tl.store(OUT + e.to(tl.int64) * so_m + rr, acc, mask=r_ok)
-
-
-@triton.jit
-def _sparse_reduce_kernel(OUT, OFFSETS, SLOT, SCRATCH, R, P, so_m, BR: tl.constexpr):
-    """Expert program_id(0) of several pieces: its scratch slots added in piece order."""
-    e = tl.program_id(0)
-    count = tl.load(OFFSETS + e + 1) - tl.load(OFFSETS + e)
-    if count > P:
-        rr = tl.program_id(1) * BR + tl.arange(0, BR)
-        r_ok = rr < R
-        first = tl.load(SLOT + e).to(tl.int64)
-        acc = tl.zeros((BR,), tl.float32)
-        for s in range(first, first + (count + P - 1) // P):
-            acc += tl.load(SCRATCH + s * R + rr, mask=r_ok, other=0.0)
-        tl.store(OUT + e.to(tl.int64) * so_m + rr, acc, mask=r_ok)
 
 
 # ---------------------------------------------------------------- launchers
@@ -325,16 +310,16 @@ def sparse_weight_grad(a, idx, dval, experts: int, piece_pairs: int = SPARSE_PIE
     sorted_e, order = torch.sort(flat, stable=True)
     offsets = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=a.device,
                                                         dtype=flat.dtype))
-    owner, first, _, slot, bound, slots, rows = wgrad.plan(offsets, experts, 1, piece_pairs,
-                                                           flat.shape[0])
+    owner, first, count, slot, bound, slots, rows = wgrad.plan(offsets, experts, 1,
+                                                               piece_pairs, flat.shape[0])
     scratch = torch.empty(slots, R, device=a.device, dtype=torch.float32)
     BR = min(128, max(16, triton.next_power_of_2(R)))
     _sparse_cols_kernel[(bound, triton.cdiv(R, BR))](
         a, order, offsets, dval.float().contiguous(), out, owner, first, slot, scratch,
         experts, R, rows, a.stride(0), a.stride(1), out.stride(0), K=k, BP=32, BR=BR,
         num_warps=4)
-    _sparse_reduce_kernel[(experts, triton.cdiv(R, BR))](
-        out, offsets, slot, scratch, R, rows, out.stride(0), BR=BR, num_warps=4)
+    wgrad.add_pieces(out[:, :, None], count, count, slot, scratch, rows, accumulate=False,
+                     bc=BR, bd=1)
     return out
 
 
