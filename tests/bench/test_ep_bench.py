@@ -1,6 +1,6 @@
 """`moremoe bench ep`: the quick run over two gloo processes (Triton's interpreter) covers
-every flow, variant and pass with tagged rows written by rank 0 only, the plot and the
-targets; the targets and the plot read the newest rows; a run without torchrun is a
+every flow, variant and pass with tagged rows written by rank 0 only, the link's rates on
+every row, the plot and the targets; the targets and the plot read the newest rows; a run without torchrun is a
 one-line error."""
 import json
 import os
@@ -58,8 +58,11 @@ def test_quick_run_on_two_gloo_ranks(tmp_path):
     for r in rows:
         assert r["bench"] == "ep" and r["E"] == 2 and r["ms"] > 0 and not r["oom"]
         for key in ("device", "torch", "triton", "commit", "date", "router_ms",
-                    "experts_ms", "comm_ms", "wire_bytes", "N", "M", "h", "s", "k"):
+                    "experts_ms", "comm_ms", "wire_bytes", "N", "M", "h", "s", "k",
+                    "link_peer_copy_gbps"):
             assert key in r, key
+        assert r["link_bytes"] == QUICK.link_bytes and r["link_peer_copy_gbps"] is None
+        assert r["link_send_recv_gbps"] > 0 and r["link_all_to_all_gbps"] > 0     # gloo
         assert (r["comm_ms"] == 0) == (r["flow"] == "one_gpu")
         assert r["chunks"] == (None if r["flow"] == "one_gpu" else
                                1 if r["variant"] == "more_one_chunk" else 2)
@@ -83,24 +86,37 @@ def _row(flow, variant, ms, phase="forward", E=2, **kw):
 
 
 def test_targets_read_the_newest_rows():
+    link = dict(link_bytes=128 << 20, link_peer_copy_gbps=400.0, link_send_recv_gbps=300.0,
+                link_all_to_all_gbps=None)
     rows = [_row("a", "more", 9.0), _row("a", "more", 3.0), _row("a", "moe_torch", 10.0),
-            _row("a", "moe_fused", 6.0), _row("b", "more", 4.0), _row("b", "moe_torch", 6.0),
+            _row("a", "moe_fused", 6.0), _row("b", "moe_torch", 6.0),
+            _row("b", "more", 4.0, wire_bytes=int(2e9), comm_ms=5.0, **link),   # 200 GB/s
             _row("b", "more", 16.0, "forward+backward"),
             _row("one_gpu", "more", 30.0, "forward+backward"),
-            _row("a", "more_sharded", 3.2, merge_ms=0.1, router_ms=2.0)]
+            _row("a", "more", 12.0, "forward+backward", router_ms=2.5),
+            _row("a", "more_sharded", 3.2, merge_ms=0.1, router_ms=2.0),
+            _row("a", "more_sharded", 12.0, "forward+backward", router_ms=3.0)]
     got = {t["what"]: t for t in targets(rows)}
     assert got["(a) MoRE forward"]["value"] == 3.0 and got["(a) MoRE forward"]["met"]
     assert got["(b) MoRE forward"]["met"] is False
-    assert got["(b) MoRE forward+backward"]["met"]
-    assert got["(b) forward+backward throughput over one GPU"]["value"] == 30.0 / 16.0
+    assert got["(b) MoRE forward+backward over one GPU's"]["value"] == 16.0 / 30.0
+    assert got["(b) MoRE forward+backward over one GPU's"]["met"]              # <= 0.6
+    assert got["(b) exchange, GB/s a direction"]["value"] == pytest.approx(200.0)
+    assert got["(b) exchange, GB/s a direction"]["met"] is False              # >= 250
+    assert got["(b) exchange over the peer copy"]["value"] == pytest.approx(0.5)
+    # backward = router_ms(forward+backward) - router_ms(forward): 1.0 against 1.0
+    assert got["sharded router's backward over the plain router's"]["value"] == 1.0
     assert got["(a) MoRE over MoE with the plain-torch router"]["value"] == 10.0 / 3.0
     assert got["(b) MoRE over MoE with the plain-torch router"]["met"] is False      # 1.5x
     assert got["sharded router: merge / router phase"]["value"] == 0.05
     text = summary_text(rows)
-    assert "E=2, M=8,192: (a) MoRE forward: 3.00 ms (target <= 3.5 ms: met)" in text
-    assert "(b) MoRE forward: 4.00 ms (target <= 3.5 ms: missed)" in text
+    assert "E=2, M=8,192: (a) MoRE forward: 3.00 ms (target <= 3.0 ms: met)" in text
+    assert "(b) MoRE forward: 4.00 ms (target <= 3.0 ms: missed)" in text
+    assert "(b) exchange, GB/s a direction: 200.00 GB/s (target >= 250.0 GB/s: missed)" in text
     assert "merge / router phase: 5.0% (target <= 10%: met)" in text
     assert "(a) MoRE over MoE with our fused router (reported): 2.00x" in text
+    assert ("link at 128 MiB a peer, GB/s a direction: peer copy 400, send/recv 300, "
+            "all-to-all -") in text
 
 
 def test_a_rank_out_of_memory_inside_a_collective_stops_every_rank_in_one_line(tmp_path):

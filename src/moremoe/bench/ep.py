@@ -16,6 +16,9 @@ one-GPU 4.79 ms and its targets) and forward+backward (training mode, the Switch
 loss included as in the paper's runs, fp32 master weights under bf16 autocast, y and the
 aux loss backpropagated).
 
+Every row carries the link's rates measured at the start of the run (bench/link.py: a peer
+copy, NCCL send/recv and all-to-all of 128 MiB a rank and peer, GB/s a direction), the
+ceiling (b)'s exchange is judged against.
 Phases, each timed alone with the same calls on every rank (harness.time_fixed_ms: device
 events, median after warm-up), so that the ranks' collectives pair up:
   router   the router on the rank's tokens (all N in a, N/E in b), psum included in
@@ -52,6 +55,7 @@ from ..parallel.exchange import RowExchange, plan_rows
 from ..parallel.expert import ExpertParallelMoE
 from ..runtime import environment
 from .harness import bf16_on, ceilings, free, time_fixed_ms
+from .link import link_rates
 
 VARIANTS = ("moe_torch", "moe_fused", "more", "more_sharded", "more_one_chunk")
 FLOWS = ("a", "b", "one_gpu")
@@ -69,9 +73,11 @@ class EPSetup:
     chunks: int | None = None   # of the overlap (None: the layer's choice)
     warmup: int = 3
     reps: int = 10
+    link_bytes: int = 128 << 20  # a rank's rows to another in (b) at M = 8,192, E = 2
 
 
-QUICK = EPSetup(h=16, s=16, k=2, r=4, N=8, experts=(4,), chunks=2, warmup=0, reps=1)
+QUICK = EPSetup(h=16, s=16, k=2, r=4, N=8, experts=(4,), chunks=2, warmup=0, reps=1,
+                link_bytes=1 << 12)
 
 
 def config(setup: EPSetup, variant: str, M: int) -> MoEConfig:
@@ -403,8 +409,9 @@ def run_ep(device, *, quick: bool = False, progress=None):
     """Rows of every point (plan_points) on every rank; rank 0's are the ones to keep."""
     setup = QUICK if quick else EPSetup()
     env, ceil = environment(device), ceilings(device)
+    link = link_rates(device, setup.link_bytes, warmup=setup.warmup, reps=setup.reps)
     base = {"bench": "ep", "h": setup.h, "s": setup.s, "k": setup.k, **env,
-            **{f"ceiling_{k}": v for k, v in ceil.items()}}
+            **{f"ceiling_{k}": v for k, v in ceil.items()}, **link}
     points = list(plan_points(setup))
     for i, (flow, variant, M, phase) in enumerate(points, 1):
         row = measure(setup, config(setup, variant, M), flow, variant, phase, device, base)
