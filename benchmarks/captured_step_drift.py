@@ -16,6 +16,7 @@ import sys
 import torch
 
 from moremoe.nn import MoEConfig
+from moremoe.runtime import environment
 from moremoe.training.phonebook import PhonebookTrainConfig, phonebook_model_config
 from moremoe.training.phonebook_step import PhonebookStep
 
@@ -56,7 +57,7 @@ def main(out: str) -> None:
                              "from_eager": (p - ref[name]).norm().item() / max(moved_ref, 1e-30),
                              "losses": losses if name.endswith("lm_head.weight") else None})
     with open(out, "w") as f:
-        json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
+        json.dump({**environment(torch.device("cuda")), "rows": rows}, f, indent=1)
     for r in rows:
         if r["run"] and (r["from_eager"] > 0 or r["losses"]):
             print(f"{r['model']:8} {r['run']} {r['mode']:8} {r['param']:32} moved "
