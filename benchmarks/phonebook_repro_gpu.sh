@@ -11,7 +11,8 @@
 # runs/repro-N (default "0,1:h64-s8:both 2:h128-s8:moe 3:h64-s16:moe": a long failing run
 # gets a GPU to itself soon), OPTIONS that group's own, commas for spaces ("2:rank:more:
 # --ranks,4" and "3:rank:more:--ranks,8" put two rank searches on two GPUs); RESUME=1
-# continues them (each runs/repro-N/trials.jsonl a journal); EXTRA adds options to all. start then runs the phonebook GPU
+# continues them (each runs/repro-N/trials.jsonl a journal); FIRST=N numbers the groups from N
+# (groups started while earlier ones still run); EXTRA adds options to all. start then runs the phonebook GPU
 # tests (TESTS=0 skips them) and the demo on the busy GPUs, and watches until SECONDS_
 # (default 480) after the call began; DEMO=1 first runs `moremoe demo` alone, timed, into
 # $OUT/demo.log. stop sends SIGTERM (each process checkpoints its runs,
@@ -70,7 +71,7 @@ case "$ACTION" in
         >> "$OUT/demo.log"
       tail -25 "$OUT/demo.log"
     fi
-    i=0
+    i=${FIRST:-0}
     for group in $GROUPS_; do
       IFS=: read -r gpus points arch own <<< "$group"
       flags=()
