@@ -82,6 +82,21 @@ def test_capacity_finds_the_largest_size_reached(cap, start):
         assert sorted(tried[:len(first)]) == first and len(rounds[0]) == len(first)
 
 
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+def test_capacity_trains_one_plus_ahead_sizes_a_round_going_up(ahead):
+    """--ahead 0 goes up one size at a time: a 150K failure never leaves a 200K trial of the
+    same round to train for nothing (the 150K bracket of the rank figure trained one)."""
+    grid = [100, 300, 1000, 3000, 10000, 30000]
+    res, rounds = drive(capacity(MODEL, grid, PhonebookTrainConfig(size=1, lr=1e-3), name="m",
+                                 start=100, ahead=ahead),
+                        lambda t: record(t, reached=t.train.size <= 1000))
+    sizes = [[t.train.size for t in r] for r in rounds]
+    assert res.capacity == 1000
+    assert sizes == {0: [[100], [300], [1000], [3000]],
+                     1: [[100, 300], [1000, 3000]],
+                     2: [[100, 300, 1000], [3000, 10000, 30000]]}[ahead]
+
+
 def test_capacity_at_the_papers_value_takes_one_round():
     grid = [3000, 10000, 30000, 100000]
     res, rounds = drive(capacity(MODEL, grid, PhonebookTrainConfig(size=1, lr=1e-3), name="m",
@@ -200,3 +215,28 @@ def test_worker_processes_give_the_records_of_one_process(tmp_path):
     for name in one:
         assert [h["loss"] for h in two[name]["history"]] == \
             [h["loss"] for h in one[name]["history"]]
+
+
+def test_a_row_keeps_where_its_trials_ran_when_replayed_elsewhere():
+    """A search finished by replaying its journal on a CPU (no training) keeps the GPU's tags
+    that its trials recorded; trials without tags (older journals) take the caller's."""
+    from moremoe.training.phonebook_paper import capacity_row, searches
+    [search] = searches(["rank"], ["moe"])
+    cfg = PhonebookTrainConfig(size=1)
+    gpu = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0",
+           "commit": "abc", "date": "2026-11-29T02:00:00Z"}
+    here = {**gpu, "device": "cpu", "torch": "2.13.0+cpu", "date": "2026-11-29T03:00:00Z"}
+
+    def rec(size, env):
+        return {"train": {"size": size}, "lr": 1e-3, "calibration": {}, "reached": size < 2,
+                "exact_match": 0.9, "char_accuracy": 0.99, "steps": 5, "seconds": 1.0,
+                "diverged_at": 0, "resumed_at": 0, "history": [], "hnorm": [],
+                "step_mode": "graph", "env": env}
+    older = {**gpu, "date": "2026-11-28T00:00:00Z", "commit": "old"}
+    row = capacity_row(search, {"capacity": 1, "trials": [rec(1, older), rec(2, gpu)]},
+                       [1, 2], cfg, here)
+    assert (row["device"], row["torch"], row["commit"]) == ("NVIDIA H200", "2.11.0+cu130", "abc")
+    assert [t["commit"] for t in row["trials"]] == ["old", "abc"]
+    row = capacity_row(search, {"capacity": 1, "trials": [rec(1, {}), rec(2, gpu)]},
+                       [1, 2], cfg, here)
+    assert row["device"] == "cpu" and "device" not in row["trials"][0]

@@ -26,7 +26,7 @@ from ..model import Transformer, TransformerConfig
 from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
 from ..tasks import phonebook as pb
-from ..runtime import duration, progress_bar, progress_note, resolve_device
+from ..runtime import duration, environment, progress_bar, progress_note, resolve_device
 from .phonebook_step import STEP_MODES, PhonebookStep
 
 
@@ -133,6 +133,7 @@ class PhonebookRun:
     step_mode: str = ""                                 # graph or eager
     diverged_at: int = 0                                # first step whose loss was not finite
     resumed_at: int = 0                                 # step a resume continued from
+    env: dict = field(default_factory=dict)             # where it ended (runtime.environment)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -212,6 +213,7 @@ class PhonebookTrainer:
         run.exact_match, run.char_accuracy = final["exact_match"], final["char_accuracy"]
         run.hnorm, run.reached = final["hnorm"], final["exact_match"] >= self.cfg.threshold
         run.seconds = self.seconds
+        run.env = environment(self.step.device)
         self.done = True
 
     def state_dict(self) -> dict:

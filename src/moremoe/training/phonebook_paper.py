@@ -130,14 +130,24 @@ def _trial_row(rec: dict) -> dict:
             "reached": rec["reached"], "exact_match": rec["exact_match"],
             "char_accuracy": rec["char_accuracy"], "steps": rec["steps"],
             "epochs": last.get("epoch", 0.0), "seconds": rec["seconds"],
-            "diverged_at": rec["diverged_at"], "resumed_at": rec["resumed_at"]}
+            "diverged_at": rec["diverged_at"], "resumed_at": rec["resumed_at"],
+            **({"device": rec["env"]["device"], "commit": rec["env"]["commit"]}
+               if rec.get("env") else {})}
+
+
+def _trials_env(trials: list, env: dict) -> dict:
+    """Where the trials ran: the newest trial's tags when every trial carries its own (a
+    search resumed from its journal elsewhere, even on a CPU, keeps the GPU's), else env."""
+    tags = [t.get("env") for t in trials]
+    return max(tags, key=lambda e: e["date"]) if trials and all(tags) else env
 
 
 def capacity_row(search: Search, result: dict, grid, cfg: PhonebookTrainConfig,
                  env: dict) -> dict:
     """One row of phonebook_capacity.jsonl: the configuration, our capacity beside the
     paper's, every trial (size, learning rate chosen, epochs, final exact match), the H_norm
-    history of the run at the capacity, and where and how it was measured. A result marked
+    history of the run at the capacity, and where and how it was measured (the trials' own
+    tags where they carry them, else env). A result marked
     unfinished (a stopped search) gives a row whose capacity is a lower bound."""
     m = search.model.moe
     trials = sorted(result["trials"], key=lambda t: t["train"]["size"])
@@ -155,4 +165,4 @@ def capacity_row(search: Search, result: dict, grid, cfg: PhonebookTrainConfig,
             if at else [],
             "hnorm_at_capacity": at["hnorm"] if at else [],
             "step_mode": trials[0]["step_mode"] if trials else None,
-            "unfinished": bool(result.get("unfinished")), **env}
+            "unfinished": bool(result.get("unfinished")), **_trials_env(trials, env)}

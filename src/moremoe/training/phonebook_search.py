@@ -134,8 +134,8 @@ def capacity(model: TransformerConfig, sizes, cfg: PhonebookTrainConfig, *, name
              start: int | None = None, on_trial=None, ahead: int = 1) -> Plan:
     """The largest size on the grid whose trial reaches the threshold (None: none does).
     Without start, a binary search; with start (a size, taken to the nearest grid point),
-    the start and the `ahead` next sizes up at once, then one point at a time until
-    bracketed. on_trial(result) after each round (the caller's report)."""
+    the start and the `ahead` next sizes up at once; after a size is reached, the next
+    1 + ahead sizes up; after a failure, one size down; until bracketed. on_trial(result) after each round (the caller's report)."""
     grid = sorted(set(int(s) for s in sizes))
     if not grid or grid[0] < 1:
         raise ValueError(f"sizes must be positive integers, got {sizes!r}")
@@ -160,7 +160,9 @@ def capacity(model: TransformerConfig, sizes, cfg: PhonebookTrainConfig, *, name
         if start is None:
             picks = None
         elif any(rec["reached"] for rec in records):
-            picks = [i for i in (max(picks) + 1, max(picks) + 2) if lo <= i <= hi]
+            # the next size and the `ahead` after it: with ahead 0 one at a time, so that a
+            # failure never leaves a larger size of the same round to train for nothing
+            picks = [i for i in range(max(picks) + 1, max(picks) + 2 + ahead) if lo <= i <= hi]
         else:
             picks = [i for i in (min(picks) - 1,) if lo <= i <= hi]
     return result
