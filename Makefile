@@ -40,7 +40,7 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-GPU_PYTEST = PYTHONPATH=src:tests $(GPU_PYTHON) -m pytest -q -p no:cacheprovider --durations=10
+GPU_PYTEST = PYTHONPATH=src:tests $(GPU_PYTHON) -m pytest -v -p no:cacheprovider --durations=10
 test-gpu:
 	$(GPU_PYTEST) -m "gpu and not multi_gpu" $(PYTEST_ARGS) tests
 
