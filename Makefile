@@ -1,6 +1,7 @@
 # Two commands start everything on a fresh machine with Python >= 3.11, pip and make:
 #   make demo   set up .venv and run `moremoe demo` (into runs/demo, replacing the last one)
-#   make test   set up .venv and run the whole test suite
+#   make test   set up .venv and run the whole test suite (over the cores: JOBS=1 for one
+#               process)
 # Both install the exact versions of requirements/lock-cpu.txt (scripts/install.sh locked).
 # And what CI runs after them:
 #   make test-cpus    the numerics-sensitive tests again as another CPU would run them: ATen's
@@ -21,6 +22,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# the CPU suites spread their tests over the machine's cores, at most 4 processes
+# (pytest-xdist, each test to the first free worker); JOBS=1 runs them in one process
+JOBS ?= auto
+XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --maxprocesses 4 --dist worksteal)
 LOCK := requirements/lock-cpu.txt
 
 .PHONY: demo test test-cpus test-demo test-gpu test-gpu-multi test-gpu-kernels test-latest test-lowest lock setup clean
@@ -38,7 +43,7 @@ demo: setup
 	$(BIN)/moremoe demo --out runs/demo --force
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 GPU_PYTEST = PYTHONPATH=src:tests $(GPU_PYTHON) -m pytest -v -p no:cacheprovider --durations=10
 test-gpu:
@@ -56,15 +61,15 @@ test-demo: setup
 NUMERICS = tests/kernels tests/ops tests/nn tests/model tests/hf tests/training/test_checkpoint.py \
            tests/training/test_lm_training.py tests/test_pipeline.py
 test-cpus: setup
-	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(NUMERICS)
-	ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q $(NUMERICS)
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(XDIST) $(NUMERICS)
+	ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q $(XDIST) $(NUMERICS)
 
 # a fresh environment each time: newest means newest on the day it runs
 test-latest test-lowest: test-%:
 	rm -rf $(VENV)-$*
 	$(PYTHON) -m venv $(VENV)-$*
 	sh scripts/install.sh $(VENV)-$*/bin/python $*
-	$(VENV)-$*/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)-$*/bin/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 lock:
 	rm -rf $(VENV)-lock

@@ -163,9 +163,10 @@ def test_input_discovery_and_errors(corpus, tmp_path):
                                          r"choose the text field with --text-field"),
     ("num.jsonl", b'{"text": "a"}\n{"text": 3}\n', r"line 2 \(byte 14\): 'text' is int, expected a string"),
     ("latin.txt", b"caf\xe9", r"latin.txt: not UTF-8 at byte 3 of the file"),
-    ("cut.jsonl.gz", gzip.compress(b'{"text": "x"}\n' * 200)[:-12],
+    # mtime=0: the same bytes (and test id) in every process (pytest-xdist's workers)
+    ("cut.jsonl.gz", gzip.compress(b'{"text": "x"}\n' * 200, mtime=0)[:-12],
      r"cut.jsonl.gz: corrupt or truncated gzip file"),
-])
+], ids=["bad-json", "no-field", "not-a-string", "not-utf8", "cut-gzip"])
 def test_corrupt_inputs_are_named(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(ValueError, match=message):
