@@ -8,9 +8,10 @@ decision on fp32 logits). The issue's shape, bf16, h = 512, M = 8,192, k = 4, r 
   lowrank exact sweep         the exact sweep alone (config C = 0) at N = 262,144
   lowrank infer N=16, N=64    decoding: the exact sweep split over the experts
   lowrank infer k=1           two keys a tile now, one before
-  lowrank infer C=1, 3, 4     C keys a tile kept by the candidates pass (default 2): the rows
-                              it cannot vouch for (about binom(k, C + 1) / T^C of them) take
-                              the sweep again, the exact one after
+  ... (tile redo)             the rows whose only doubt is a crowded tile (two of the top-4
+                              from one tile: 9.4 %) take an exact sweep of that tile alone
+                              (config redo=tile; AFTER only); beside them k = 8 and the
+                              training forward with the default redo
   ... (argmax)                the exact sweep's step as one (value, column) reduction
                               (AFTER only; BEFORE's rows say None)
 
@@ -64,10 +65,18 @@ def child() -> None:
         "lowrank infer N=64": lambda: router_lowrank(x[:64], R1, R2, K),
         "lowrank infer k=1": lambda: router_lowrank(x, R1, R2, 1),
     }
-    for c in (1, 3, 4):       # keys kept a tile: more cost the candidates pass, fewer rows
-        variants[f"lowrank infer C={c}"] = (            # go to the (exact) sweep again
-            lambda c=c: klr.infer(x, R1, R2, K, config={"C": c}))
     from moremoe.kernels import router_topk
+    if hasattr(router_topk, "launch_crowded"):      # the crowded rows' tiles swept alone
+        tile = {"redo": "tile"}
+        z = (x.float() @ R2.float().T).bfloat16()
+        variants.update({
+            "lowrank infer (tile redo)": lambda: klr.infer(x, R1, R2, K, config=tile),
+            "lowrank infer k=8 (tile redo)": lambda: klr.infer(x, R1, R2, 8, config=tile),
+            "lowrank infer k=8": lambda: klr.infer(x, R1, R2, 8),
+            "lowrank train forward (tile redo)": lambda: klr.train_forward(z, R1, K,
+                                                                          config=tile),
+            "lowrank train forward": lambda: klr.train_forward(z, R1, K),
+        })
     if "ARGMAX" in getattr(router_topk._exact_kernel, "src", ""):   # the one-reduction step
         one = {"argmax": 1}
         variants.update({

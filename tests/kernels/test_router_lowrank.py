@@ -289,7 +289,40 @@ def test_candidates_with_exact_redo_equal_the_exact_sweep(C, tuple_reduce, negat
     assert torch.equal(split[1], cands[1])
 
 
-def test_rows_with_c_keys_in_one_tile_are_redone():
+@pytest.mark.parametrize("negative", [False, True])
+def test_crowded_tiles_swept_alone_select_as_the_exact_sweep(negative, monkeypatch):
+    """redo=tile: a row whose only doubt is a crowded tile (C = 2 of its top-4 from one of
+    10 tiles) takes an exact sweep of that tile alone, the other queued rows the whole
+    sweep: the same experts as the exact sweep, values to the rounding of an r-term sum, in
+    inference and in the training forward (z given); the crowded rows' path ran."""
+    from moremoe.kernels import router_topk
+    N, M, BM, k = 40, 300, 32, 4
+    x, R1, R2 = make(N, 32, M, 16)
+    if negative:                    # negative keys and exact ties: whole sweeps beside
+        R1 = R1 - 3.0 * R1.abs().max()
+        R1[[5, 50]] = R1[7].clone()
+        x, R2 = x.abs() + 0.1, R2.abs()
+    crowded, real = [], router_topk.launch_crowded
+
+    def spy(*args, **kw):
+        crowded.append(int(kw["rows_n"].item()))
+        real(*args, **kw)
+    monkeypatch.setattr(router_topk, "launch_crowded", spy)
+    cfg = {"BM": BM, "C": 2, "tuple": False, "redo": "tile"}
+    exact = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 0})
+    tile = kr.infer(x, R1, R2, k, config=cfg)
+    assert crowded and (0 < crowded[0] < N or negative)     # negative keys: whole sweeps
+    assert torch.equal(exact[1], tile[1])
+    tol = reduction_tol(torch.float32, 32 + 16)
+    torch.testing.assert_close(tile[0], exact[0], **tol)
+    torch.testing.assert_close(tile[2], exact[2], **tol)
+    z = x @ R2.T
+    trained = kr.train_forward(z, R1, k, config=cfg)
+    assert torch.equal(trained[1], kr.train_forward(z, R1, k, config={"BM": BM, "C": 0})[1])
+
+
+@pytest.mark.parametrize("redo", ["sweep", "tile"])
+def test_rows_with_c_keys_in_one_tile_are_redone(redo):
     """Expert tiles of 16 with the top-4 of every row in tile 2: one key per tile cannot
     find them, so every row is queued and the exact sweep must produce the answer."""
     x, R1, R2 = make(10, 16, 64, 8)
@@ -302,7 +335,7 @@ def test_rows_with_c_keys_in_one_tile_are_redone():
     logits = logits_lowrank(x, R1, R2)
     want = torch.topk(logits, 4, dim=1).indices
     assert (want.sort(1).values == torch.arange(32, 36, device=want.device)).all()
-    got = kr.infer(x, R1, R2, 4, config={"BM": 16, "C": 1})[1]
+    got = kr.infer(x, R1, R2, 4, config={"BM": 16, "C": 1, "redo": redo})[1]
     assert torch.equal(got.long(), want)
 
 

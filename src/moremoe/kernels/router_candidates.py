@@ -16,7 +16,9 @@ Kernels (grid, reads -> writes):
                                     z (N, r) in x's dtype (low-rank inference), m and Z
                                     (training: the online softmax over the finite logits)
   _pick_kernel       (N/BNP,)       CAND, z|x, R1|W -> top-k val fp32, idx int32, gates fp32;
-                                    REDO, REDO_N: the queued rows
+                                    REDO, REDO_N: the queued rows; with TILE the rows whose
+                                    only doubt is a crowded tile in CROWD, CROWD_N instead
+                                    (router_topk._crowded_kernel sweeps those tiles alone)
 T = ceil(M / BM) tiles; SPLITS splits the tiles when there are too few token blocks to fill
 the GPU; BNP, BT the rows and candidates per step of the pick. HBM traffic of the candidates:
 4 T C N bytes written and read (134 MB at N = 262,144, M = 8,192, C = 2), z 2 N r.
@@ -186,34 +188,40 @@ def _candidates_kernel(X, W, R2, CAND, ZOUT, OUT_M, OUT_NORM, N, H, M, R, m_per_
 
 
 @triton.jit
-def _doubtful(bk, bi, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr,
-              BM: tl.constexpr):
-    """Rows whose selection the candidates cannot vouch for: a slot left empty, a negative
-    key selected, or (C <= K) C selected keys from one tile, whose next key might belong or
-    tie the last after truncation (the key ties with the keys left out: _pick_kernel)."""
+def crowded_slots(bi, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
+    """(BN, KP): the selected slots whose tile holds C or more of the row's selection (then
+    the tile's next key might belong, or tie the last after truncation); none when C > K."""
     live = tl.arange(0, KP)[None, :] < K
-    weak = live & ((bi < 0) | (bk.to(tl.int32, bitcast=True) < 0))
-    bad = tl.max(weak.to(tl.int32), axis=1) > 0
-    if C <= K:     # C = K: all K from one tile, whose next key may tie the last
-        tile = tl.where(live & (bi >= 0), bi // BM, -1)
+    tile = tl.where(live & (bi >= 0), bi // BM, -1)
+    count = tl.zeros(bi.shape, tl.int32)
+    if C <= K:
         for j in range(K):
             t_j = column(tile, j, KP)
-            n_j = tl.sum(((tile == t_j[:, None]) & (t_j[:, None] >= 0)).to(tl.int32), axis=1)
-            bad = bad | (n_j >= C)
-    return bad
+            count += ((tile == t_j[:, None]) & (tile >= 0)).to(tl.int32)
+    return (count >= C) & (tile >= 0)
 
 
 @triton.jit
-def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H, M, R, TC,
-                 sx_n, sx_h, sw_m, sw_k, sz_n, sz_r, so_n,
+def _weak(bk, bi, K: tl.constexpr, KP: tl.constexpr):
+    """Rows with a slot left empty or a negative key selected (the code order of equal
+    negative keys is reversed): only the exact sweep can vouch for them."""
+    live = tl.arange(0, KP)[None, :] < K
+    weak = live & ((bi < 0) | (bk.to(tl.int32, bitcast=True) < 0))
+    return tl.max(weak.to(tl.int32), axis=1) > 0
+
+
+@triton.jit
+def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, CROWD, CROWD_N,
+                 N, H, M, R, TC, sx_n, sx_h, sw_m, sw_k, sz_n, sz_r, so_n,
                  K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr, MODE: tl.constexpr,
                  BN: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
-                 BH: tl.constexpr):
+                 BH: tl.constexpr, TILE: tl.constexpr):
     """Top-k of the TC = T·C candidates of each row by truncated key, ties by lower expert
     index (candidates are read in tile order, so a strictly larger key is needed to enter),
     exact values and gates; doubtful rows are queued in REDO, among them those whose k-th
     key ties after truncation with the best one left out (the exact sweep then orders them
-    by value)."""
+    by value). TILE: the rows whose only doubt is a crowded tile (C of the k from one tile)
+    go to CROWD instead, for the exact sweep of those tiles alone (router_topk)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
@@ -244,7 +252,16 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H,
     # a key left out that ties the k-th after truncation may be the larger logit: the exact
     # sweep decides those rows by value
     tie = (left == thr) & (thr > NEG_INF)
-    bad = (_doubtful(bk, bi, K, KP, C, BM) | (nan_seen > 0) | tie) & row_ok
+    crowded = tl.max(crowded_slots(bi, K, KP, C, BM).to(tl.int32), axis=1) > 0
+    bad = (_weak(bk, bi, K, KP) | (nan_seen > 0) | tie) & row_ok
+    if TILE:
+        crowded = crowded & ~bad & row_ok
+        n_c = tl.sum(crowded.to(tl.int32), axis=0)
+        if n_c > 0:
+            pos = tl.atomic_add(CROWD_N, n_c) + tl.cumsum(crowded.to(tl.int32), axis=0) - 1
+            tl.store(CROWD + pos, rows, mask=crowded)
+    else:
+        bad = bad | (crowded & row_ok)
     z = z_rows(ZS, rows64, row_ok, R, sz_n, sz_r, MODE, BN, BR)
     vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                         K, KP, MODE, BR, BH)
@@ -286,9 +303,10 @@ def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, stats=None,
     return cand, z_out
 
 
-def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out):
+def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out, tile: bool = False):
     """Top-k of the candidates into out = (val, idx, gates); returns the queued rows
-    (REDO, REDO_N) for the exact sweep."""
+    (REDO, REDO_N) for the exact sweep and, with tile, (CROWD, CROWD_N) for the sweep of
+    their crowded tiles (else None, None)."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = w.shape[1]                      # r (R1 is (M, r)), or h for the standard router
     BM, C = cfg["BM"], cfg["C"]
@@ -296,9 +314,12 @@ def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out):
     zs, sz = (z_out, (z_out.stride(0), 1)) if mode == LOWRANK else (x, (x.stride(0), x.stride(1)))
     rows = torch.empty(N, device=x.device, dtype=torch.int32)
     rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
+    crowd, crowd_n = (torch.empty_like(rows), torch.zeros_like(rows_n)) if tile else (rows,
+                                                                                    rows_n)
     BNP = 32
     _pick_kernel[(triton.cdiv(N, BNP),)](
-        cand, x, w, zs, *out, rows, rows_n, N, H, M, R, TC, x.stride(0), x.stride(1),
-        w.stride(0), w.stride(1), *sz, k, K=k, KP=next_pow2(k), C=C, MODE=mode, BN=BNP,
-        BT=min(64, next_pow2(TC)), BM=BM, BR=cfg["BR"], BH=cfg["BH"], num_warps=4)
-    return rows, rows_n
+        cand, x, w, zs, *out, rows, rows_n, crowd, crowd_n, N, H, M, R, TC, x.stride(0),
+        x.stride(1), w.stride(0), w.stride(1), *sz, k, K=k, KP=next_pow2(k), C=C, MODE=mode,
+        BN=BNP, BT=min(64, next_pow2(TC)), BM=BM, BR=cfg["BR"], BH=cfg["BH"], TILE=tile,
+        num_warps=4)
+    return rows, rows_n, *((crowd, crowd_n) if tile else (None, None))

@@ -21,6 +21,10 @@ Kernels (grid, reads -> writes):
                                     or, split, each split's top-k (N, SPLITS, k)
   _merge_kernel      (N/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
                                     the tiles' logits as one sweep would, ordered by value)
+  _crowded_kernel    (programs,)    the queued rows whose only doubt is a crowded tile (config
+                                    redo=tile, low-rank and z-given modes): top-k val, idx,
+                                    gates with the crowded tiles swept exactly, the other
+                                    tiles' entries kept; one row at a time
 
 Selection (docs/design.md, "Selection semantics"):
   * the exact sweep's running buffer keeps the fp32 logits of its entries and their
@@ -43,10 +47,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, column,
-                      dot_precision, exact_values, fill_splits, logit_tile, next_pow2,
-                      write_sorted, z_block, z_rows)
-from .router_candidates import launch_candidates, launch_pick
+from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, MODE_Z, NEG_INF, column,
+                      dot_precision, exact_values, fill_splits, load_rows, logit_tile,
+                      next_pow2, write_sorted, z_block, z_rows)
+from .router_candidates import crowded_slots, launch_candidates, launch_pick
 
 
 @triton.jit
@@ -186,6 +190,54 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
 
 
 @triton.jit
+def _crowded_kernel(ZS, W, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, M, R, sz_n, sz_r,
+                    sw_m, sw_k, so_n, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr,
+                    BM: tl.constexpr, BR: tl.constexpr):
+    """The exact top-k of the queued rows whose only doubt is a crowded tile (C of the k
+    from one tile: its next key might belong): the entries from other tiles kept, every
+    logit of the crowded tiles (at most K // C) inserted by value and then index as the
+    exact sweep does, the values recomputed as exact_values does. One row at a time (each
+    row's crowded tiles are its own), the programs striding over the queue. The keys left
+    out of the other tiles stay out: the pick queued for the whole sweep every row whose
+    best key left out ties the k-th after truncation."""
+    count = tl.load(ROWS_N)
+    slots = tl.arange(0, KP)
+    live = slots[None, :] < K
+    rr = tl.arange(0, BR)
+    cols = tl.arange(0, BM)
+    for q in range(tl.program_id(0), count, tl.num_programs(0)):
+        rows64 = tl.zeros((1,), tl.int64) + tl.load(ROWS + q)
+        row_ok = rows64 >= 0
+        offs = rows64[:, None] * so_n + slots[None, :]
+        bi = tl.load(OUT_IDX + offs, mask=live, other=-1)
+        crowded = crowded_slots(bi, K, KP, C, BM)
+        bv = tl.where(crowded, NEG_INF,
+                      tl.where(live, tl.load(OUT_VAL + offs, mask=live, other=0.0), float("inf")))
+        tiles = tl.where(crowded, bi // BM, BIG_IDX)
+        bi = tl.where(crowded | ~live, -(slots[None, :] + 1), bi)
+        thr_v = tl.min(bv, axis=1)
+        thr_i = tl.max(tl.where(bv == thr_v[:, None], bi, -BIG_IDX), axis=1)
+        z = z_rows(ZS, rows64, row_ok, R, sz_n, sz_r, MODE_Z, 1, BR).to(tl.float32)
+        last = -1
+        for _ in range(K // C):
+            t = tl.min(tl.min(tl.where(tiles > last, tiles, BIG_IDX), axis=1), axis=0)
+            if t < BIG_IDX:
+                m0 = t * BM
+                col_ok = m0 + cols < M
+                w = load_rows(W, (m0 + cols).to(tl.int64), col_ok, sw_m, rr, rr < R, sw_k)
+                lv = tl.sum(w.to(tl.float32) * z, axis=1)
+                lv = tl.where(col_ok & (tl.abs(lv) < float("inf")), lv, NEG_INF)
+                bv, bi, thr_v, thr_i = _select_exact(lv[None, :], m0, bv, bi, thr_v, thr_i,
+                                                     BM, False)
+                last = t
+        if tl.min(tl.min(bi, axis=1), axis=0) < 0:
+            bi = _fill_unselected(bi, 0, M, K, KP)
+        vals = exact_values(z, ZS, W, bi, rows64, row_ok, M, R, R, sz_n, sz_r, sw_m, sw_k,
+                            K, KP, MODE_Z, BR, BR)
+        write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
+
+
+@triton.jit
 def _merge_kernel(IN_VAL, IN_IDX, IN_KEY, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, N, M,
                   SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                   GIVEN: tl.constexpr, BN: tl.constexpr):
@@ -251,7 +303,10 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
     shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep),
     cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps;
-    argmax (default 0) the exact sweep's step as one (value, column) reduction. The
+    argmax (default 0) the exact sweep's step as one (value, column) reduction; redo
+    ("sweep", default; "tile") what the rows whose only doubt is a crowded tile take: the
+    whole exact sweep, or an exact sweep of their crowded tiles alone (not yet measured on
+    a GPU: benchmarks/NOTES.md, issue 35). The
     standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
@@ -311,6 +366,19 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
             CP=next_pow2(splits * KP), GIVEN=given, BN=BNm, num_warps=4)
 
 
+def launch_crowded(z_out, x, w, k: int, *, mode: int, cfg: dict, out, rows, rows_n):
+    """The exact sweep of the crowded tiles of the queued rows (rows, rows_n) into out =
+    (val, idx, gates); z from the candidates pass (low-rank inference) or x (z given)."""
+    N, M, R = x.shape[0], w.shape[0], w.shape[1]
+    zs = z_out if mode == LOWRANK else x
+    programs = min(N, 8 * (torch.cuda.get_device_properties(x.device).multi_processor_count
+                           if x.device.type == "cuda" else 1))
+    _crowded_kernel[(max(1, programs),)](
+        zs, w, *out, rows, rows_n, M, R, zs.stride(0), zs.stride(1), w.stride(0),
+        w.stride(1), k, K=k, KP=next_pow2(k), C=cfg["C"], BM=cfg["BM"], BR=cfg["BR"],
+        num_warps=4)
+
+
 def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
                  splits: int | None = None, config: dict | None = None):
     """Top-k of x against w (R1, or W) and, for the low-rank inference mode, r2 (R2).
@@ -339,6 +407,11 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
         else:
             cand, z = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, stats=st,
                                         splits=splits)
-            rows, rows_n = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg, out=out)
+            tile = cfg.get("redo", "sweep") == "tile" and mode != LINEAR
+            rows, rows_n, crowd, crowd_n = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg,
+                                                       out=out, tile=tile)
+            if tile:
+                launch_crowded(z, x, w, k, mode=mode, cfg=cfg, out=out, rows=crowd,
+                               rows_n=crowd_n)
             launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, rows=rows, rows_n=rows_n)
     return (*out, *(st if stats else (None, None)))
