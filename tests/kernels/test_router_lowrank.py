@@ -312,6 +312,8 @@ def test_crowded_tiles_swept_alone_select_as_the_exact_sweep(negative, monkeypat
     exact = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 0})
     tile = kr.infer(x, R1, R2, k, config=cfg)
     assert crowded and (0 < crowded[0] < N or negative)     # negative keys: whole sweeps
+    with pytest.raises(ValueError, match="redo must be one of sweep, tile, got 'tiles'"):
+        kr.infer(x, R1, R2, k, config={**cfg, "redo": "tiles"})
     assert torch.equal(exact[1], tile[1])
     tol = reduction_tol(torch.float32, 32 + 16)
     torch.testing.assert_close(tile[0], exact[0], **tol)

@@ -229,11 +229,18 @@ def matmul_precision(dtype) -> str:
     return "tf32"
 
 
+def sm_count(device) -> int:
+    """The GPU's streaming multiprocessors; 1 on the CPU (Triton's interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def fill_splits(device, programs: int, length: int, block: int) -> int:
     """How many ways to split a dimension of `length` (in blocks of `block`) so that
     `programs` × splits fills the GPU twice over; 1 on the CPU or when `programs` already
     does. Each split keeps at least 4 blocks of work."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = sm_count(device)
     return max(1, min(triton.cdiv(2 * sms, max(programs, 1)), triton.cdiv(length, 4 * block)))

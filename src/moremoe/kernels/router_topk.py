@@ -49,7 +49,7 @@ import triton.language as tl
 
 from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, MODE_Z, NEG_INF, column,
                       dot_precision, exact_values, fill_splits, load_rows, logit_tile,
-                      next_pow2, write_sorted, z_block, z_rows)
+                      next_pow2, sm_count, write_sorted, z_block, z_rows)
 from .router_candidates import crowded_slots, launch_candidates, launch_pick
 
 
@@ -295,6 +295,9 @@ def pick_candidates(k: int, tiles: int, redo_cost: float = 12.0) -> int:
     return c if costs[c] < redo_cost else 0
 
 
+REDOS = ("sweep", "tile")       # what a row whose only doubt is a crowded tile takes
+
+
 def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
                  overrides: dict | None = None, *, fp32: bool = False) -> dict:
     """Block sizes and the selection schedule, from measurements on an H100 (h=512, M=8192,
@@ -323,6 +326,9 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
         cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2,
                    cand_stages=2, bwd_stages=2)
     cfg.update(overrides or {})
+    if cfg.get("redo", "sweep") not in REDOS:
+        raise ValueError(f"router config redo must be one of {', '.join(REDOS)}, got "
+                         f"{cfg['redo']!r}")
     if "C" not in cfg:
         cfg["C"] = pick_candidates(K, triton.cdiv(M, cfg["BM"]))
     return cfg
@@ -371,9 +377,7 @@ def launch_crowded(z_out, x, w, k: int, *, mode: int, cfg: dict, out, rows, rows
     (val, idx, gates); z from the candidates pass (low-rank inference) or x (z given)."""
     N, M, R = x.shape[0], w.shape[0], w.shape[1]
     zs = z_out if mode == LOWRANK else x
-    programs = min(N, 8 * (torch.cuda.get_device_properties(x.device).multi_processor_count
-                           if x.device.type == "cuda" else 1))
-    _crowded_kernel[(max(1, programs),)](
+    _crowded_kernel[(max(1, min(N, 8 * sm_count(x.device))),)](
         zs, w, *out, rows, rows_n, M, R, zs.stride(0), zs.stride(1), w.stride(0),
         w.stride(1), k, K=k, KP=next_pow2(k), C=cfg["C"], BM=cfg["BM"], BR=cfg["BR"],
         num_warps=4)
@@ -399,15 +403,14 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
         n_blocks = triton.cdiv(N, cfg["BN"])
         small = cfg.get("small")
         if small is None:
-            small = dev.type == "cuda" and 2 * n_blocks < torch.cuda.get_device_properties(
-                dev).multi_processor_count
+            small = dev.type == "cuda" and 2 * n_blocks < sm_count(dev)
         if cfg["C"] == 0 or (small and not stats):
             ways = 1 if stats else (splits or fill_splits(dev, n_blocks, M, cfg["BM"]))
             launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, stats=st, splits=ways)
         else:
             cand, z = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, stats=st,
                                         splits=splits)
-            tile = cfg.get("redo", "sweep") == "tile" and mode != LINEAR
+            tile = cfg.get("redo") == "tile" and mode != LINEAR
             rows, rows_n, crowd, crowd_n = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg,
                                                        out=out, tile=tile)
             if tile:

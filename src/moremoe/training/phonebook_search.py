@@ -135,7 +135,8 @@ def capacity(model: TransformerConfig, sizes, cfg: PhonebookTrainConfig, *, name
     """The largest size on the grid whose trial reaches the threshold (None: none does).
     Without start, a binary search; with start (a size, taken to the nearest grid point),
     the start and the `ahead` next sizes up at once; after a size is reached, the next
-    1 + ahead sizes up; after a failure, one size down; until bracketed. on_trial(result) after each round (the caller's report)."""
+    1 + ahead sizes up; after a failure, one size down; until bracketed. on_trial(result)
+    after each round (the caller's report)."""
     grid = sorted(set(int(s) for s in sizes))
     if not grid or grid[0] < 1:
         raise ValueError(f"sizes must be positive integers, got {sizes!r}")
