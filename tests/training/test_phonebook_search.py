@@ -219,7 +219,8 @@ def test_worker_processes_give_the_records_of_one_process(tmp_path):
 
 def test_a_row_keeps_where_its_trials_ran_when_replayed_elsewhere():
     """A search finished by replaying its journal on a CPU (no training) keeps the GPU's tags
-    that its trials recorded; trials without tags (older journals) take the caller's."""
+    that its trials recorded; only when no trial carries tags (older journals) does the row
+    take the caller's."""
     from moremoe.training.phonebook_paper import capacity_row, searches
     [search] = searches(["rank"], ["moe"])
     cfg = PhonebookTrainConfig(size=1)
@@ -237,6 +238,10 @@ def test_a_row_keeps_where_its_trials_ran_when_replayed_elsewhere():
                        [1, 2], cfg, here)
     assert (row["device"], row["torch"], row["commit"]) == ("NVIDIA H200", "2.11.0+cu130", "abc")
     assert [t["commit"] for t in row["trials"]] == ["old", "abc"]
+    # an untagged trial (an older journal) beside a tagged one: the tagged one says where
     row = capacity_row(search, {"capacity": 1, "trials": [rec(1, {}), rec(2, gpu)]},
                        [1, 2], cfg, here)
-    assert row["device"] == "cpu" and "device" not in row["trials"][0]
+    assert row["device"] == "NVIDIA H200" and "device" not in row["trials"][0]
+    row = capacity_row(search, {"capacity": 1, "trials": [rec(1, {}), rec(2, {})]},
+                       [1, 2], cfg, here)
+    assert row["device"] == "cpu"

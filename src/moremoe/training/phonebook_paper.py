@@ -136,10 +136,11 @@ def _trial_row(rec: dict) -> dict:
 
 
 def _trials_env(trials: list, env: dict) -> dict:
-    """Where the trials ran: the newest trial's tags when every trial carries its own (a
-    search resumed from its journal elsewhere, even on a CPU, keeps the GPU's), else env."""
-    tags = [t.get("env") for t in trials]
-    return max(tags, key=lambda e: e["date"]) if trials and all(tags) else env
+    """Where the trials ran: the newest tags among the trials that carry them (a search
+    replayed from its journal elsewhere, even on a CPU, keeps the GPU's; trials trained
+    here carry this machine's), else env (journals from before trials were tagged)."""
+    tags = [t["env"] for t in trials if t.get("env")]
+    return max(tags, key=lambda e: e["date"]) if tags else env
 
 
 def capacity_row(search: Search, result: dict, grid, cfg: PhonebookTrainConfig,
