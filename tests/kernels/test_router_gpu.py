@@ -49,19 +49,20 @@ def test_full_size_lowrank_inference(h, k):
 
 
 @pytest.mark.parametrize("k", [4, 8])
-def test_crowded_tiles_swept_alone_at_full_size(k):
-    """redo=tile at the paper's shape (bf16, h = 512, M = 8,192, r = 64, N = 262,144): the
-    same experts as the exact sweep, and no row routed otherwise when routed in chunks."""
+def test_the_queued_rows_floor_changes_nothing_at_full_size(k):
+    """At the paper's shape (bf16, h = 512, M = 8,192, r = 64, N = 262,144) the queued rows'
+    sweep with their floors returns what it returns without them, bit for bit, and what the
+    exact sweep of every row returns; routed in chunks, no row is routed otherwise."""
     from moremoe.kernels import router_lowrank as kr
     x, R1, R2 = _lowrank(262144, 512, 8192, 64)
-    tile = kr.infer(x, R1, R2, k, config={"redo": "tile"})
-    exact = kr.infer(x, R1, R2, k, config={"C": 0})
-    assert torch.equal(tile[1], exact[1])
-    torch.testing.assert_close(tile[0], exact[0], **reduction_tol(torch.bfloat16, 64))
-    torch.testing.assert_close(tile[2], torch.softmax(tile[0], 1))
-    chunks = torch.cat([kr.infer(x[i:i + 4096], R1, R2, k, config={"redo": "tile"})[1]
+    on = kr.infer(x, R1, R2, k, config={"floor": 1})
+    off = kr.infer(x, R1, R2, k)
+    for a, b in zip(on, off):
+        assert torch.equal(a, b)
+    assert torch.equal(on[1], kr.infer(x, R1, R2, k, config={"C": 0})[1])
+    chunks = torch.cat([kr.infer(x[i:i + 4096], R1, R2, k, config={"floor": 1})[1]
                         for i in range(0, 65536, 4096)])
-    assert torch.equal(chunks, tile[1][:65536])
+    assert torch.equal(chunks, on[1][:65536])
 
 
 def test_full_size_linear_inference():

@@ -290,41 +290,53 @@ def test_candidates_with_exact_redo_equal_the_exact_sweep(C, tuple_reduce, negat
 
 
 @pytest.mark.parametrize("negative", [False, True])
-def test_crowded_tiles_swept_alone_select_as_the_exact_sweep(negative, monkeypatch):
-    """redo=tile: a row whose only doubt is a crowded tile (C = 2 of its top-4 from one of
-    10 tiles) takes an exact sweep of that tile alone, the other queued rows the whole
-    sweep: the same experts as the exact sweep, values to the rounding of an r-term sum, in
-    inference and in the training forward (z given); the crowded rows' path ran."""
-    from moremoe.kernels import router_topk
-    N, M, BM, k = 40, 300, 32, 4
-    x, R1, R2 = make(N, 32, M, 16)
-    if negative:                    # negative keys and exact ties: whole sweeps beside
+def test_the_queued_rows_floor_is_below_their_kth_logit_and_changes_nothing(negative):
+    """Each queued row's floor (its k-th selected key less the truncation's error) is at or
+    below its k-th logit and within 2^-11 under its k-th selected one (-inf for a row that
+    saw a NaN), and the
+    exact sweep of the queued rows returns with it what it returns without it, bit for bit,
+    in inference and in the training forward. One key in tiles of 16 queues most rows;
+    negative: all logits negative, some exactly tied."""
+    from moremoe.kernels import router_candidates as rc, router_topk as rt
+    from moremoe.kernels._common import LOWRANK
+    N, M, BM, k, r = 60, 200, 16, 4, 16
+    x, R1, R2 = make(N, 32, M, r)
+    if negative:
         R1 = R1 - 3.0 * R1.abs().max()
         R1[[5, 50]] = R1[7].clone()
         x, R2 = x.abs() + 0.1, R2.abs()
-    crowded, real = [], router_topk.launch_crowded
+    x[3, 0] = float("nan")
+    cfg = rt.sweep_config(LOWRANK, r, 32, k, M, {"BM": BM, "C": 1, "tuple": False})
+    out = (torch.empty(N, k, device=DEV), torch.empty(N, k, device=DEV, dtype=torch.int32),
+           torch.empty(N, k, device=DEV))
+    cand, z = rc.launch_candidates(x, R1, R2, k, mode=LOWRANK, cfg=cfg)
+    rows, rows_n, floor = rc.launch_pick(cand, z, x, R1, k, mode=LOWRANK, cfg=cfg, out=out)
+    queued = rows[:int(rows_n.item())].long()
+    assert len(queued) > N // 2 and 3 in queued.tolist()
+    assert floor[3] == float("-inf")
+    kth = logits_lowrank(x, R1, R2).topk(k, dim=1).values[:, -1]
+    f, t = floor[queued].double(), kth[queued]
+    real = torch.isfinite(t)
+    assert torch.isfinite(f[real]).all()
+    assert (f[real] <= t[real]).all()
+    # and it is the k-th selected logit less the slack (below the k-th logit where a tile
+    # held more of the top k than its one key: a bound, not an estimate)
+    sel = out[0][queued].double().min(dim=1).values[real]
+    assert (f[real] >= sel - 2 ** -11 * sel.abs()).all() and (f[real] <= sel).all()
+    assert (f[real] < t[real] - 1e-3).any()
+    on = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 1, "tuple": False, "floor": 1})
+    off = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 1, "tuple": False, "floor": 0})
+    for a, b in zip(on, off):           # bit for bit (row 3's NaN values as NaN)
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(on[1], kr.infer(x, R1, R2, k, config={"BM": BM, "C": 0})[1])
+    zz = x @ R2.T
+    for a, b in zip(kr.train_forward(zz, R1, k, config={"BM": BM, "C": 1, "floor": 1}),
+                    kr.train_forward(zz, R1, k, config={"BM": BM, "C": 1, "floor": 0})):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
-    def spy(*args, **kw):
-        crowded.append(int(kw["rows_n"].item()))
-        real(*args, **kw)
-    monkeypatch.setattr(router_topk, "launch_crowded", spy)
-    cfg = {"BM": BM, "C": 2, "tuple": False, "redo": "tile"}
-    exact = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 0})
-    tile = kr.infer(x, R1, R2, k, config=cfg)
-    assert crowded and (0 < crowded[0] < N or negative)     # negative keys: whole sweeps
-    with pytest.raises(ValueError, match="redo must be one of sweep, tile, got 'tiles'"):
-        kr.infer(x, R1, R2, k, config={**cfg, "redo": "tiles"})
-    assert torch.equal(exact[1], tile[1])
-    tol = reduction_tol(torch.float32, 32 + 16)
-    torch.testing.assert_close(tile[0], exact[0], **tol)
-    torch.testing.assert_close(tile[2], exact[2], **tol)
-    z = x @ R2.T
-    trained = kr.train_forward(z, R1, k, config=cfg)
-    assert torch.equal(trained[1], kr.train_forward(z, R1, k, config={"BM": BM, "C": 0})[1])
 
-
-@pytest.mark.parametrize("redo", ["sweep", "tile"])
-def test_rows_with_c_keys_in_one_tile_are_redone(redo):
+@pytest.mark.parametrize("floor", [0, 1])
+def test_rows_with_c_keys_in_one_tile_are_redone(floor):
     """Expert tiles of 16 with the top-4 of every row in tile 2: one key per tile cannot
     find them, so every row is queued and the exact sweep must produce the answer."""
     x, R1, R2 = make(10, 16, 64, 8)
@@ -337,7 +349,7 @@ def test_rows_with_c_keys_in_one_tile_are_redone(redo):
     logits = logits_lowrank(x, R1, R2)
     want = torch.topk(logits, 4, dim=1).indices
     assert (want.sort(1).values == torch.arange(32, 36, device=want.device)).all()
-    got = kr.infer(x, R1, R2, 4, config={"BM": 16, "C": 1, "redo": redo})[1]
+    got = kr.infer(x, R1, R2, 4, config={"BM": 16, "C": 1, "floor": floor})[1]
     assert torch.equal(got.long(), want)
 
 

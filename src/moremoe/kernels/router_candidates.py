@@ -9,16 +9,18 @@ tile might (C of its keys selected), where a tile held a non-finite logit, where
 selected key is negative (the code order of equal negative keys is reversed), or where the
 k-th key and the best one left out are equal after truncation (either logit may be the
 larger), and queues them for the exact sweep (router_topk), which compares logits. For
-top-k positions spread evenly over T tiles the queued share is about binom(k, C + 1) / T^C: 9 % at k = 4, C = 2, T = 64 (M = 8,192).
+top-k positions spread evenly over T tiles the queued share is about binom(k, C + 1) / T^C:
+9 % at k = 4, C = 2, T = 64 (M = 8,192). With each queued row goes its floor: a value at
+or below its true k-th logit (the k-th selected key, less the truncation's error), under
+which the exact sweep need not consider a logit (it cannot be among the top k).
 
 Kernels (grid, reads -> writes):
   _candidates_kernel (N/BN, SPLITS) x, R1|W [, R2] -> CAND (T, C, N) fp32 keys,
                                     z (N, r) in x's dtype (low-rank inference), m and Z
                                     (training: the online softmax over the finite logits)
   _pick_kernel       (N/BNP,)       CAND, z|x, R1|W -> top-k val fp32, idx int32, gates fp32;
-                                    REDO, REDO_N: the queued rows; with TILE the rows whose
-                                    only doubt is a crowded tile in CROWD, CROWD_N instead
-                                    (router_topk._crowded_kernel sweeps those tiles alone)
+                                    REDO, REDO_N: the queued rows; FLOOR (N,) fp32 at the
+                                    queued rows: their floors
 T = ceil(M / BM) tiles; SPLITS splits the tiles when there are too few token blocks to fill
 the GPU; BNP, BT the rows and candidates per step of the pick. HBM traffic of the candidates:
 4 T C N bytes written and read (134 MB at N = 262,144, M = 8,192, C = 2), z 2 N r.
@@ -119,6 +121,7 @@ def _store_best(c1, c2, c3, c4, CAND, t, rows64, row_ok, N, C: tl.constexpr):
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
+FLOOR_ULPS = tl.constexpr(8 * 2.0 ** -23)   # x BM: 4x the truncation's relative error
 
 
 @triton.jit
@@ -188,7 +191,7 @@ def _candidates_kernel(X, W, R2, CAND, ZOUT, OUT_M, OUT_NORM, N, H, M, R, m_per_
 
 
 @triton.jit
-def crowded_slots(bi, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
+def _crowded_slots(bi, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr, BM: tl.constexpr):
     """(BN, KP): the selected slots whose tile holds C or more of the row's selection (then
     the tile's next key might belong, or tie the last after truncation); none when C > K."""
     live = tl.arange(0, KP)[None, :] < K
@@ -211,17 +214,28 @@ def _weak(bk, bi, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, CROWD, CROWD_N,
+def _floor(thr, nan_seen, BM: tl.constexpr):
+    """A value at or below the true k-th logit of each row, from its k-th selected key thr:
+    the k selected keys are k real logits, so the row's k-th largest is at least the
+    smallest of them, and truncation cleared that logit's low log2(BM) + 1 mantissa bits
+    (toward zero), an error under 2 BM ulps, 2 BM · 2^-23 of its size whatever its sign.
+    The floor takes 4x that off, and 2^-100 for subnormal sizes; -inf (no floor) where a
+    slot is empty or the row saw a non-finite logit."""
+    low = thr - tl.abs(thr) * (BM * FLOOR_ULPS) - 7.888609052210118e-31
+    return tl.where((nan_seen > 0) | (thr != thr), NEG_INF, low)
+
+
+@triton.jit
+def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, FLOOR,
                  N, H, M, R, TC, sx_n, sx_h, sw_m, sw_k, sz_n, sz_r, so_n,
                  K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr, MODE: tl.constexpr,
                  BN: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
-                 BH: tl.constexpr, TILE: tl.constexpr):
+                 BH: tl.constexpr):
     """Top-k of the TC = T·C candidates of each row by truncated key, ties by lower expert
     index (candidates are read in tile order, so a strictly larger key is needed to enter),
-    exact values and gates; doubtful rows are queued in REDO, among them those whose k-th
-    key ties after truncation with the best one left out (the exact sweep then orders them
-    by value). TILE: the rows whose only doubt is a crowded tile (C of the k from one tile)
-    go to CROWD instead, for the exact sweep of those tiles alone (router_topk)."""
+    exact values and gates; doubtful rows are queued in REDO with their floors in FLOOR,
+    among them those whose k-th key ties after truncation with the best one left out (the
+    exact sweep then orders them by value)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
@@ -252,22 +266,15 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, CROWD
     # a key left out that ties the k-th after truncation may be the larger logit: the exact
     # sweep decides those rows by value
     tie = (left == thr) & (thr > NEG_INF)
-    crowded = tl.max(crowded_slots(bi, K, KP, C, BM).to(tl.int32), axis=1) > 0
-    bad = (_weak(bk, bi, K, KP) | (nan_seen > 0) | tie) & row_ok
-    if TILE:
-        crowded = crowded & ~bad & row_ok
-        n_c = tl.sum(crowded.to(tl.int32), axis=0)
-        if n_c > 0:
-            pos = tl.atomic_add(CROWD_N, n_c) + tl.cumsum(crowded.to(tl.int32), axis=0) - 1
-            tl.store(CROWD + pos, rows, mask=crowded)
-    else:
-        bad = bad | (crowded & row_ok)
+    crowded = tl.max(_crowded_slots(bi, K, KP, C, BM).to(tl.int32), axis=1) > 0
+    bad = (_weak(bk, bi, K, KP) | (nan_seen > 0) | tie | crowded) & row_ok
     z = z_rows(ZS, rows64, row_ok, R, sz_n, sz_r, MODE, BN, BR)
     vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                         K, KP, MODE, BR, BH)
     write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
     n = tl.sum(bad.to(tl.int32), axis=0)
     if n > 0:
+        tl.store(FLOOR + rows64, _floor(thr, nan_seen, BM), mask=bad)
         pos = tl.atomic_add(REDO_N, n) + tl.cumsum(bad.to(tl.int32), axis=0) - 1
         tl.store(REDO + pos, rows, mask=bad)
 
@@ -303,10 +310,9 @@ def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, stats=None,
     return cand, z_out
 
 
-def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out, tile: bool = False):
+def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out):
     """Top-k of the candidates into out = (val, idx, gates); returns the queued rows
-    (REDO, REDO_N) for the exact sweep and, with tile, (CROWD, CROWD_N) for the sweep of
-    their crowded tiles (else None, None)."""
+    (REDO, REDO_N) for the exact sweep and FLOOR, each queued row's floor (at its row)."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = w.shape[1]                      # r (R1 is (M, r)), or h for the standard router
     BM, C = cfg["BM"], cfg["C"]
@@ -314,12 +320,10 @@ def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out, tile: b
     zs, sz = (z_out, (z_out.stride(0), 1)) if mode == LOWRANK else (x, (x.stride(0), x.stride(1)))
     rows = torch.empty(N, device=x.device, dtype=torch.int32)
     rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
-    crowd, crowd_n = (torch.empty_like(rows), torch.zeros_like(rows_n)) if tile else (rows,
-                                                                                    rows_n)
+    floor = torch.empty(N, device=x.device, dtype=torch.float32)
     BNP = 32
     _pick_kernel[(triton.cdiv(N, BNP),)](
-        cand, x, w, zs, *out, rows, rows_n, crowd, crowd_n, N, H, M, R, TC, x.stride(0),
+        cand, x, w, zs, *out, rows, rows_n, floor, N, H, M, R, TC, x.stride(0),
         x.stride(1), w.stride(0), w.stride(1), *sz, k, K=k, KP=next_pow2(k), C=C, MODE=mode,
-        BN=BNP, BT=min(64, next_pow2(TC)), BM=BM, BR=cfg["BR"], BH=cfg["BH"], TILE=tile,
-        num_warps=4)
-    return rows, rows_n, *((crowd, crowd_n) if tile else (None, None))
+        BN=BNP, BT=min(64, next_pow2(TC)), BM=BM, BR=cfg["BR"], BH=cfg["BH"], num_warps=4)
+    return rows, rows_n, floor

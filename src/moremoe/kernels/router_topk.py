@@ -13,18 +13,16 @@ launch_sweep runs, for every k and both routers:
      queue most of them (few tiles and large k) or where the rows are too few to fill the
      GPU (then split over the experts and merged): each tile inserts, one logit per step,
      every logit that belongs in the row's running top-k (a block-uniform loop), compared
-     by value and then by index: exact on the fp32 logits.
+     by value and then by index: exact on the fp32 logits. A queued row's floor (from its
+     candidates: at or below its true k-th logit) leaves out the logits under it, so most
+     tiles insert nothing and the loop ends at once; the answer is the same.
 
 Kernels (grid, reads -> writes):
-  _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO] -> top-k val fp32, idx int32,
+  _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO, FLOOR] -> top-k val fp32, idx int32,
                                     gates fp32 [+ online-softmax row max m and normaliser Z]
                                     or, split, each split's top-k (N, SPLITS, k)
   _merge_kernel      (N/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
                                     the tiles' logits as one sweep would, ordered by value)
-  _crowded_kernel    (programs,)    the queued rows whose only doubt is a crowded tile (config
-                                    redo=tile, low-rank and z-given modes): top-k val, idx,
-                                    gates with the crowded tiles swept exactly, the other
-                                    tiles' entries kept; one row at a time
 
 Selection (docs/design.md, "Selection semantics"):
   * the exact sweep's running buffer keeps the fp32 logits of its entries and their
@@ -47,10 +45,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, MODE_Z, NEG_INF, column,
-                      dot_precision, exact_values, fill_splits, load_rows, logit_tile,
-                      next_pow2, sm_count, write_sorted, z_block, z_rows)
-from .router_candidates import crowded_slots, launch_candidates, launch_pick
+from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, column, dot_precision,
+                      exact_values, fill_splits, logit_tile, next_pow2, sm_count, write_sorted,
+                      z_block, z_rows)
+from .router_candidates import launch_candidates, launch_pick
 
 
 @triton.jit
@@ -122,15 +120,17 @@ def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr, ARGMAX: tl.con
 
 @triton.jit
 def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM, ROWS, ROWS_N,
-                  N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
-                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
-                  STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
+                  FLOOR, N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n,
+                  so_s, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
+                  STATS: tl.constexpr, GIVEN: tl.constexpr, FLOORED: tl.constexpr,
+                  SCRATCH: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, EVEN: tl.constexpr = False,
                   FULL_R: tl.constexpr = False, ARGMAX: tl.constexpr = False):
     """The exact sweep over the experts of split program_id(1) for a block of rows: rows
     program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
-    GIVEN launch exit at once. SCRATCH: the split's running buffer (the tiles' logits in
+    GIVEN launch exit at once; FLOORED (GIVEN only): a row's logits under FLOOR[row] are
+    left out (none of them is among its top k). SCRATCH: the split's running buffer (the tiles' logits in
     OUT_KEY, experts, exact values) goes to OUT + split·so_s at the queue position, unsorted,
     for _merge_kernel. STATS (one split) adds the online-softmax
     statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
@@ -153,6 +153,8 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
         bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
         thr_v = tl.full((BN,), NEG_INF, tl.float32)
         thr_i = tl.full((BN,), -1, tl.int32)
+        if FLOORED:
+            floor = tl.load(FLOOR + rows64, mask=row_ok, other=NEG_INF)
         run_m = tl.full((BN,), NEG_INF, tl.float32)
         run_norm = tl.zeros((BN,), tl.float32)
         m_begin = tl.program_id(1) * m_per_split
@@ -171,6 +173,8 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
                 p = tl.exp(lv - safe_m[:, None])
                 run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
                 run_m = new_m
+            if FLOORED:
+                lv = tl.where(lv >= floor[:, None], lv, NEG_INF)
             bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM, ARGMAX)
         if tl.min(tl.min(bi, axis=1), axis=0) < 0:
             bi = _fill_unselected(bi, m_begin, m_end, K, KP)
@@ -187,54 +191,6 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
         if STATS:
             tl.store(OUT_M + rows64, run_m, mask=row_ok)
             tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
-
-
-@triton.jit
-def _crowded_kernel(ZS, W, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, M, R, sz_n, sz_r,
-                    sw_m, sw_k, so_n, K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr,
-                    BM: tl.constexpr, BR: tl.constexpr):
-    """The exact top-k of the queued rows whose only doubt is a crowded tile (C of the k
-    from one tile: its next key might belong): the entries from other tiles kept, every
-    logit of the crowded tiles (at most K // C) inserted by value and then index as the
-    exact sweep does, the values recomputed as exact_values does. One row at a time (each
-    row's crowded tiles are its own), the programs striding over the queue. The keys left
-    out of the other tiles stay out: the pick queued for the whole sweep every row whose
-    best key left out ties the k-th after truncation."""
-    count = tl.load(ROWS_N)
-    slots = tl.arange(0, KP)
-    live = slots[None, :] < K
-    rr = tl.arange(0, BR)
-    cols = tl.arange(0, BM)
-    for q in range(tl.program_id(0), count, tl.num_programs(0)):
-        rows64 = tl.zeros((1,), tl.int64) + tl.load(ROWS + q)
-        row_ok = rows64 >= 0
-        offs = rows64[:, None] * so_n + slots[None, :]
-        bi = tl.load(OUT_IDX + offs, mask=live, other=-1)
-        crowded = crowded_slots(bi, K, KP, C, BM)
-        bv = tl.where(crowded, NEG_INF,
-                      tl.where(live, tl.load(OUT_VAL + offs, mask=live, other=0.0), float("inf")))
-        tiles = tl.where(crowded, bi // BM, BIG_IDX)
-        bi = tl.where(crowded | ~live, -(slots[None, :] + 1), bi)
-        thr_v = tl.min(bv, axis=1)
-        thr_i = tl.max(tl.where(bv == thr_v[:, None], bi, -BIG_IDX), axis=1)
-        z = z_rows(ZS, rows64, row_ok, R, sz_n, sz_r, MODE_Z, 1, BR).to(tl.float32)
-        last = -1
-        for _ in range(K // C):
-            t = tl.min(tl.min(tl.where(tiles > last, tiles, BIG_IDX), axis=1), axis=0)
-            if t < BIG_IDX:
-                m0 = t * BM
-                col_ok = m0 + cols < M
-                w = load_rows(W, (m0 + cols).to(tl.int64), col_ok, sw_m, rr, rr < R, sw_k)
-                lv = tl.sum(w.to(tl.float32) * z, axis=1)
-                lv = tl.where(col_ok & (tl.abs(lv) < float("inf")), lv, NEG_INF)
-                bv, bi, thr_v, thr_i = _select_exact(lv[None, :], m0, bv, bi, thr_v, thr_i,
-                                                     BM, False)
-                last = t
-        if tl.min(tl.min(bi, axis=1), axis=0) < 0:
-            bi = _fill_unselected(bi, 0, M, K, KP)
-        vals = exact_values(z, ZS, W, bi, rows64, row_ok, M, R, R, sz_n, sz_r, sw_m, sw_k,
-                            K, KP, MODE_Z, BR, BR)
-        write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
 
 
 @triton.jit
@@ -295,9 +251,6 @@ def pick_candidates(k: int, tiles: int, redo_cost: float = 12.0) -> int:
     return c if costs[c] < redo_cost else 0
 
 
-REDOS = ("sweep", "tile")       # what a row whose only doubt is a crowded tile takes
-
-
 def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
                  overrides: dict | None = None, *, fp32: bool = False) -> dict:
     """Block sizes and the selection schedule, from measurements on an H100 (h=512, M=8192,
@@ -306,10 +259,9 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
     shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep),
     cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps;
-    argmax (default 0) the exact sweep's step as one (value, column) reduction; redo
-    ("sweep", default; "tile") what the rows whose only doubt is a crowded tile take: the
-    whole exact sweep, or an exact sweep of their crowded tiles alone (not yet measured on
-    a GPU: benchmarks/NOTES.md, issue 35). The
+    argmax (default 0) the exact sweep's step as one (value, column) reduction; floor
+    (default 0; 1 leaves out, in the queued rows' sweep, the logits under each row's
+    floor: the same answer, not yet measured on a GPU, benchmarks/NOTES.md). The
     standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
@@ -326,19 +278,17 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
         cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2,
                    cand_stages=2, bwd_stages=2)
     cfg.update(overrides or {})
-    if cfg.get("redo", "sweep") not in REDOS:
-        raise ValueError(f"router config redo must be one of {', '.join(REDOS)}, got "
-                         f"{cfg['redo']!r}")
     if "C" not in cfg:
         cfg["C"] = pick_candidates(K, triton.cdiv(M, cfg["BM"]))
     return cfg
 
 
 def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows_n=None,
-                 stats=None, splits: int = 1):
-    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones, split
-    over `splits` ways of the experts (each way's top-k merged after) when there are too
-    few rows to fill the GPU: the sweep of one block is serial over M."""
+                 floor=None, stats=None, splits: int = 1):
+    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones (with
+    floor: each queued row's floor at its row, logits under it left out), split over
+    `splits` ways of the experts (each way's top-k merged after) when there are too few
+    rows to fill the GPU: the sweep of one block is serial over M."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = r2.shape[0] if mode == LOWRANK else H
     r2_ = r2 if r2 is not None else x
@@ -357,9 +307,11 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
                torch.empty(N, splits, KP, device=x.device, dtype=torch.float32))
         so_n, so_s = splits * KP, KP
     _exact_kernel[(triton.cdiv(N, cfg["BN"]), splits)](
-        x, w, r2_, *dst, m_row, norm_row, rows, rows_n, N, H, M, R, m_per_split,
+        x, w, r2_, *dst, m_row, norm_row, rows, rows_n, floor if floor is not None else rows,
+        N, H, M, R, m_per_split,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1),
         so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
+        FLOORED=given and floor is not None,
         SCRATCH=splits > 1, BN=cfg["BN"], BM=BM, BR=cfg["BR"], BH=cfg["BH"],
         PREC=dot_precision(x.dtype), EVEN=M % BM == 0 and m_per_split % BM == 0,
         FULL_R=mode != LINEAR and R == cfg["BR"], ARGMAX=bool(cfg.get("argmax", 0)),
@@ -370,17 +322,6 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
         _merge_kernel[(triton.cdiv(N, BNm),)](
             *dst[:2], dst[3], *out, rows, rows_n, N, M, SPLITS=splits, K=k, KP=KP,
             CP=next_pow2(splits * KP), GIVEN=given, BN=BNm, num_warps=4)
-
-
-def launch_crowded(z_out, x, w, k: int, *, mode: int, cfg: dict, out, rows, rows_n):
-    """The exact sweep of the crowded tiles of the queued rows (rows, rows_n) into out =
-    (val, idx, gates); z from the candidates pass (low-rank inference) or x (z given)."""
-    N, M, R = x.shape[0], w.shape[0], w.shape[1]
-    zs = z_out if mode == LOWRANK else x
-    _crowded_kernel[(max(1, min(N, 8 * sm_count(x.device))),)](
-        zs, w, *out, rows, rows_n, M, R, zs.stride(0), zs.stride(1), w.stride(0),
-        w.stride(1), k, K=k, KP=next_pow2(k), C=cfg["C"], BM=cfg["BM"], BR=cfg["BR"],
-        num_warps=4)
 
 
 def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
@@ -410,11 +351,7 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
         else:
             cand, z = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, stats=st,
                                         splits=splits)
-            tile = cfg.get("redo") == "tile" and mode != LINEAR
-            rows, rows_n, crowd, crowd_n = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg,
-                                                       out=out, tile=tile)
-            if tile:
-                launch_crowded(z, x, w, k, mode=mode, cfg=cfg, out=out, rows=crowd,
-                               rows_n=crowd_n)
-            launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, rows=rows, rows_n=rows_n)
+            rows, rows_n, floor = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg, out=out)
+            launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, rows=rows, rows_n=rows_n,
+                         floor=floor if cfg.get("floor", 0) else None)
     return (*out, *(st if stats else (None, None)))
