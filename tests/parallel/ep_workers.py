@@ -377,6 +377,41 @@ def check_fused_kernels(rank, world):
     close(got.y, want.y, 11, "y")
 
 
+def check_local_kept_rows_enter_no_collective(rank, world):
+    """(b): the rows a rank keeps (its tokens with an expert of its own) are in no
+    all-to-all, in the forward or the backward, and reach its experts first, gathered
+    straight into their input; the rows for other ranks are sent once per (token, rank).
+    The layer's results stay one process's (the other checks)."""
+    from moremoe.parallel import exchange
+    cfg = configs()["more"]
+    layer, x, wy = case(cfg, world, n=6 * world, seed=4)
+    ep = shard_moe_layer(layer, tokens="local", chunks=2).train()
+    sizes, real = [], exchange.dist.all_to_all_single
+
+    def spy(output, input, output_split_sizes=None, input_split_sizes=None, **kw):
+        if input_split_sizes is not None:            # the rows' rounds (not the counts)
+            sizes.append((list(input_split_sizes), list(output_split_sizes)))
+        return real(output, input, output_split_sizes, input_split_sizes, **kw)
+    exchange.dist.all_to_all_single = spy
+    try:
+        mine = x[6 * rank:6 * rank + 6]
+        out, _ = run_shard(ep, mine, wy[6 * rank:6 * rank + 6])
+        routed = ep.router(mine)
+        plan = exchange.plan_rows(routed.topk_idx, ep.hi - ep.lo, 2)
+        x_in = exchange.RowExchange(plan).dispatch(mine, routed.gates, routed.topk_idx)[0]
+    finally:
+        exchange.dist.all_to_all_single = real
+    assert sizes and all(i[rank] == 0 and o[rank] == 0 for i, o in sizes), sizes
+    ranks = torch.zeros(6, world, dtype=torch.bool)
+    ranks[torch.arange(6).repeat_interleave(K), (routed.topk_idx.long() // (M // world)
+                                                 ).reshape(-1)] = True
+    kept = ranks[:, rank].nonzero().squeeze(1)
+    assert plan.kept == kept.numel() and plan.sent == int(ranks.sum()) - kept.numel()
+    assert torch.equal(plan.tok[plan.sent:], kept)
+    assert torch.equal(x_in[:plan.kept], mine[kept])
+    assert plan.chunk_bounds[:2] == (0, plan.kept)
+
+
 def check_local_frees_each_steps_exchange(rank, world):
     """(b): once a step's outputs are gone, its exchange (the rows sent, received and
     returned) is freed by reference counting alone: a cycle through the collectives' work
@@ -417,7 +452,7 @@ CHECKS = [check_replicated_router, check_sharded_router, check_local_uneven,
           check_eval_mode, check_state_round_trip, check_construction_errors,
           check_broadcast_replicated, check_bf16_every_flow, check_bf16_sharded_router_inference,
           check_chunks_from_one_to_more_than_tokens, check_fused_kernels,
-          check_local_frees_each_steps_exchange]
+          check_local_kept_rows_enter_no_collective, check_local_frees_each_steps_exchange]
 
 
 def main(rank, world, port, out_dir):

@@ -24,13 +24,13 @@ events, median after warm-up), so that the ranks' collectives pair up:
   router   the router on the rank's tokens (all N in a, N/E in b), psum included in
            training; the sharded router with its all-gather and merge (``merge``: those
            alone)
-  experts  the rank's experts with the local dispatch bookkeeping that moves nothing
-           between ranks: a, the restricted kernels on the routed batch; b, gathering the
-           rows to send, the kernels on the rows received, the sum of the rows back
-  comm     the collectives alone on the layer's tensors: a, the all-reduce of y (backward:
-           of dx and the gates' gradient); b, the row plan (the count exchange, the one
-           host sync) and the rows out and back, ids and gates with them (backward: the
-           gradients' way)
+  experts  the rank's experts: a, the restricted kernels on the routed batch; b, the
+           kernels on the experts' input (the rows kept, then those received)
+  comm     the exchange on the layer's tensors: a, the all-reduce of y (backward: of dx and
+           the gates' gradient); b, dispatch + combine: the row plan (the count exchange,
+           the one host sync), the rows gathered (the kept ones straight into the experts'
+           input) and sent, ids and gates with them, the results back and each token's
+           rows summed (backward: the gradients' way)
   total    the layer as a trainer calls it; its communication overlaps the experts
            (chunks), so total may be below router + experts + comm
 A point that does not fit on some rank is an "oom" row on every rank (agreed after each
@@ -49,7 +49,6 @@ import torch.distributed as dist
 
 from ..checks import RankError
 from ..nn.moe import MoEConfig, MoELayer
-from ..ops.token_rows import combine_rows, gather_rows
 from ..parallel.collectives import all_reduce_many, auto_chunks
 from ..parallel.exchange import RowExchange, plan_rows
 from ..parallel.expert import ExpertParallelMoE
@@ -171,7 +170,7 @@ class Phases:
         return self._run(fn)
 
     def _captured_local(self):
-        """The rows of one exchange (plan, rows sent, rows received, results back)."""
+        """One exchange's experts' input (rows, gates, ids) and their outputs."""
         if getattr(self, "captured", None) is None:
             self.captured = self._capture_local()
         return self.captured
@@ -180,34 +179,25 @@ class Phases:
         ep, routed = self.layer, self.routed
         with torch.no_grad(), self.cast:
             plan = plan_rows(routed.topk_idx, ep.hi - ep.lo, ep.chunks, ep.group)
-            x_rows = gather_rows(self.x.to(torch.bfloat16), plan.tok, plan.pos)
-            g_rows = gather_rows(routed.gates, plan.tok, plan.pos)
             ex = RowExchange(plan, ep.group)
-            recv = ex.dispatch(x_rows, g_rows, routed.topk_idx.index_select(0, plan.tok))
-            for c in range(len(plan.recv)):
+            got = ex.dispatch(self.x.to(torch.bfloat16), routed.gates, routed.topk_idx)
+            for c in range(len(plan.chunk_bounds) - 1):
                 ex.arrived(c)
-            y_recv = ep.run_experts(*recv)
-            b = plan.recv_bounds
-            for c in range(len(plan.recv)):
-                ex.send_back(c, y_recv[b[c]:b[c + 1]])
-            y_rows = ex.returned(y_recv)
-        return plan, (x_rows, g_rows, routed.topk_idx.index_select(0, plan.tok)), recv, \
-            y_recv, y_rows
+            y_in = ep.run_experts(*got)
+            b = plan.chunk_bounds
+            for c in range(len(b) - 1):
+                ex.send_back(c, y_in[b[c]:b[c + 1]])
+            ex.returned(y_in)
+        return got, y_in
 
     def _experts_local(self):
-        plan, _, recv, _, y_rows = self._captured_local()
-        gates = self.routed.gates
+        (x_in, gates_in, ids_in), _ = self._captured_local()
 
         def fn():
-            x, g = _leaf(self.x, self.train), _leaf(gates, self.train)
-            rows = [gather_rows(x, plan.tok, plan.pos), gather_rows(g, plan.tok, plan.pos)]
-            xr, gr = _leaf(recv[0], self.train), _leaf(recv[1], self.train)
-            y_recv = self.layer.run_experts(xr, gr, recv[2])
-            y = combine_rows(_leaf(y_rows, self.train), plan.pos, plan.tok)
+            x, g = _leaf(x_in, self.train), _leaf(gates_in, self.train)
+            y_in = self.layer.run_experts(x, g, ids_in)
             if self.train:
-                _backward([y_recv, y, *rows], [torch.ones_like(y_recv), self.dy,
-                                               torch.ones_like(rows[0]),
-                                               torch.ones_like(rows[1])])
+                _backward([y_in], [torch.ones_like(y_in)])
         return self._run(fn)
 
     def comm(self):
@@ -223,22 +213,23 @@ class Phases:
                 if self.train:
                     all_reduce_many(grads, ep.group)
             return fn
-        plan, sent, recv, y_recv, y_rows = self._captured_local()
+        _, y_in = self._captured_local()
+        x = self.x.to(torch.bfloat16)
 
         def fn():
             p = plan_rows(self.routed.topk_idx, ep.hi - ep.lo, ep.chunks, ep.group)
             ex = RowExchange(p, ep.group)
-            got = ex.dispatch(_leaf(sent[0], self.train), _leaf(sent[1], self.train), sent[2])
-            for c in range(len(p.recv)):
+            got = ex.dispatch(_leaf(x, self.train), _leaf(self.routed.gates, self.train),
+                              self.routed.topk_idx)
+            b = p.chunk_bounds
+            for c in range(len(b) - 1):
                 ex.arrived(c)
-            y = _leaf(y_recv, self.train)
-            b = p.recv_bounds
-            for c in range(len(p.recv)):
+            y = _leaf(y_in, self.train)
+            for c in range(len(b) - 1):
                 ex.send_back(c, y[b[c]:b[c + 1]])
             back = ex.returned(y)
             if self.train:
-                _backward([back, got[0], got[1]], [torch.ones_like(back),
-                                                   torch.ones_like(got[0]),
+                _backward([back, got[0], got[1]], [self.dy, torch.ones_like(got[0]),
                                                    torch.ones_like(got[1])])
         return self._run(fn)
 

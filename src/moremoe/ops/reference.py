@@ -281,9 +281,11 @@ def _swiglu_experts_gathered(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, 
     return y_PH.view(N, k, h).sum(1).to(dt)
 
 
-def combine_rows_ref(rows_RH, pos_NE):
-    """y (N, h) in rows' dtype: y[n] = Σ_j rows[pos[n, j]] over pos[n, j] >= 0, summed in
-    float32 (float64 stays float64) in the order of j."""
+def sum_rows_ref(rows_RH, pos_NE, kept_SH=None):
+    """y (N, h) in rows' dtype: y[n] = Σ_j src[pos[n, j]] over pos[n, j] >= 0, src the rows
+    followed by the kept rows, summed in float32 (float64 stays float64) in the order of j."""
+    if kept_SH is not None:
+        rows_RH = torch.cat([rows_RH, kept_SH])
     acc_dt = torch.float64 if rows_RH.dtype == torch.float64 else torch.float32
     y_NH = torch.zeros(pos_NE.shape[0], rows_RH.shape[1], dtype=acc_dt, device=rows_RH.device)
     for p_N in pos_NE.unbind(1):              # one row per token at most: no index collides

@@ -13,11 +13,14 @@ travels while the next chunk's experts run. On the wire: N h values (the kernels
 
 tokens="local" (the paper's (b), data + expert parallelism): rank e holds its own N_e
 tokens (any N_e >= 0) and routes them with a replicated router; each token's row goes once
-to each rank holding one of its experts, with its slots' ids and gates, in C rounds of
-uneven all-to-alls; the receiving rank runs the same restricted kernels on the rows it got
-(round by round, as they arrive) and sends back one row per (token, rank), already gated
-and summed over that rank's slots; the sender adds each token's rows in one kernel
-(ops/token_rows). parallel/exchange.py has the layouts and what crosses the wire. The
+to each other rank holding one of its experts, with its slots' ids and gates, in C rounds
+of uneven all-to-alls; the rows for rank e's own experts stay (gathered straight into the
+experts' input, no collective and no copy) and are computed first, while the others
+travel; the receiving rank runs the same restricted kernels on the rows it got (round by
+round, as they arrive) and sends back one row per (token, rank), already gated and summed
+over that rank's slots; the sender adds each token's rows in one kernel (ops/token_rows),
+its kept rows read from its own experts' output. parallel/exchange.py has the layouts and
+what crosses the wire. The
 Switch loss uses counts, psum and N summed over the group, so it equals one process's on
 the global batch.
 
@@ -61,7 +64,6 @@ from ..nn.router import LinearRouter, LowRankRouter
 from ..ops.balance import expert_counts, switch_loss
 from ..ops.dispatch import kernel_dtype
 from ..ops.swiglu_experts import RowChunks, swiglu_experts
-from ..ops.token_rows import combine_rows, gather_rows
 from .collectives import (PendingSum, all_gather_stack, all_reduce_many, auto_chunks,
                           copy_to_group, group_rank, group_size, reduce_from_group,
                           sum_replicated)
@@ -188,18 +190,14 @@ class ExpertParallelMoE(nn.Module):
         """(y (N_e, h), RouterOutput of the local tokens, the group's tokens)."""
         routed = self.router(x_NH)
         plan = plan_rows(routed.topk_idx, self.hi - self.lo, self.chunks, self.group)
-        impl = self.experts.impl
-        x_rows = gather_rows(x_NH.to(kernel_dtype(x_NH)), plan.tok, plan.pos, impl=impl)
-        gates_rows = gather_rows(routed.gates, plan.tok, plan.pos, impl=impl)
-        exchange = RowExchange(plan, self.group)
-        x_recv, gates_recv, ids_recv = exchange.dispatch(
-            x_rows, gates_rows, routed.topk_idx.index_select(0, plan.tok))
-        chunks = RowChunks(tuple(plan.recv_bounds), before=exchange.arrived,
+        exchange = RowExchange(plan, self.group, impl=self.experts.impl)
+        x_in, gates_in, ids_in = exchange.dispatch(x_NH.to(kernel_dtype(x_NH)), routed.gates,
+                                                   routed.topk_idx)
+        chunks = RowChunks(plan.chunk_bounds, before=exchange.arrived,
                            after=exchange.send_back)
-        y_recv = self.run_experts(x_recv, gates_recv, ids_recv, chunks)
-        y_recv = _anchored(y_recv, x_recv, gates_recv, *self.experts.parameters())
-        y_rows = exchange.returned(y_recv)
-        return combine_rows(y_rows, plan.pos, plan.tok, impl=impl), routed, plan.tokens
+        y_in = self.run_experts(x_in, gates_in, ids_in, chunks)
+        y_in = _anchored(y_in, x_in, gates_in, *self.experts.parameters())
+        return exchange.returned(y_in), routed, plan.tokens
 
     @torch.no_grad()
     def sync_gradients(self) -> None:
