@@ -410,6 +410,11 @@ def check_local_kept_rows_enter_no_collective(rank, world):
     assert torch.equal(plan.tok[plan.sent:], kept)
     assert torch.equal(x_in[:plan.kept], mine[kept])
     assert plan.chunk_bounds[:2] == (0, plan.kept)
+    # the rounds count the rows that travel, (E - 1) / E of the pairs: 171 tokens a rank,
+    # k = 3, M = 8 leave 64 pairs an expert in one round at E = 2 (two over all pairs)
+    g = torch.Generator().manual_seed(rank)
+    idx = torch.stack([torch.randperm(M, generator=g)[:K] for _ in range(171)])
+    assert len(exchange.plan_rows(idx, M // world).send) == {2: 1, 4: 2}[world]
 
 
 def check_local_frees_each_steps_exchange(rank, world):

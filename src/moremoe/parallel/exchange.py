@@ -90,7 +90,9 @@ def plan_rows(topk_idx_NK: Tensor, per_rank: int, rounds: int | None = None,
     C, or None for the group's choice from the global batch (every rank must agree on it):
     the counts are then exchanged for CHUNKS sub-rounds, with each rank's token count, and
     C is chosen from the group's tokens (collectives.auto_chunks), a power of two dividing
-    CHUNKS, each round a run of sub-rounds."""
+    CHUNKS, each round a run of sub-rounds. Only the rows that travel are cut into rounds
+    (the kept rows are a chunk of their own), about (E - 1) / E of a token's pairs: C
+    counts those, so that each expert keeps about a block of rows in each chunk."""
     E, me = dist.get_world_size(group), group_rank(group)
     (N, k), dev = topk_idx_NK.shape, topk_idx_NK.device
     G = rounds or CHUNKS
@@ -113,7 +115,7 @@ def plan_rows(topk_idx_NK: Tensor, per_rank: int, rounds: int | None = None,
                       keep_cum[-1:] if N else keep_N.new_zeros(1)]).tolist()  # the one sync
     got = [host[G * E + s * (G + 1):G * E + (s + 1) * (G + 1)] for s in range(E)]
     tokens, S = sum(g[G] for g in got), host[-1]
-    C = rounds or auto_chunks(tokens, k, per_rank * E, most=G)
+    C = rounds or auto_chunks(tokens * (E - 1) // E, k, per_rank * E, most=G)
     step = G // C
     send = [[sum(host[(c * step + j) * E + d] for j in range(step)) for d in range(E)]
             for c in range(C)]
