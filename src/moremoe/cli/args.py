@@ -1,9 +1,11 @@
 """Argument types shared by the command-line modules: errors name the value and what was
-expected. Numbers must be finite; integers must be written as integers (1e4 is 10000, 1.5
-is an error, never truncated)."""
+expected (argparse adds the flag). Numbers must be finite; integers must be written as
+integers, read exactly (1e4 is 10000, 1e30 is 10^30, 1.5 is an error, never truncated or
+rounded through a float). A comma list names a value it repeats."""
 from __future__ import annotations
 
 import argparse
+import decimal
 import math
 
 EPILOG = "Letters: M experts, k active experts, h hidden, s expert width, r router rank."
@@ -37,17 +39,27 @@ def _positive_int(text: str) -> int:
     return v
 
 
+MAX_DIGITS = 4300      # Python's own limit on the digits of an int read from text
+
+
 def _integer(text: str) -> int | None:
-    """int(text), also for 1e4 or 10000.0; None when it is not a whole finite number."""
+    """int(text), also for 1e4, 1.5e3 or 10000.0, exactly (decimal, never a float: 1e30 is
+    10^30); None when it is not a whole finite number. Beyond MAX_DIGITS digits (1e999999999
+    would take minutes and gigabytes to build) an error that says so."""
     try:
         return int(text)
     except ValueError:
         pass
     try:
-        f = float(text)
-    except ValueError:
+        d = decimal.Decimal(text.strip())
+    except (decimal.InvalidOperation, ValueError):
         return None
-    return int(f) if math.isfinite(f) and f.is_integer() else None
+    if not d.is_finite() or d != d.to_integral_value():
+        return None
+    if d and d.adjusted() >= MAX_DIGITS:
+        raise argparse.ArgumentTypeError(f"expected an integer of at most {MAX_DIGITS:,} "
+                                         f"digits, got {text!r}")
+    return int(d)
 
 
 def _finite(text: str) -> float:
@@ -81,7 +93,7 @@ def _int_list(text: str) -> list[int]:
             f"expected comma-separated integers like 1000,3000,10000, got {text!r}")
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+    return _distinct(values, text)
 
 
 def _float_list(text: str) -> list[float]:
@@ -93,6 +105,21 @@ def _float_list(text: str) -> list[float]:
                                          f"got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return _distinct(values, text)
+
+
+def _distinct(values: list, text: str) -> list:
+    """The values of a comma list, refused when one repeats (1e3 and 1000 are one value): a
+    list is a set of runs or rows, and a repeat would run twice, print twice, or be
+    recorded twice and run once."""
+    seen = set()
+    for v in values:
+        if v in seen:
+            times, shown = values.count(v), f"{v:g}" if isinstance(v, float) else v
+            raise argparse.ArgumentTypeError(
+                f"{text!r} lists {shown} {'twice' if times == 2 else f'{times} times'}; give "
+                f"each value once")
+        seen.add(v)
     return values
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from .args import _add_json, _int_at_least, _positive_float
+from .args import _add_json, _int_at_least, _positive_float, _seed
 from ..report import check_output_dir, emit, human, table
 from ..tasks.recipe import PAPER, RECIPES, describe, nominal_tokens
 
@@ -190,7 +190,7 @@ def add_data_parser(sub) -> None:
                     help="tokens per sequence (default 1024)")
     pp.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
                     help="sequences held out for validation (default 5000)")
-    pp.add_argument("--seed", type=int, default=0, help="seed of the validation choice")
+    pp.add_argument("--seed", type=_seed, default=0, help="seed of the validation choice")
     pp.add_argument("--workers", type=_int_at_least(1), default=default_workers(),
                     help=f"tokeniser processes (default min(8, CPUs) = {default_workers()})")
     pp.add_argument("--text-field", default="text",
@@ -268,7 +268,7 @@ def _add_mixture_parser(dsub) -> None:
                     help="tokens per sequence (default 1024)")
     pm.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
                     help="distinct sequences held out for validation (default 5000)")
-    pm.add_argument("--seed", type=int, default=0,
+    pm.add_argument("--seed", type=_seed, default=0,
                     help="seed of the validation draw and of the benchmark subsets")
     pm.add_argument("--workers", type=_int_at_least(1), default=default_workers(),
                     help=f"tokeniser threads (default min(8, CPUs) = {default_workers()})")

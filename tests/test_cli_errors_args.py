@@ -1,0 +1,80 @@
+"""Flags read as written and never silently dropped: integers parsed exactly, comma lists
+without repeats, flags a command or mode does not read refused, and contradictions named in
+one line with the flags the user typed."""
+import json
+
+import pytest
+
+from cli_checks import fails
+from moremoe.cli import main
+
+PLAN = ["plan", "--hidden", "64", "--width", "8", "--top-k", "4", "--rank", "16"]
+
+
+def run_json(capsys, argv):
+    capsys.readouterr()
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# ------------------------------------------------------------------ integers
+
+
+@pytest.mark.parametrize("text, value", [("1e30", 10 ** 30), ("1.5e3", 1500), ("10000.0", 10000),
+                                         ("123456789012345678901", 123456789012345678901)])
+def test_integer_flags_are_read_exactly(capsys, text, value):
+    out = run_json(capsys, ["flops", "--experts", text, "--top-k", "2", "--hidden", "8",
+                            "--width", "8"])
+    assert out["experts"] == value and out["params_router"] == 8 * value
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["flops", "--experts", "1.5", "--top-k", "1", "--hidden", "8", "--width", "8"],
+     r"argument --experts: expected a positive integer, got '1.5'"),
+    (["flops", "--experts", "1e-2", "--top-k", "1", "--hidden", "8", "--width", "8"],
+     r"argument --experts: expected a positive integer, got '1e-2'"),
+    (["flops", "--experts", "1e999999999", "--top-k", "1", "--hidden", "8", "--width", "8"],
+     r"argument --experts: expected an integer of at most 4,300 digits, got '1e999999999'"),
+    (["data", "prepare", "x", "--out", "y", "--seed", "-1"],
+     r"argument --seed: expected an integer >= 0, got -1"),
+    (["data", "mixture", "--list", "--seed", "2.5"], r"argument --seed: expected an integer"),
+])
+def test_integers_that_are_not_are_named_with_the_flag(capsys, argv, match):
+    fails(capsys, argv, match)
+
+
+# ------------------------------------------------------------------ comma lists
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """A command that gets past its checks fails its test at once instead of training."""
+    import moremoe.training.phonebook as trainer
+    import moremoe.training.phonebook_pool as pool
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started: the arguments were accepted")
+    for module in (trainer, pool):
+        monkeypatch.setattr(module, "PhonebookTrainer", refuse)
+
+
+@pytest.mark.parametrize("argv, match", [
+    ([*PLAN, "--sweep", "rank", "--ranks", "16,16,8"], r"--ranks: '16,16,8' lists 16 twice"),
+    (["theory", "rank", "--experts", "8", "--hidden", "8", "--top-k", "2", "--tokens", "100",
+      "--ranks", "2,2", "--no-progress"], r"--ranks: '2,2' lists 2 twice"),
+    (["phonebook", "sweep", "--over", "rank", "--values", "4,4", "--size", "10", "--out", "OUT"],
+     r"--values: '4,4' lists 4 twice; give each value once"),
+    (["phonebook", "capacity", "--sizes", "8,16,8", "--out", "OUT"],
+     r"--sizes: '8,16,8' lists 8 twice"),
+    (["phonebook", "train", "--size", "8", "--lr-grid", "1e-3,0.001", "--out", "OUT"],
+     r"--lr-grid: '1e-3,0.001' lists 0.001 twice"),
+    (["train", "--preset", "tiny-moe", "--data", "OUT", "--lr-grid", "3e-4,3e-4,3e-4"],
+     r"--lr-grid: .* lists 0.0003 3 times"),
+    (["bench", "layer", "--experts", "64,1e3,1000", "--plot-only", "OUT"],
+     r"--experts: .* lists 1000 twice"),
+    (["convert-router", "OUT", "--out", "OUT", "--rank", "4,4"], r"--rank: '4,4' lists 4 twice"),
+])
+def test_a_repeated_list_value_is_refused(capsys, tmp_path, no_training, argv, match):
+    out = tmp_path / "out"
+    fails(capsys, [str(out) if a == "OUT" else a for a in argv], match)
+    assert not out.exists()
