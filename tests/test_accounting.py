@@ -109,6 +109,17 @@ def test_planner_fit_width_reproduces_more_8192():
     assert round(acc.fit_width(tau, 512, 4, 8192, 64, ce=18, cr=14)) == 52
 
 
+@pytest.mark.parametrize("rank", [None, 16])
+def test_widest_width_is_the_last_width_fit_experts_accepts(rank):
+    tau, h, k = 24_576.0, 64, 4
+    widest = acc.widest_width(tau, h, k, rank)
+    assert widest == (11 if rank else 15)
+    assert acc.fit_experts(tau, h, k, widest, rank) >= k
+    with pytest.raises(ValueError, match="leaves room for only"):
+        acc.fit_experts(tau, h, k, widest + 1, rank)
+    assert acc.round_to(6.0, 1000) == 1000 and acc.round_to(7.77, 8) == 8
+
+
 def test_planner_errors_name_the_argument():
     with pytest.raises(ValueError, match="budget"):
         acc.plan_matched(hidden=512, top_k=4, rank=64, budget=100.0)

@@ -92,7 +92,7 @@ def test_plan(capsys):
                  "--round-width", "8", "--no-refit"]) == 0
     text = capsys.readouterr().out
     assert "MoE-32" in text and "MoRE-96" in text and "3.00x the experts" in text
-    fails(capsys, ["plan", "--hidden", "512", "--width", "1", "--top-k", "1", "--rank", "64",
+    fails(capsys, ["plan", "--hidden", "512", "--top-k", "1", "--rank", "64",
                    "--budget", "100"], "does not cover the low-rank projection")
 
 

@@ -155,7 +155,7 @@ def test_eval_task_errors(capsys, tmp_path, lm_eval_tasks):
 
 
 def test_debug_shows_the_traceback(capsys, monkeypatch):
-    argv = ["plan", "--hidden", "512", "--width", "1", "--top-k", "1", "--rank", "64",
+    argv = ["plan", "--hidden", "512", "--top-k", "1", "--rank", "64",
             "--budget", "100"]
     with pytest.raises(ValueError, match="does not cover the low-rank projection"):
         main(argv + ["--debug"])

@@ -78,3 +78,37 @@ def test_a_repeated_list_value_is_refused(capsys, tmp_path, no_training, argv, m
     out = tmp_path / "out"
     fails(capsys, [str(out) if a == "OUT" else a for a in argv], match)
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ plan
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--budget", "30000"], r"--width 8 and --budget 30000 both set tau .*; give one$"),
+    (["--experts", "2"], r"--top-k must be in \[1, --experts=2\] \(the reference MoE's "
+                         r"experts\), got 4"),
+    (["--round-width", "1000"], r"--round-width 1000 rounds the MoRE width 6.0 to 1000, wider "
+                                r"than the 11 that tau = 24,576 leaves room for with --top-k 4 "
+                                r"experts; give a --round-width of at most 11$"),
+    (["--round-width", "1000", "--no-refit"], r"--round-width 1000 rounds the MoRE width"),
+    (["--ranks", "8", "--fixed-width", "3", "--peer-heads", "3"],
+     r"--ranks and --fixed-width are read only with --sweep rank; --peer-heads is read only "
+     r"with --peer; add --sweep rank and --peer or drop them$"),
+    (["--peer-dq", "4"], r"--peer-dq is read only with --peer; add --peer or drop it$"),
+])
+def test_plan_refuses_what_it_would_ignore_or_cannot_honour(capsys, extra, match):
+    fails(capsys, [*PLAN, *extra], match)
+
+
+def test_plan_budget_with_experts_and_a_round_width_that_fits(capsys):
+    fails(capsys, ["plan", "--hidden", "64", "--top-k", "4", "--rank", "16", "--budget",
+                   "30000", "--experts", "3"],
+          r"--experts 3 sets the reference MoE of --width, and --budget gives none")
+    out = run_json(capsys, [*PLAN, "--round-width", "11"])        # the largest that fits
+    assert out["more"]["width"] == 11 and out["more"]["flops"] <= out["budget"]
+    fails(capsys, ["plan", "--hidden", "64", "--top-k", "4", "--rank", "16", "--budget",
+                   "30000", "--round-width", "16"],
+          r"rounds the MoRE width 7.8 to 16, wider than the 15 that tau = 30,000 .*at most 15$")
+    out = run_json(capsys, [*PLAN, "--sweep", "rank", "--ranks", "16,8", "--fixed-width", "4",
+                            "--peer", "--peer-heads", "2"])
+    assert [l["rank"] for l in out["sweep"]["layers"]] == [16, 8] and out["peer"]["heads"] == 2

@@ -229,13 +229,23 @@ def fit_width(budget: float, hidden: int, top_k: int, experts: int, rank: int | 
     return rest / (ce * top_k * hidden)
 
 
-def _round_to(x: float, multiple: int) -> int:
+def widest_width(budget: float, hidden: int, top_k: int, rank: int | None = None, *,
+                 ce: float = 6, cr: float = 6) -> int:
+    """Widest s whose layer with the fewest experts (M = k) stays within the budget tau (0
+    when none does): a planned width above it leaves room for fewer than k experts."""
+    rest = budget - cr * router_params(top_k, hidden, rank)
+    return max(0, math.floor(rest / (ce * top_k * hidden) + 1e-9))
+
+
+def round_to(x: float, multiple: int) -> int:
+    """x rounded to the nearest multiple of `multiple`, at least one multiple: the planner's
+    width rounding (round_width)."""
     return max(multiple, multiple * int(math.floor(x / multiple + 0.5)))
 
 
 def _rounded(opt, budget, h, k, r, ce, cr, round_width, refit) -> PlannedLayer:
     M_opt, s_opt = opt
-    s = _round_to(s_opt, round_width)
+    s = round_to(s_opt, round_width)
     M = fit_experts(budget, h, k, s, r, ce=ce, cr=cr) if refit else max(k, round(M_opt))
     return _shape(M, s, k, h, r, ce, cr)
 

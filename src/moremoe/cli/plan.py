@@ -76,20 +76,87 @@ def _check_rank(rank: int | None, hidden: int, flag: str = "--rank") -> None:
                          f"adds router parameters, not expressivity)")
 
 
-def cmd_plan(args) -> int:
+# Flags that only one mode of plan reads, their defaults and the flag that picks the mode.
+MODE_FLAGS = {"ranks": ([16, 32, 64, 128, 256], "--sweep rank"),
+              "fixed_width": (None, "--sweep rank"),
+              "peer_heads": (8, "--peer"), "peer_dq": (32, "--peer")}
+
+
+def _check_plan_args(args) -> None:
+    """Refuse what plan cannot honour, naming the flags: tau set twice (--width and
+    --budget), a flag of a mode not asked for, k above the reference MoE's M; then fill in
+    the mode flags' defaults."""
     if args.budget is None and args.width is None:
         raise ValueError("plan needs a reference MoE width --width s, or the active-FLOP "
                          "budget --budget tau")
+    if args.budget is not None and args.width is not None:
+        raise ValueError(f"--width {args.width} and --budget {args.budget:g} both set tau "
+                         f"(--width through the reference MoE it gives); give one")
+    if args.budget is not None and args.experts is not None:
+        raise ValueError(f"--experts {args.experts} sets the reference MoE of --width, and "
+                         f"--budget gives none; drop --experts or give --width instead")
+    used = {"--sweep rank": args.sweep == "rank", "--peer": args.peer}
+    unused = {}                        # mode -> its flags given without it
+    for key, (default, mode) in MODE_FLAGS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+        elif not used[mode]:
+            unused.setdefault(mode, []).append(f"--{key.replace('_', '-')}")
+    if unused:
+        raise ValueError("; ".join(f"{' and '.join(flags)} {'is' if len(flags) == 1 else 'are'}"
+                                   f" read only with {mode}" for mode, flags in unused.items())
+                         + f"; add {' and '.join(unused)} or drop "
+                         + ("it" if sum(map(len, unused.values())) == 1 else "them"))
+    if args.experts is not None and args.top_k > args.experts:
+        raise ValueError(f"--top-k must be in [1, --experts={args.experts}] (the reference "
+                         f"MoE's experts), got {args.top_k}")
     _check_rank(args.rank, args.hidden)
     if args.sweep == "rank":
         _check_rank(max(args.ranks), args.hidden, "--ranks")
     if args.peer and args.peer_dq % 2:
         raise ValueError(f"--peer-dq {args.peer_dq} must be even (the query splits in two "
                          f"halves, one per key table)")
-    plan = accounting.plan_matched(
-        hidden=args.hidden, top_k=args.top_k, rank=args.rank, budget=args.budget,
-        width=None if args.budget is not None else args.width, experts=args.experts,
-        ce=args.ce, cr=args.cr, round_width=args.round_width, refit=args.refit)
+
+
+def _plan(args) -> accounting.MatchedPlan:
+    """The matched plan, once --round-width is known to round no planned width past the
+    widest one tau leaves room for with k experts (the planner's own error there names
+    neither the flag nor a width that fits)."""
+    given = dict(hidden=args.hidden, top_k=args.top_k, rank=args.rank, budget=args.budget,
+                 width=args.width, experts=args.experts, ce=args.ce, cr=args.cr,
+                 refit=args.refit)
+    if args.round_width > 1:
+        _check_round_width(args, accounting.plan_matched(**given, round_width=1))
+    return accounting.plan_matched(**given, round_width=args.round_width)
+
+
+def _check_round_width(args, base: accounting.MatchedPlan) -> None:
+    """base: the plan with widths rounded to 1. Each planned layer (the MoRE; the MoE too
+    under --budget) as (name, real-valued width, widest width that fits)."""
+    layers = [("MoRE", base.more_optimum[1], args.rank)]
+    if args.budget is not None:
+        layers.append(("MoE", base.moe_optimum[1], None))
+    layers = [(name, s, accounting.widest_width(base.budget, args.hidden, args.top_k, r,
+                                                ce=args.ce, cr=args.cr))
+              for name, s, r in layers]
+
+    def fits(multiple: int) -> bool:
+        return all(accounting.round_to(s, multiple) <= widest for _, s, widest in layers)
+    for name, s, widest in layers:
+        rounded = accounting.round_to(s, args.round_width)
+        if rounded > widest:
+            best = next((m for m in range(min(args.round_width - 1, widest), 0, -1)
+                         if fits(m)), None)
+            raise ValueError(f"--round-width {args.round_width} rounds the {name} width "
+                             f"{s:.1f} to {rounded}, wider than the {widest} that tau = "
+                             f"{base.budget:,.0f} leaves room for with --top-k {args.top_k} "
+                             f"experts; give a " + (f"--round-width of at most {best}" if best
+                                                    else "smaller --round-width"))
+
+
+def cmd_plan(args) -> int:
+    _check_plan_args(args)
+    plan = _plan(args)
     moe, more = plan.moe, plan.more
     rows = [["experts M", moe.experts, more.experts],
             ["width s", moe.width, more.width],
@@ -167,15 +234,17 @@ def add_plan_parsers(sub) -> None:
                        "or the optimum k s), by the Proposition of the paper's Appendix I.")
     p.add_argument("--hidden", type=_positive_int, required=True, help="h")
     p.add_argument("--width", type=_positive_int, default=None,
-                   help="reference MoE width s (or --budget)")
+                   help="reference MoE width s, which sets tau (or --budget, not both)")
     p.add_argument("--top-k", type=_positive_int, required=True, help="k")
     p.add_argument("--rank", type=_positive_int, required=True, help="MoRE router rank r")
     p.add_argument("--experts", type=_positive_int, default=None,
-                   help="reference MoE experts M (default: the optimum C_e k s / C_r)")
+                   help="reference MoE experts M, at least k (default: the optimum C_e k s / "
+                        "C_r; with --width only)")
     p.add_argument("--budget", type=_positive_float, default=None,
-                   help="give tau directly instead of a reference MoE (no --width needed)")
+                   help="give tau directly instead of a reference MoE (no --width)")
     p.add_argument("--round-width", type=_positive_int, default=1,
-                   help="round planned widths to this multiple (default 1)")
+                   help="round planned widths to this multiple (default 1); a width rounded "
+                        "past what tau leaves room for with k experts is refused")
     p.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep the optimum's M after rounding s instead of re-fitting it")
     p.add_argument("--ce", type=_positive_float, default=6.0, help="C_e (default 6, inference)")
@@ -183,15 +252,16 @@ def add_plan_parsers(sub) -> None:
     p.add_argument("--sweep", choices=["rank"], default=None,
                    help="also sweep: rank = MoRE layers at a fixed expert width over --ranks, "
                         "each with the most experts tau allows (the paper's rank ablation)")
-    p.add_argument("--ranks", type=_int_list, default=[16, 32, 64, 128, 256],
-                   help="ranks of --sweep rank (default 16,32,64,128,256)")
+    p.add_argument("--ranks", type=_int_list, default=None,
+                   help="ranks of --sweep rank, each once (default 16,32,64,128,256)")
     p.add_argument("--fixed-width", type=_positive_int, default=None,
                    help="expert width of --sweep rank (default: the plan's MoRE width)")
     p.add_argument("--peer", action="store_true",
                    help="also the PEER layer matched to the plan's MoRE (expert parameters and "
                         "active FLOPs), in the paper's reading and the inference one")
-    p.add_argument("--peer-heads", type=_positive_int, default=8, help="PEER heads H (default 8)")
-    p.add_argument("--peer-dq", type=_positive_int, default=32,
-                   help="PEER query size d_q (default 32, the paper's)")
+    p.add_argument("--peer-heads", type=_positive_int, default=None,
+                   help="PEER heads H of --peer (default 8)")
+    p.add_argument("--peer-dq", type=_positive_int, default=None,
+                   help="PEER query size d_q of --peer (default 32, the paper's)")
     _add_json(p)
     p.set_defaults(func=cmd_plan)
