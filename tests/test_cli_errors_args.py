@@ -112,3 +112,47 @@ def test_plan_budget_with_experts_and_a_round_width_that_fits(capsys):
     out = run_json(capsys, [*PLAN, "--sweep", "rank", "--ranks", "16,8", "--fixed-width", "4",
                             "--peer", "--peer-heads", "2"])
     assert [l["rank"] for l in out["sweep"]["layers"]] == [16, 8] and out["peer"]["heads"] == 2
+
+
+# ------------------------------------------------------------------ theory rank
+
+
+RANK = ["theory", "rank", "--top-k", "2", "--no-progress", "--ranks", "2"]
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--weights", "W", "--experts", "100", "--hidden", "3", "--tokens", "50"],
+     r"--experts and --hidden are not read: the router's M and h are those of --weights; "
+     r"drop them$"),
+    (["--experts", "8", "--hidden", "6", "--weights-key", "a"],
+     r"--weights-key is not read: it names a tensor in --weights, not given; drop it$"),
+    (["--weights", "W", "--inputs", "X6", "--tokens", "50"],
+     r"--tokens is not read: the tokens are those of --inputs; drop it$"),
+    (["--weights", "W", "--inputs-key", "a"], r"--inputs-key is not read: .*; drop it$"),
+    (["--weights", "W", "--inputs", "X5"],
+     r"--inputs \S+x5.pt: tokens of h = 5 \(shape \(10, 5\)\) for a router of h = 6 "
+     r"\(--weights \S+w.pt\); give tokens \(N, 6\)$"),
+    (["--experts", "8", "--hidden", "6", "--inputs", "X5"],
+     r"--inputs \S+x5.pt: tokens of h = 5 .* for a router of h = 6 \(--hidden\)"),
+    (["--weights", "DIR"], r"--weights \S+adir is a folder; give a .safetensors or torch file$"),
+    (["--experts", "8", "--hidden", "6", "--inputs", "DIR"], r"--inputs \S+adir is a folder"),
+])
+def test_theory_rank_names_flags_it_would_ignore_and_files_that_do_not_fit(capsys, tmp_path,
+                                                                          extra, match):
+    import torch
+    files = {"W": tmp_path / "w.pt", "X5": tmp_path / "x5.pt", "X6": tmp_path / "x6.pt",
+             "DIR": tmp_path / "adir"}
+    for key, shape in (("W", (8, 6)), ("X5", (10, 5)), ("X6", (10, 6))):
+        torch.save(torch.randn(*shape), files[key])
+    files["DIR"].mkdir()
+    fails(capsys, [*RANK, *(str(files[a]) if a in files else a for a in extra)], match)
+
+
+def test_theory_rank_routes_the_inputs_through_a_trained_router(capsys, tmp_path):
+    import torch
+    torch.save(torch.randn(8, 6), tmp_path / "w.pt")
+    torch.save(torch.randn(10, 6), tmp_path / "x.pt")
+    out = run_json(capsys, [*RANK, "--weights", str(tmp_path / "w.pt"), "--inputs",
+                            str(tmp_path / "x.pt")])
+    assert (out["experts"], out["hidden"], out["tokens"]) == (8, 6, 10)
+    assert run_json(capsys, [*RANK, "--experts", "8", "--hidden", "6"])["tokens"] == 20_000

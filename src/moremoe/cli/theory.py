@@ -47,6 +47,8 @@ def _load_matrix(path: str, key: str | None, flag: str, noun: str, shape: str):
     or a name -> tensor map); errors name the flag, the file and what it must hold."""
     import torch
     file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a .safetensors or torch file")
     if not file.is_file():
         raise ValueError(f"{flag} {path}: no such file")
     try:
@@ -121,9 +123,36 @@ def _check_rank_memory(M: int, h: int, tokens: int, top_k: int, flag: str) -> No
                f"give at most {most:,} tokens in {flag}")
 
 
+def _check_rank_sources(args) -> None:
+    """The router and the tokens each come from one source: a file (--weights, --inputs,
+    each with its -key) or a random draw (--experts and --hidden, --tokens). A flag of the
+    source not taken is refused rather than ignored; --tokens gets its default here."""
+    unused = []
+    if args.weights is not None:
+        unused += [f for f, v in (("--experts", args.experts), ("--hidden", args.hidden))
+                   if v is not None]
+        reason = "the router's M and h are those of --weights"
+    elif args.weights_key is not None:
+        unused, reason = ["--weights-key"], "it names a tensor in --weights, not given"
+    if unused:
+        raise ValueError(f"{' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} not "
+                         f"read: {reason}; drop {'it' if len(unused) == 1 else 'them'}")
+    if args.inputs is not None and args.tokens is not None:
+        raise ValueError("--tokens is not read: the tokens are those of --inputs; drop it")
+    if args.inputs is None and args.inputs_key is not None:
+        raise ValueError("--inputs-key is not read: it names a tensor in --inputs, not given; "
+                         "drop it")
+    if args.tokens is None:
+        args.tokens = TOKENS
+
+
+TOKENS = 20_000            # Gaussian tokens of theory rank without --inputs
+
+
 def cmd_rank(args) -> int:
     import torch
     from ..eval.theory import plot_rank, rank_agreement, rank_bounds
+    _check_rank_sources(args)
     plot = _check_plot(args)
     g = torch.Generator().manual_seed(args.seed)
     if args.weights:
@@ -139,6 +168,11 @@ def cmd_rank(args) -> int:
     M, h = W.shape
     if args.inputs:
         x = _load_matrix(args.inputs, args.inputs_key, "--inputs", "tokens", "(N, h)")
+        if x.shape[1] != h:
+            router = f"--weights {args.weights}" if args.weights else "--hidden"
+            raise ValueError(f"--inputs {args.inputs}: tokens of h = {x.shape[1]} (shape "
+                             f"{tuple(x.shape)}) for a router of h = {h} ({router}); give "
+                             f"tokens (N, {h})")
         _check_rank_memory(M, h, x.shape[0], args.top_k, f"--inputs {args.inputs}")
     else:
         _check_rank_memory(M, h, args.tokens, args.top_k, "--tokens")
@@ -215,8 +249,10 @@ def add_theory_parser(sub) -> None:
         "tokens whose top-k set is unchanged and the mean overlap, beside the theorems' "
         "sufficient rank k ln(M + C(M,k)) and necessary rank ln C(M,k) / ln(1 + 2^(p+1)) "
         "(universal constants set to 1: their shapes, not their values).")
-    r.add_argument("--experts", type=_positive_int, default=None, help="M of a random router")
-    r.add_argument("--hidden", type=_positive_int, default=None, help="h of a random router")
+    r.add_argument("--experts", type=_positive_int, default=None,
+                   help="M of a random router (not with --weights)")
+    r.add_argument("--hidden", type=_positive_int, default=None,
+                   help="h of a random router (not with --weights)")
     r.add_argument("--weights", default=None, metavar="FILE",
                    help="a trained router (M, h) in a .safetensors or torch file")
     r.add_argument("--weights-key", default=None, help="its tensor's name in FILE")
@@ -224,8 +260,8 @@ def add_theory_parser(sub) -> None:
                    help="tokens (N, h) to route (e.g. captured hidden states; default "
                         "Gaussian)")
     r.add_argument("--inputs-key", default=None, help="their tensor's name in FILE")
-    r.add_argument("--tokens", type=_positive_int, default=20_000,
-                   help="Gaussian tokens when no --inputs (default 20,000)")
+    r.add_argument("--tokens", type=_positive_int, default=None,
+                   help=f"Gaussian tokens when no --inputs (default {TOKENS:,})")
     r.add_argument("--top-k", type=_positive_int, required=True, help="k")
     r.add_argument("--ranks", type=_int_list, default=None,
                    help="comma list of r (default powers of two up to min(M, h))")
