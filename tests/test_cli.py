@@ -134,7 +134,7 @@ def test_phonebook_sweeps(capsys, tmp_path):
     assert [(r["value"], r["arch"], r["model"]["moe"]["hidden"]) for r in out["runs"]] == [
         (32, "moe", 32), (32, "more", 32), (64, "moe", 64), (64, "more", 64)]
     fails(capsys, ["phonebook", "sweep", "--over", "experts", "--values", "2", *TINY],
-          r"--over experts --values 2: top_k must be in \[1, 2\], got 4")
+          r"--over experts --values 2: --top-k 4 must be at most --more-experts 2")
 
 
 def test_phonebook_capacity(capsys, tmp_path):

@@ -156,3 +156,30 @@ def test_theory_rank_routes_the_inputs_through_a_trained_router(capsys, tmp_path
                             str(tmp_path / "x.pt")])
     assert (out["experts"], out["hidden"], out["tokens"]) == (8, 6, 10)
     assert run_json(capsys, [*RANK, "--experts", "8", "--hidden", "6"])["tokens"] == 20_000
+
+
+# ------------------------------------------------------------------ phonebook's model
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["train", "--size", "10", "--hidden", "1", "--rank", "1"],
+     r"--hidden 1 over 1 head \(the default, h/32; --heads sets them\) gives a head dim of 1: "
+     r"rotary positions need an even head dim; give an even --hidden$"),
+    (["train", "--size", "10", "--hidden", "2", "--rank", "1", "--heads", "2"],
+     r"--hidden 2 over --heads 2 gives a head dim of 1: .*; give --heads so that --hidden / "
+     r"--heads is even$"),
+    (["train", "--size", "10", "--hidden", "100"],
+     r"--hidden 100 does not split over 3 heads \(the default, h/32; --heads sets them\); "
+     r"give --heads that divides --hidden$"),
+    (["train", "--size", "10", "--moe-experts", "1", "--top-k", "2"],
+     r"--top-k 2 must be at most --moe-experts 1 .*; give a smaller --top-k or a larger "
+     r"--moe-experts$"),
+    (["train", "--size", "10", "--arch", "more", "--more-experts", "1", "--top-k", "2"],
+     r"--top-k 2 must be at most --more-experts 1"),
+    (["sweep", "--over", "hidden", "--values", "32,33", "--size", "10"],
+     r"--over hidden --values 33: --hidden 33 over 1 head .* gives a head dim of 33"),
+])
+def test_phonebook_model_errors_name_the_flags(capsys, tmp_path, no_training, argv, match):
+    out = tmp_path / "out"
+    fails(capsys, ["phonebook", *argv, "--out", str(out)], match)
+    assert not out.exists()

@@ -18,8 +18,8 @@ def _check_phonebook_args(args) -> None:
     """The arguments the model and the phonebook cannot take, named as the user gave them."""
     from ..tasks.phonebook import NAME_SPACE
     h = args.hidden
-    if args.heads is not None and h % args.heads:
-        raise ValueError(f"--heads {args.heads} must divide --hidden {h}")
+    _check_heads(h, args.heads)
+    _check_top_k(args)
     if args.rank > h:
         raise ValueError(f"--rank {args.rank} must be at most --hidden {h} (a rank above h "
                          f"adds router parameters, not expressivity)")
@@ -31,6 +31,38 @@ def _check_phonebook_args(args) -> None:
         raise ValueError(f"{'--size' if hasattr(args, 'size') else '--sizes'} {max(sizes):,} "
                          f"exceeds the {NAME_SPACE:,} unique five-letter names a phonebook "
                          f"can hold")
+
+
+def _check_heads(h: int, heads: int | None) -> None:
+    """The attention heads split h evenly into an even head dim (rotary positions rotate
+    pairs); named as --hidden and --heads, with the default heads when none are given."""
+    from ..training.phonebook import default_heads
+    if heads is not None:
+        if h % heads:
+            raise ValueError(f"--heads {heads} must divide --hidden {h}")
+        given = f"--heads {heads}"
+    else:
+        heads = default_heads(h)
+        given = f"{heads} head{'s' if heads > 1 else ''} (the default, h/32; --heads sets them)"
+        if h % heads:
+            raise ValueError(f"--hidden {h} does not split over {given}; give --heads that "
+                             f"divides --hidden")
+    if (h // heads) % 2:
+        fix = ("give an even --hidden" if h % 2 else
+               "give --heads so that --hidden / --heads is even")
+        raise ValueError(f"--hidden {h} over {given} gives a head dim of {h // heads}: rotary "
+                         f"positions need an even head dim; {fix}")
+
+
+def _check_top_k(args) -> None:
+    """k at most the experts given for a model that is trained (the planner's counts are at
+    least k): named as --top-k and --moe-experts / --more-experts."""
+    for arches, flag, M in ((("moe", "both"), "--moe-experts", args.moe_experts),
+                            (("more", "both"), "--more-experts", args.more_experts)):
+        if args.arch in arches and M is not None and args.top_k > M:
+            raise ValueError(f"--top-k {args.top_k} must be at most {flag} {M} (a token's "
+                             f"experts are chosen among them); give a smaller --top-k or a "
+                             f"larger {flag}")
 
 
 def _phonebook_models(args):

@@ -82,10 +82,15 @@ class PhonebookTrainConfig:
         return d
 
 
+def default_heads(hidden: int) -> int:
+    """The attention heads of a phonebook transformer when none are given: head dim 32."""
+    return max(1, hidden // 32)
+
+
 def phonebook_model_config(moe: MoEConfig, *, layers: int = 6,
                            heads: int | None = None) -> TransformerConfig:
     """A phonebook transformer: V = 40, 16-token sequences, head dim 32 unless heads is given."""
-    heads = heads or max(1, moe.hidden // 32)
+    heads = heads or default_heads(moe.hidden)
     return TransformerConfig(vocab=pb.VOCAB_SIZE, layers=layers, heads=heads, moe=moe,
                              max_seq_len=pb.SEQ_LEN)
 
