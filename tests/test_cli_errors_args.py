@@ -183,3 +183,15 @@ def test_phonebook_model_errors_name_the_flags(capsys, tmp_path, no_training, ar
     out = tmp_path / "out"
     fails(capsys, ["phonebook", *argv, "--out", str(out)], match)
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ demo
+
+
+def test_demo_refuses_two_limits(capsys, tmp_path, no_training):
+    out = tmp_path / "out"
+    fails(capsys, ["demo", "--steps", "2", "--max-epochs", "5", "--device", "cpu", "--out",
+                   str(out)],
+          r"--steps 2 replaces the epoch limit, so --max-epochs 5 would not be read; give one "
+          r"of them$")
+    assert not out.exists()

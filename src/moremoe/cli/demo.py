@@ -206,6 +206,9 @@ def format_demo(result: dict) -> str:
 
 def cmd_demo(args) -> int:
     from ..tasks.phonebook import NAME_SPACE
+    if args.steps is not None and args.max_epochs is not None:
+        raise ValueError(f"--steps {args.steps} replaces the epoch limit, so --max-epochs "
+                         f"{args.max_epochs:g} would not be read; give one of them")
     if args.size is not None and args.size > NAME_SPACE:
         raise ValueError(f"--size {args.size:,} exceeds the {NAME_SPACE:,} unique five-letter "
                          f"names a phonebook can hold")
@@ -233,9 +236,10 @@ def add_demo_parser(sub) -> None:
     p.add_argument("--size", type=_positive_int, default=None,
                    help=f"phonebook entries (default {DEFAULT_SIZE:,})")
     p.add_argument("--max-epochs", type=_positive_float, default=None,
-                   help=f"the epoch limit (default {DemoConfig.max_epochs:g})")
+                   help=f"the epoch limit (default {DemoConfig.max_epochs:g}; not with --steps)")
     p.add_argument("--steps", type=_positive_int, default=None,
-                   help="a step limit instead of the epoch limit (quick checks)")
+                   help="a step limit instead of the epoch limit (quick checks; not with "
+                        "--max-epochs)")
     p.add_argument("--seed", type=_seed, default=0, help="phonebook, init and data-order seed")
     p.add_argument("--out", default=None, help="output folder (default runs/demo)")
     p.add_argument("--force", action="store_true",
