@@ -222,11 +222,11 @@ def cmd_plot(args) -> int:
     runs, names = {}, args.names or []
     if names and len(names) != len(args.runs):
         raise ValueError(f"--names gives {len(names)} names for {len(args.runs)} runs")
-    for i, run in enumerate(args.runs):
+    for i, run in enumerate(args.runs):      # every log read and checked before drawing
         name = names[i] if names else Path(run).name
         runs[name if name not in runs else f"{name} ({i})"] = read_events(run)
-    plot_runs(runs, out, title=" vs ".join(runs))
     steps = {n: max((e["step"] for e in ev if "step" in e), default=0) for n, ev in runs.items()}
+    plot_runs(runs, out, title=" vs ".join(runs))
     emit(args, {"out": str(out), "runs": list(args.runs), "last_step": steps},
          f"wrote {out}: {', '.join(f'{n} (step {s})' for n, s in steps.items())}")
     return 0

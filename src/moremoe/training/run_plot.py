@@ -9,27 +9,62 @@ from pathlib import Path
 from ..report import save_figure
 
 LOG = "log.jsonl"
+NUMBERS = ("loss", "val_loss", "lr", "router_lr", "aux_loss")     # the plotted series
 
 
 def read_events(run_dir: str | Path) -> list[dict]:
     """The events of a run's log; a last line cut short by a kill is skipped. ValueError
-    naming the folder or file when it holds no log, a line elsewhere is not JSON, or no
-    event has a step."""
+    naming the folder or file, and the line and field, when it holds no log, a line
+    elsewhere is not JSON or not an event the figure can draw (_check_event), or no event
+    has a step: all before anything is drawn."""
     path = Path(run_dir) / LOG
     if not path.is_file():
         raise ValueError(f"{run_dir}: no {LOG} (not a `moremoe train` run directory)")
     lines = path.read_text(errors="replace").splitlines()
-    events = []
+    events, layers = [], None             # layers: (line, H_norm count) of the first eval
     for n, line in enumerate(lines, 1):
         try:
-            events.append(json.loads(line))
+            event = json.loads(line)
         except json.JSONDecodeError:
             if n < len(lines):            # only the last line can be cut short by a kill
                 raise ValueError(f"{path}, line {n}: not JSON; the log is corrupt (not "
                                  f"written by `moremoe train`?)") from None
-    if not any(isinstance(e, dict) and "step" in e for e in events):
+            continue
+        _check_event(event, f"{path}, line {n}")
+        if event.get("event") == "eval" and event.get("hnorm") is not None:
+            layers = layers or (n, len(event["hnorm"]))
+            if len(event["hnorm"]) != layers[1]:
+                raise ValueError(f"{path}, line {n}: hnorm has {len(event['hnorm'])} layers "
+                                 f"where line {layers[0]} has {layers[1]}; one log holds one "
+                                 f"model (not written by `moremoe train`?)")
+        events.append(event)
+    if not any("step" in e for e in events):
         raise ValueError(f"{path} holds no events of a run yet; plot it once it has logged")
     return events
+
+
+def _check_event(event, where: str) -> None:
+    """A line the figure can draw: a JSON object whose step is an integer >= 0, plotted
+    series numbers or null, hnorm a list of numbers (H_norm per layer) or null."""
+    def shown(v) -> str:
+        return json.dumps(v)[:40]
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not isinstance(event, dict):
+        raise ValueError(f"{where}: expected a JSON object (one event), got {shown(event)}; "
+                         f"the log is corrupt (not written by `moremoe train`?)")
+    step = event.get("step", 0)
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        raise ValueError(f"{where}: step must be an integer >= 0, got {shown(step)}")
+    for key in NUMBERS:
+        if event.get(key) is not None and not number(event[key]):
+            raise ValueError(f"{where}: {key} must be a number or null, got "
+                             f"{shown(event[key])}")
+    hnorm = event.get("hnorm")
+    if hnorm is not None and not (isinstance(hnorm, list) and all(map(number, hnorm))):
+        raise ValueError(f"{where}: hnorm must be a list of numbers (H_norm per layer) or "
+                         f"null, got {shown(hnorm)}")
 
 
 def _series(events: list[dict], event: str, key: str) -> tuple[list, list]:
