@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model.checkpoint import safetensors_problem
-from ..report import check_new_output, emit, table, with_umask, write_json
+from ..report import check_apart, check_new_output, emit, table, with_umask, write_json
 from .args import EPILOG, _add_json, _int_at_least, _int_list, _positive_int
 from .memory import advise_on_memory, out_of_memory
 
@@ -144,11 +144,10 @@ def cmd_convert_router(args) -> int:
         if len(args.rank) != 1:
             raise ValueError(f"--write-model writes one converted model: give one --rank, "
                              f"got {','.join(map(str, args.rank))}")
-        target = Path(args.write_model).resolve()
-        for flag, other in (("MODEL", args.model), ("--out", args.out)):
-            if target == Path(other).resolve():
-                raise ValueError(f"--write-model {args.write_model} is {flag}: write the "
-                                 f"converted model to a folder of its own")
+        own = "write the converted model to a folder of its own"
+        check_apart(args.write_model, "--write-model", [("MODEL", args.model)], own)
+        if Path(args.write_model).resolve() == Path(args.out).resolve():
+            raise ValueError(f"--write-model {args.write_model} is --out: {own}")
         check_new_output(args.write_model, "--write-model", args.force, folder=True)
     text = _read_text(args)                  # every input checked before the model loads
     _check_model_folder(args.model)

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..checks import UserError
 from .args import _add_json, _int_at_least, _positive_int
 from .memory import advise_on_memory
-from ..report import check_new_output, table, write_json
+from ..report import check_apart, check_new_output, table, write_json
 from ..report import emit as _emit
 
 
@@ -32,6 +32,15 @@ def _model_and_device(args):
         return load_eval_model(path, device), device, checkpoint
     except ImportError as err:
         raise ImportError(f"cannot load {args.model}: {err}") from err
+
+
+def _read_paths(args) -> list[tuple[str, Path | None]]:
+    """What eval reads, which its report never goes into: MODEL, the run that MODEL is a
+    checkpoint of, and --data."""
+    from ..model.checkpoint import CKPT_DIR
+    model = Path(args.model)
+    run = model.parent.parent if model.parent.name == CKPT_DIR else None
+    return [("MODEL", model), ("the run of MODEL", run), ("--data", args.data)]
 
 
 def _val_rows(data: str, config):
@@ -56,6 +65,8 @@ def cmd_eval(args) -> int:
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
     if args.out:
+        check_apart(args.out, "--out", _read_paths(args), "eval never writes into what it "
+                    "reads (not even with --force); give a report path outside MODEL and --data")
         check_new_output(args.out, "--out", args.force)
     if tasks:                 # before transformers or datasets read their offline settings
         offline_unless_hub_reachable()
@@ -161,8 +172,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--include-path", default=None, metavar="DIR",
                    help="extra folder of lm-eval task YAMLs (e.g. local copies of the tasks)")
     p.add_argument("--out", default=None, metavar="FILE.json",
-                   help="also write the report here (checked before evaluating; if it cannot "
-                        "be written the report goes to the temporary folder, which is named)")
+                   help="also write the report here, never inside MODEL or --data (checked "
+                        "before evaluating; if it cannot be written the report goes to the "
+                        "temporary folder, which is named)")
     p.add_argument("--force", action="store_true", help="replace an existing --out report")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, lines in a log)")

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..report import check_output_dir
+from ..report import check_apart, check_output_dir
 from ..tasks.tokenizer import VOCAB_SIZE
 from ..report import emit as _emit
 from .args import _add_json
@@ -58,10 +58,8 @@ def _export_target(src: Path, out: Path, *, force: bool) -> Path:
     from ..model.checkpoint import check_not_a_run
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT_DIR {out} is a file; give a folder to write into")
-    src_r, out_r = src.resolve(), out.resolve()
-    if out_r == src_r or src_r in out_r.parents:
-        raise ValueError(f"OUT_DIR {out} is {'the checkpoint' if out_r == src_r else 'inside'} "
-                         f"{src}: write the export to a folder of its own")
+    check_apart(out, "OUT_DIR", [("CHECKPOINT", src)], "write the export to a folder of its "
+                "own")
     check_not_a_run(out, "OUT_DIR")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"OUT_DIR {out} is not empty; pass --force to write into it "

@@ -1,0 +1,53 @@
+"""The language-model commands (train, eval, data, hf export, convert-router, bench model):
+no output lands on an input or on files the user made, empty names are refused, and what a
+command says agrees with what it does."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cli_checks import fails
+from moremoe.cli import main
+
+TRAIN = ["--preset", "tiny-moe", "--device", "cpu", "--set", "model.seq_len=64",
+         "--set", "train.batch_size=4", "--set", "train.log_every=1",
+         "--set", "train.eval_batches=1", "--set", "train.ckpt_every=2"]
+
+
+@pytest.fixture(scope="module")
+def run4(text_data, tmp_path_factory):
+    """A tiny run with checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("run4") / "run"
+    assert main(["train", "--data", str(text_data), "--out", str(out), *TRAIN,
+                 "--set", "train.max_steps=4", "--json"]) == 0
+    return out
+
+
+def _tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+# ---------------------------------------------------------------- eval --out
+
+
+def test_eval_never_writes_its_report_into_the_model_or_the_data(capsys, run4, text_data,
+                                                                tmp_path):
+    run, data = Path(shutil.copytree(run4, tmp_path / "run")), Path(
+        shutil.copytree(text_data, tmp_path / "data"))
+    step = run / "checkpoints" / "step_00000004"
+    before = _tree(run), _tree(data)
+    base = ["eval", "--device", "cpu", "--tasks", "none", "--val-batches", "1", "--data",
+            str(data), "--force"]
+    for model, out, where in [
+            (run, step / "model.safetensors", f"inside MODEL {run}"),
+            (run, run / "summary.json", f"inside MODEL {run}"),
+            (step, run / "summary.json", f"inside the run of MODEL {run}"),
+            (step, step, "MODEL"),
+            (run, data / "meta.json", f"inside --data {data}"),
+            (run, tmp_path / "." / "data" / "report.json", f"inside --data {data}")]:
+        fails(capsys, base + [str(model), "--out", str(out)],
+              rf"--out {out} is {where}: eval never writes into what it reads \(not even with "
+              rf"--force\); give a report path outside MODEL and --data")
+    assert (_tree(run), _tree(data)) == before
