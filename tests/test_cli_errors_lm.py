@@ -51,3 +51,20 @@ def test_eval_never_writes_its_report_into_the_model_or_the_data(capsys, run4, t
               rf"--out {out} is {where}: eval never writes into what it reads \(not even with "
               rf"--force\); give a report path outside MODEL and --data")
     assert (_tree(run), _tree(data)) == before
+
+
+# ---------------------------------------------------------------- hf export
+
+
+def test_hf_export_force_lists_only_the_files_it_wrote(capsys, run4, tmp_path):
+    out = tmp_path / "ex"
+    out.mkdir()
+    (out / "mine.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["hf", "export", str(run4), str(out), "--force"]) == 0
+    line = capsys.readouterr().out
+    assert "mine.txt" not in line and "config.json" in line, line
+    assert main(["hf", "export", str(run4), str(out), "--force", "--json"]) == 0
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert "mine.txt" not in files and "model.safetensors" in files
+    assert (out / "mine.txt").read_text() == "mine"

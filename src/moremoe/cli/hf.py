@@ -34,8 +34,9 @@ def cmd_hf_export(args) -> int:
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    result = {"checkpoint": str(args.checkpoint), "out_dir": str(out),
-              "files": sorted(f.name for f in out.iterdir())}
+    # what this export wrote: a --force export into a folder of the user's keeps their files,
+    # which are not the export's to list
+    result = {"checkpoint": str(args.checkpoint), "out_dir": str(out), "files": sorted(written)}
     tokenizer = ("its GPT-2 tokenizer: PreTrainedTokenizerFast.from_pretrained (AutoTokenizer "
                  "after moremoe.hf.register())" if model.config.vocab == VOCAB_SIZE
                  else f"no tokenizer: the vocabulary of {model.config.vocab:,} is not GPT-2's")
