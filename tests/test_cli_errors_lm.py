@@ -68,3 +68,35 @@ def test_hf_export_force_lists_only_the_files_it_wrote(capsys, run4, tmp_path):
     files = json.loads(capsys.readouterr().out)["files"]
     assert "mine.txt" not in files and "model.safetensors" in files
     assert (out / "mine.txt").read_text() == "mine"
+
+
+# ---------------------------------------------------------------- train --force
+
+
+def test_train_force_into_a_folder_without_a_run_deletes_nothing_of_it(capsys, text_data,
+                                                                     tmp_path):
+    """--force writes a run beside the files of a folder that holds no run ("its files are
+    kept"): it never removes them, and refuses, --force or not, a folder holding a file the
+    run would write over (loss.png; profile.txt and tb/ when the run writes them)."""
+    out = tmp_path / "mine"
+    (out / "tb").mkdir(parents=True)
+    (out / "tb" / "events.mine").write_text("my events")
+    (out / "profile.txt").write_text("my profile")
+    (out / "loss.png").write_bytes(b"my plot")
+    before = _tree(out)
+    argv = ["train", "--data", str(text_data), "--out", str(out), *TRAIN,
+            "--set", "train.max_steps=2", "--set", "train.eval_every=2"]
+    for extra in ([], ["--force"]):
+        fails(capsys, argv + extra, rf"--out {out} holds no moremoe run but holds loss.png, "
+                                    rf"which the run would write over: it is never written "
+                                    rf"into \(not even with --force\); give another --out, or "
+                                    rf"move it away")
+    (out / "loss.png").unlink()
+    del before["loss.png"]
+    fails(capsys, argv + ["--force", "--set", "train.tensorboard=true", "--set",
+                          "train.profile_steps=1"], r"holds profile.txt, tb, which the run")
+    assert _tree(out) == before
+    assert main(argv + ["--force", "--json"]) == 0
+    after = _tree(out)
+    assert {k: after[k] for k in before} == before          # the folder's own files, intact
+    assert "loss.png" in after and "summary.json" in after

@@ -123,13 +123,14 @@ def cmd_train(args) -> int:
         if args.lr_grid:
             from dataclasses import replace
             from pathlib import Path
-            from ..training.checkpoint import check_run_dir
+            from ..training.checkpoint import check_run_dir, run_writes
             from ..training.lm import default_out
             from ..training.lr_grid import select_lr
             if args.grid_steps is None:
                 raise ValueError("--lr-grid needs --grid-steps N (the steps of each candidate "
                                  "run)")
-            check_run_dir(Path(cfg.train.out or default_out(cfg)), force=args.force)
+            check_run_dir(Path(cfg.train.out or default_out(cfg)), force=args.force,
+                          writes=run_writes(cfg.train))
             best = select_lr(cfg, args.lr_grid, args.grid_steps, echo=echo)["lr"]
             cfg = replace(cfg, optim=replace(cfg.optim, lr=best))
         summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
@@ -197,7 +198,8 @@ def add_train_parser(sub) -> None:
                             "directory (starts fresh when the directory holds no run)")
     again.add_argument("--force", action="store_true",
                        help="start over in a run directory that holds a run, deleting its "
-                            "checkpoints, log and summary")
+                            "checkpoints, log, summary and plot; or write the run into a "
+                            "folder of other files, deleting nothing of theirs")
     p.add_argument("--lr-grid", type=_float_list, default=None, metavar="LR,LR,...",
                    help="pick optim.lr first: a --grid-steps run per rate in OUT/lr-grid/, "
                         "the lowest validation loss wins (OUT/lr_grid.json), e.g. "
