@@ -100,3 +100,30 @@ def test_train_force_into_a_folder_without_a_run_deletes_nothing_of_it(capsys, t
     after = _tree(out)
     assert {k: after[k] for k in before} == before          # the folder's own files, intact
     assert "loss.png" in after and "summary.json" in after
+
+
+# ---------------------------------------------------------------- no validation sequences
+
+
+def test_eval_of_data_without_validation_sequences_is_an_error(capsys, run4, tmp_path):
+    from prepared import write_token_dir
+    data = write_token_dir(tmp_path / "noval", val_sequences=0)
+    fails(capsys, ["eval", str(run4), "--tasks", "none", "--device", "cpu", "--data",
+                   str(data)],
+          rf"--data {data} holds no validation sequences \(prepared with --val-sequences 0\): "
+          rf"there is no perplexity to measure; prepare the text again with --val-sequences 1 "
+          rf"or more")
+
+
+def test_prepare_without_validation_sequences_says_what_it_cannot_do(capsys, tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_text("hello world " * 100)
+    out = tmp_path / "p"
+    capsys.readouterr()
+    assert main(["data", "prepare", str(text), "--out", str(out), "--seq-len", "16",
+                 "--val-sequences", "0", "--workers", "1", "--no-progress", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["val_sequences"] == 0
+    assert captured.err.strip() == (
+        f"moremoe data prepare: note: {out} holds no validation sequences (--val-sequences 0): "
+        f"`moremoe train` on it reports no validation loss and `moremoe eval --data` refuses it")

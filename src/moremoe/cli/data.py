@@ -3,6 +3,7 @@ and ``.text``."""
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 
 from .args import _add_json, _int_at_least, _positive_float
@@ -28,7 +29,17 @@ def cmd_prepare(args) -> int:
             ["seconds", f"{s['seconds']:.1f}"],
             [f"tokens/s ({s['workers']} workers)", f"{s['tokens_per_second']:,.0f}"]]
     emit(args, s, f"GPT-2 tokens in {s['out']}\n" + table(rows, ["", "value"]))
+    _note_no_val(args, s)
     return 0
+
+
+def _note_no_val(args, summary: dict) -> None:
+    """Prepared data without validation sequences trains, but has nothing to validate on:
+    say so on stderr (stdout stays the table or the JSON)."""
+    if summary["val_sequences"] == 0:
+        print(f"{args.prog}: note: {summary['out']} holds no validation sequences "
+              f"(--val-sequences 0): `moremoe train` on it reports no validation loss and "
+              f"`moremoe eval --data` refuses it", file=sys.stderr)
 
 
 def cmd_verify(args) -> int:
@@ -90,6 +101,7 @@ def cmd_mixture(args) -> int:
     emit(args, s, f"{s['recipe']} mixture at scale {s['scale']:.3g} in {s['out']}\n"
          + table(rows, ["source", "from", "documents", "tokens taken", "repeats",
                         "train seq", "val seq", "written"]) + "\n" + totals)
+    _note_no_val(args, s)
     return 0
 
 
@@ -189,7 +201,8 @@ def add_data_parser(sub) -> None:
     pp.add_argument("--seq-len", type=_int_at_least(2), default=1024,
                     help="tokens per sequence (default 1024)")
     pp.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
-                    help="sequences held out for validation (default 5000)")
+                    help="sequences held out for validation (default 5000; 0 trains with "
+                         "no validation loss and cannot be evaluated)")
     pp.add_argument("--seed", type=int, default=0, help="seed of the validation choice")
     pp.add_argument("--workers", type=_int_at_least(1), default=default_workers(),
                     help=f"tokeniser processes (default min(8, CPUs) = {default_workers()})")
@@ -267,7 +280,8 @@ def _add_mixture_parser(dsub) -> None:
     pm.add_argument("--seq-len", type=_int_at_least(2), default=1024,
                     help="tokens per sequence (default 1024)")
     pm.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
-                    help="distinct sequences held out for validation (default 5000)")
+                    help="distinct sequences held out for validation (default 5000; 0 "
+                         "trains with no validation loss and cannot be evaluated)")
     pm.add_argument("--seed", type=int, default=0,
                     help="seed of the validation draw and of the benchmark subsets")
     pm.add_argument("--workers", type=_int_at_least(1), default=default_workers(),

@@ -43,6 +43,20 @@ def _read_paths(args) -> list[tuple[str, Path | None]]:
     return [("MODEL", model), ("the run of MODEL", run), ("--data", args.data)]
 
 
+def _check_data(data: str) -> None:
+    """--data is prepared data with validation sequences, before any model is loaded: a
+    perplexity of no tokens would be nan."""
+    from ..tasks.text import read_meta
+    try:
+        meta = read_meta(data)
+    except ValueError as err:
+        raise ValueError(f"--data {data}: {err}") from err
+    if meta["val_sequences"] == 0:
+        raise ValueError(f"--data {data} holds no validation sequences (prepared with "
+                         f"--val-sequences 0): there is no perplexity to measure; prepare the "
+                         f"text again with --val-sequences 1 or more")
+
+
 def _val_rows(data: str, config):
     """The validation rows of a prepared directory, cut to the model's max_seq_len when they
     are longer (as training reads them), after checking the vocabulary fits the model."""
@@ -68,6 +82,8 @@ def cmd_eval(args) -> int:
         check_apart(args.out, "--out", _read_paths(args), "eval never writes into what it "
                     "reads (not even with --force); give a report path outside MODEL and --data")
         check_new_output(args.out, "--out", args.force)
+    if args.data:
+        _check_data(args.data)
     if tasks:                 # before transformers or datasets read their offline settings
         offline_unless_hub_reachable()
     with advise_on_memory(f"{args.model} at --batch-size {args.batch_size}",
