@@ -127,3 +127,30 @@ def test_prepare_without_validation_sequences_says_what_it_cannot_do(capsys, tmp
     assert captured.err.strip() == (
         f"moremoe data prepare: note: {out} holds no validation sequences (--val-sequences 0): "
         f"`moremoe train` on it reports no validation loss and `moremoe eval --data` refuses it")
+
+
+# ---------------------------------------------------------------- convert-router
+
+
+def test_convert_router_never_prompts_for_a_models_own_code(capsys, tmp_path, monkeypatch):
+    """A moremoe export (and any model needing its folder's code) is refused in one line:
+    transformers' "Do you wish to run the custom code? [y/N]" would wait at a terminal."""
+    from test_cli_eval import hf_dir, tiny_gpt2_model
+
+    def prompted(*args):
+        raise AssertionError(f"prompted: {args}")
+    monkeypatch.setattr("builtins.input", prompted)
+    export = hf_dir(tmp_path, tiny_gpt2_model())
+    argv = ["convert-router", "--rank", "4", "--random-tokens", "64", "--seq-len", "32",
+            "--no-progress"]
+    fails(capsys, argv + [str(export), "--out", str(tmp_path / "o1")],
+          rf"MODEL {export} is a moremoe model \(config.json model_type 'moremoe', from "
+          rf"`moremoe hf export`\); convert-router reads transformers MoE models whose routers "
+          rf"are '\*.mlp.gate' weights")
+    custom = Path(shutil.copytree(export, tmp_path / "custom"))
+    config = json.loads((custom / "config.json").read_text())
+    (custom / "config.json").write_text(json.dumps({**config, "model_type": "mything"}))
+    fails(capsys, argv + [str(custom), "--out", str(tmp_path / "o2")],
+          rf"MODEL {custom}: its model_type 'mything' needs the folder's own code \(config.json "
+          rf"auto_map\), which convert-router does not run")
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()

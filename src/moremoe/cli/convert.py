@@ -18,6 +18,11 @@ def _check_model_folder(path: str) -> None:
         raise ValueError(f"MODEL {path}: not a transformers model folder (no config.json); "
                          f"real checkpoints need their weights downloaded first, e.g. "
                          f"`huggingface-cli download Qwen/Qwen3-30B-A3B --local-dir {path}`")
+    if _model_type(folder / "config.json") == "moremoe":
+        raise ValueError(f"MODEL {path} is a moremoe model (config.json model_type 'moremoe', "
+                         f"from `moremoe hf export`); convert-router reads transformers MoE "
+                         f"models whose routers are '*.mlp.gate' weights (Qwen3-MoE, OLMoE, "
+                         f"Mixtral, DeepSeek-V3)")
     for weights in sorted(folder.glob("*.safetensors")):    # before transformers reads them
         why = safetensors_problem(weights)
         if why:
@@ -25,15 +30,33 @@ def _check_model_folder(path: str) -> None:
                              f"download or copy it again")
 
 
+def _model_type(config: Path):
+    """config.json's model_type, or None when it cannot be read (transformers names that)."""
+    import json
+    try:
+        d = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    return d.get("model_type") if isinstance(d, dict) else None
+
+
 def _load_model(path: str):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
     logging.disable_progress_bar()          # errors and reports stay the only stderr lines
     try:
-        return AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True)
+        # no model's own code runs, and transformers never asks at a prompt whether it may
+        return AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True,
+                                                    trust_remote_code=False)
     except Exception as err:    # noqa: BLE001 - a damaged .bin, an unknown model_type, ...
         if out_of_memory(err):
             raise
+        if "trust_remote_code" in str(err):
+            raise ValueError(f"MODEL {path}: its model_type "
+                             f"{_model_type(Path(path) / 'config.json')!r} needs the folder's "
+                             f"own code (config.json auto_map), which convert-router does not "
+                             f"run; give a model transformers reads itself (Qwen3-MoE, OLMoE, "
+                             f"Mixtral, DeepSeek-V3)") from err
         text = " ".join(str(err).split())[:300]
         raise ValueError(f"MODEL {path}: transformers cannot load it ({type(err).__name__}: "
                          f"{text}); is it a complete transformers model folder?") from err
@@ -54,7 +77,8 @@ def _tokenizer(model: str):
                          f"{', '.join(TOKENIZER_FILES)}); {instead}")
     try:
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True,
+                                            trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise ValueError(f"MODEL {model}: its tokenizer cannot be loaded to read --text "
                          f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
@@ -211,7 +235,8 @@ def add_convert_parser(sub) -> None:
         "with --write-model also the model routed by its rank-r factors (W = R1 R2 written "
         "into each gate: the same architecture, so it loads as MODEL does, its routers "
         "still costing E x h a token) and the change in loss and perplexity on the tokens. "
-        "The model must be on disk (download real checkpoints first).")
+        "The model must be on disk (download real checkpoints first); no model's own code is "
+        "run (a folder that needs it, a moremoe export among them, is refused).")
     p.add_argument("model", metavar="MODEL", help="a transformers model folder")
     p.add_argument("--rank", type=_int_list, required=True, help="r, or a comma list of r")
     p.add_argument("--out", required=True, help="folder for the factors and the report")
