@@ -154,3 +154,25 @@ def test_convert_router_never_prompts_for_a_models_own_code(capsys, tmp_path, mo
           rf"MODEL {custom}: its model_type 'mything' needs the folder's own code \(config.json "
           rf"auto_map\), which convert-router does not run")
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+# ---------------------------------------------------------------- bench model --help
+
+
+def test_bench_model_takes_what_its_help_lists(capsys):
+    """--phases both (the help's words) is prefill,decode; every pair --pairs takes is in the
+    help, and the tiny pair, --quick's, is not a --pairs choice (its vocabulary is the
+    data's, so it has no model without --quick)."""
+    from moremoe.cli.bench import _pair_names
+    from moremoe.cli.main import build_parser
+    parser = build_parser()
+    assert parser.parse_args(["bench", "model", "--phases", "both"]).phases == ["prefill",
+                                                                                "decode"]
+    assert parser.parse_args(["bench", "model"]).phases == ["prefill", "decode"]
+    fails(capsys, ["bench", "model", "--pairs", "tiny"],
+          r"--pairs got 'tiny', expected a comma-separated subset of h512-s64, ")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "model", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "prefill, decode, or both" in text
+    assert all(name in text for name in _pair_names()) and "tiny" in text   # --quick's
