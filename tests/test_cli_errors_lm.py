@@ -176,3 +176,33 @@ def test_bench_model_takes_what_its_help_lists(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "prefill, decode, or both" in text
     assert all(name in text for name in _pair_names()) and "tiny" in text   # --quick's
+
+
+# ---------------------------------------------------------------- data prepare
+
+
+def test_prepare_too_few_sequences_hints_at_settings_that_work(capsys, tmp_path):
+    """The hint counts --val-sequences: its --seq-len works and one more does not. Sizes no
+    tokenisation can fill are refused before any work, leaving nothing; refused after
+    tokenising, the shards stay for the next run, which says so."""
+    text = tmp_path / "a.txt"
+    text.write_text("hello world " * 100)                  # 1,200 bytes, 202 tokens
+    out = tmp_path / "p"
+    argv = ["data", "prepare", str(text), "--out", str(out), "--val-sequences", "5",
+            "--workers", "1", "--no-progress", "--json", "--seq-len"]
+    fails(capsys, argv + ["10000000"],
+          r"the inputs hold 1,200 bytes of text, at most 1,201 tokens = 0 sequences of "
+          r"--seq-len 10000000, and --val-sequences 5 leaves none for training; use a "
+          r"--seq-len of at most 200 \(upper limits: a token is usually several bytes\), or "
+          r"more text")
+    assert not out.exists()
+    fails(capsys, argv + ["100"],
+          rf"the inputs give 202 tokens = 2 sequences of --seq-len 100, and --val-sequences 5 "
+          rf"leaves none for training; use a --seq-len of at most 33 or --val-sequences of at "
+          rf"most 1, or more text \(the tokenised text stays in {out / '.partial'}: the next "
+          rf"run reuses it\)")
+    fails(capsys, argv + ["34"], "use a --seq-len of at most 33")
+    assert main(argv + ["33"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["train_sequences"], summary["shards_reused"]) == (1, 1)
+    assert not (out / ".partial").exists()
