@@ -206,3 +206,47 @@ def test_prepare_too_few_sequences_hints_at_settings_that_work(capsys, tmp_path)
     summary = json.loads(capsys.readouterr().out)
     assert (summary["train_sequences"], summary["shards_reused"]) == (1, 1)
     assert not (out / ".partial").exists()
+
+
+# ---------------------------------------------------------------- empty names
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["data", "corpus", ""], "argument OUT: expected a non-empty path, got ''"),
+    (["data", "prepare", "", "--out", "p"], "argument INPUT: expected a non-empty path"),
+    (["data", "prepare", "a.txt", "--out", ""], "argument --out: expected a non-empty path"),
+    (["hf", "export", "run", ""], "argument OUT_DIR: expected a non-empty path, got ''"),
+    (["hf", "export", "", "ex"], "argument CHECKPOINT: expected a non-empty path"),
+    (["eval", "", "--tasks", "none", "--data", "d"], "argument MODEL: expected a non-empty"),
+    (["eval", "run", "--data", "d", "--tasks", "none", "--out", ""],
+     "argument --out: expected a non-empty path"),
+    (["train", "--preset", "tiny-moe", "--data", ""], "argument --data: expected a non-empty"),
+    (["train", "--preset", "tiny-moe", "--data", "d", "--out", " "],
+     "argument --out: expected a non-empty path, got ' '"),
+    (["train", "--preset", "", "--data", "d"], "preset must be one of .*tiny-moe.*; got ''"),
+    (["train", "--preset", "tiny-moe", "--data", "d", "--set", "train.out=''"],
+     r"train.out must be a non-empty path \(or leave it out for runs/train/<preset>\), got ''"),
+    (["convert-router", "", "--rank", "2", "--out", "o"], "argument MODEL: expected a non-empty"),
+    (["generate", "", "--prompt", "a"], "argument RUN_OR_CHECKPOINT: expected a non-empty"),
+])
+def test_an_empty_name_or_path_is_refused_naming_the_argument(capsys, tmp_path, monkeypatch,
+                                                             argv, match):
+    """"" is the current folder to pathlib: `data corpus ""` wrote its 79 files there and
+    `--preset ""` ran the built-in defaults, both with exit status 0."""
+    monkeypatch.chdir(tmp_path)
+    fails(capsys, argv, match)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("yaml, match", [
+    ('train:\n  out: ""\n', r"train.out must be a non-empty path \(or leave it out"),
+    ('train:\n  data: ""\n', r"train.data must be a non-empty path \(a folder from `moremoe "
+                             r"data prepare`\), got ''"),
+    ('preset: ""\n', "preset must be one of .*; got ''"),
+])
+def test_an_empty_path_or_preset_in_a_config_file_is_named(capsys, tmp_path, monkeypatch,
+                                                          yaml, match):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(yaml)
+    fails(capsys, ["train", "--config", "run.yaml", "--device", "cpu"], match)
+    assert [p.name for p in tmp_path.iterdir()] == ["run.yaml"]

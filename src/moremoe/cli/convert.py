@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..model.checkpoint import safetensors_problem
 from ..report import check_apart, check_new_output, emit, table, with_umask, write_json
-from .args import EPILOG, _add_json, _int_at_least, _int_list, _positive_int
+from .args import EPILOG, _add_json, _int_at_least, _int_list, _path, _positive_int
 from .memory import advise_on_memory, out_of_memory
 
 
@@ -237,10 +237,11 @@ def add_convert_parser(sub) -> None:
         "still costing E x h a token) and the change in loss and perplexity on the tokens. "
         "The model must be on disk (download real checkpoints first); no model's own code is "
         "run (a folder that needs it, a moremoe export among them, is refused).")
-    p.add_argument("model", metavar="MODEL", help="a transformers model folder")
+    p.add_argument("model", type=_path, metavar="MODEL", help="a transformers model folder")
     p.add_argument("--rank", type=_int_list, required=True, help="r, or a comma list of r")
-    p.add_argument("--out", required=True, help="folder for the factors and the report")
-    p.add_argument("--text", default=None, metavar="FILE",
+    p.add_argument("--out", type=_path, required=True,
+                   help="folder for the factors and the report")
+    p.add_argument("--text", type=_path, default=None, metavar="FILE",
                    help="text to run the model on (its tokenizer); default random tokens")
     p.add_argument("--random-tokens", type=_positive_int, default=4096,
                    help="random token ids when no --text (default 4,096)")
@@ -252,7 +253,7 @@ def add_convert_parser(sub) -> None:
                    help="factorisation (default svd; jl: the random projection of the "
                         "paper's upper bound)")
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="random-token seed")
-    p.add_argument("--write-model", default=None, metavar="DIR",
+    p.add_argument("--write-model", type=_path, default=None, metavar="DIR",
                    help="also write the model with every router replaced by its rank-r "
                         "factors (one --rank; W = R1 R2 in the gate's weight, so "
                         "AutoModelForCausalLM loads it as it loads MODEL) and report the "

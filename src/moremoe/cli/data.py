@@ -6,7 +6,7 @@ import argparse
 import sys
 import textwrap
 
-from .args import _add_json, _int_at_least, _positive_float
+from .args import _add_json, _int_at_least, _path, _positive_float
 from ..report import check_output_dir, emit, human, table
 from ..tasks.recipe import PAPER, RECIPES, describe, nominal_tokens
 
@@ -195,9 +195,9 @@ def add_data_parser(sub) -> None:
     pp = dsub.add_parser("prepare", help="tokenise text into train/val sequences",
                          description=PREPARE_DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    pp.add_argument("inputs", nargs="+", metavar="INPUT",
+    pp.add_argument("inputs", type=_path, nargs="+", metavar="INPUT",
                     help="files, folders or glob patterns (quote globs to keep the shell off)")
-    pp.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    pp.add_argument("--out", type=_path, required=True, metavar="DIR", help="output folder")
     pp.add_argument("--seq-len", type=_int_at_least(2), default=1024,
                     help="tokens per sequence (default 1024)")
     pp.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
@@ -208,7 +208,7 @@ def add_data_parser(sub) -> None:
                     help=f"tokeniser processes (default min(8, CPUs) = {default_workers()})")
     pp.add_argument("--text-field", default="text",
                     help="the field of a JSON line / column of a dataset (default 'text')")
-    pp.add_argument("--tokenizer-ranks", default=None, metavar="PATH",
+    pp.add_argument("--tokenizer-ranks", type=_path, default=None, metavar="PATH",
                     help="a gpt2.tiktoken ranks file to use instead of the packaged one "
                          "(its sha256 must be GPT-2's)")
     pp.add_argument("--shard-mb", type=_positive_float, default=32.0,
@@ -232,7 +232,8 @@ def add_data_parser(sub) -> None:
                          description="Read DIR/train.bin and DIR/val.bin in full: sizes against "
                          "meta.json, sha256 recomputed, every id below the vocabulary size. "
                          "Exits with an error naming the file on the first problem.")
-    pv.add_argument("dir", metavar="DIR", help="a folder written by `moremoe data prepare`")
+    pv.add_argument("dir", type=_path, metavar="DIR",
+                    help="a folder written by `moremoe data prepare`")
     _add_json(pv)
     pv.set_defaults(func=cmd_verify)
 
@@ -242,7 +243,7 @@ def add_data_parser(sub) -> None:
                          "with --python-source every .py file of the standard library (tens of "
                          "MB), as a corpus for `moremoe data prepare` on a machine with no "
                          "network (tests, demos, throughput runs).")
-    pc.add_argument("out", metavar="OUT", help="folder to write into")
+    pc.add_argument("out", type=_path, metavar="OUT", help="folder to write into")
     pc.add_argument("--python-source", action="store_true",
                     help="also the standard library's source files, one document each")
     pc.add_argument("--format", choices=("txt", "jsonl"), default="txt",
@@ -263,7 +264,8 @@ def _add_mixture_parser(dsub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     pm.add_argument("--recipe", choices=sorted(RECIPES), default="paper",
                     help="the mixture to build (default paper)")
-    pm.add_argument("--out", metavar="DIR", help="output folder (required unless --list)")
+    pm.add_argument("--out", type=_path, metavar="DIR",
+                    help="output folder (required unless --list)")
     pm.add_argument("--list", action="store_true",
                     help="show the recipe's sources, datasets and budgets, and build nothing")
     size = pm.add_mutually_exclusive_group()
@@ -288,7 +290,7 @@ def _add_mixture_parser(dsub) -> None:
                     help=f"tokeniser threads (default min(8, CPUs) = {default_workers()})")
     pm.add_argument("--chunk-tokens", type=_int_at_least(1), default=1 << 24,
                     help="tokens per chunk, the unit of resume (default 16,777,216)")
-    pm.add_argument("--tokenizer-ranks", default=None, metavar="PATH",
+    pm.add_argument("--tokenizer-ranks", type=_path, default=None, metavar="PATH",
                     help="a gpt2.tiktoken ranks file to use instead of the packaged one")
     state = pm.add_mutually_exclusive_group()
     state.add_argument("--resume", dest="restart", action="store_false", default=False,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..checks import UserError
-from .args import _add_json, _int_at_least, _positive_int
+from .args import _add_json, _int_at_least, _path, _positive_int
 from .memory import advise_on_memory
 from ..report import check_apart, check_new_output, table, write_json
 from ..report import emit as _emit
@@ -79,8 +79,9 @@ def cmd_eval(args) -> int:
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
     if args.out:
-        check_apart(args.out, "--out", _read_paths(args), "eval never writes into what it "
-                    "reads (not even with --force); give a report path outside MODEL and --data")
+        check_apart(args.out, "--out", _read_paths(args), "eval never writes into what "
+                    "it reads (not even with --force); give a report path outside MODEL and "
+                    "--data")
         check_new_output(args.out, "--out", args.force)
     if args.data:
         _check_data(args.data)
@@ -168,8 +169,9 @@ def add_eval_parser(sub) -> None:
                        "directory (its newest checkpoint with complete model files; newer "
                        "incomplete ones are named in a warning) or a transformers directory; "
                        "the report records the checkpoint's path and step.")
-    p.add_argument("model", metavar="MODEL", help="checkpoint, run or transformers directory")
-    p.add_argument("--data", default=None, metavar="DIR",
+    p.add_argument("model", type=_path, metavar="MODEL",
+                   help="checkpoint, run or transformers directory")
+    p.add_argument("--data", type=_path, default=None, metavar="DIR",
                    help="prepared data directory (moremoe data prepare): perplexity on val.bin")
     p.add_argument("--val-batches", type=_positive_int, default=None,
                    help="perplexity over at most this many batches (default: all of val.bin)")
@@ -185,9 +187,9 @@ def add_eval_parser(sub) -> None:
                    help="most tokens a generation task may produce (default 256), decoded "
                         "greedily with a static cache (one CUDA-graph replay a token on a GPU)")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
-    p.add_argument("--include-path", default=None, metavar="DIR",
+    p.add_argument("--include-path", type=_path, default=None, metavar="DIR",
                    help="extra folder of lm-eval task YAMLs (e.g. local copies of the tasks)")
-    p.add_argument("--out", default=None, metavar="FILE.json",
+    p.add_argument("--out", type=_path, default=None, metavar="FILE.json",
                    help="also write the report here, never inside MODEL or --data (checked "
                         "before evaluating; if it cannot be written the report goes to the "
                         "temporary folder, which is named)")

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..report import check_apart, check_output_dir
 from ..tasks.tokenizer import VOCAB_SIZE
 from ..report import emit as _emit
-from .args import _add_json
+from .args import _add_json, _path
 
 
 def cmd_hf_export(args) -> int:
@@ -82,8 +82,9 @@ def add_hf_parser(sub) -> None:
                         "moremoe.hf.register()), and a model card "
                         "(README.md: the architecture, the training configuration, the data "
                         "and the run's last metrics).")
-    e.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint or run directory")
-    e.add_argument("out_dir", metavar="OUT_DIR",
+    e.add_argument("checkpoint", type=_path, metavar="CHECKPOINT",
+                   help="checkpoint or run directory")
+    e.add_argument("out_dir", type=_path, metavar="OUT_DIR",
                    help="folder to write: new or empty (or --force); never a moremoe run")
     e.add_argument("--force", action="store_true",
                    help="write into a non-empty OUT_DIR (the export's files are replaced, "

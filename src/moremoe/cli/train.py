@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import _add_json, _float_list, _positive_float, _positive_int
+from .args import _add_json, _float_list, _path, _positive_float, _positive_int
 from .memory import advise_on_memory
 from ..report import emit, human, table
 
@@ -175,13 +175,14 @@ def add_train_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default=None,
                      help="a named configuration (see --list-presets)")
-    src.add_argument("--config", default=None, metavar="FILE.yaml",
+    src.add_argument("--config", type=_path, default=None, metavar="FILE.yaml",
                      help="YAML file with sections model/optim/train (and optional preset)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                    help="override one field, e.g. train.batch_size=16 or optim.router_lr=3e-3 "
                         "(repeatable; values are YAML: null, true, [0.9, 0.95])")
-    p.add_argument("--data", default=None, help="prepared data directory (train.data)")
-    p.add_argument("--out", default=None,
+    p.add_argument("--data", type=_path, default=None,
+                   help="prepared data directory (train.data)")
+    p.add_argument("--out", type=_path, default=None,
                    help="run directory (train.out; default runs/train/<preset>): new, empty "
                         "or a run; a folder of other files only with --force, never one "
                         "whose config.json a run would replace (an hf export, a checkpoint)")
@@ -240,8 +241,9 @@ def add_plot_parser(sub) -> None:
                        "loss and H_norm per layer against the step, of one or more `moremoe "
                        "train` runs on one figure (e.g. the MoE/MoRE pair). Each run also "
                        "keeps its own RUN/loss.png, refreshed at each validation.")
-    p.add_argument("runs", metavar="RUN", nargs="+", help="run directories (with log.jsonl)")
-    p.add_argument("--out", required=True, metavar="PNG", help="figure to write")
+    p.add_argument("runs", type=_path, metavar="RUN", nargs="+",
+                   help="run directories (with log.jsonl)")
+    p.add_argument("--out", type=_path, required=True, metavar="PNG", help="figure to write")
     p.add_argument("--names", type=lambda t: [s for s in t.split(",") if s], default=None,
                    help="comma list of legend names, one per run (default: folder names)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")

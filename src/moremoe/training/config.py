@@ -216,6 +216,12 @@ class TrainSpec:
                                       # (ops/linear_ce.py)
 
     def __post_init__(self):
+        for name, instead in (("data", "a folder from `moremoe data prepare`"),
+                              ("out", "or leave it out for runs/train/<preset>")):
+            v = getattr(self, name)           # pathlib reads "" as the current folder
+            if v is not None and not v.strip():
+                raise ValueError(f"train.{name} must be a non-empty path ({instead}), got "
+                                 f"{v!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise ValueError(f"train.nan_policy must be one of {', '.join(NAN_POLICIES)}, got "
                              f"{self.nan_policy!r}")
