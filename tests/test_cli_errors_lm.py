@@ -250,3 +250,26 @@ def test_an_empty_path_or_preset_in_a_config_file_is_named(capsys, tmp_path, mon
     (tmp_path / "run.yaml").write_text(yaml)
     fails(capsys, ["train", "--config", "run.yaml", "--device", "cpu"], match)
     assert [p.name for p in tmp_path.iterdir()] == ["run.yaml"]
+
+
+# ---------------------------------------------------------------- model config
+
+
+@pytest.mark.parametrize("setting, match", [
+    ("model.layers=0", r"model.layers must be >= 1, got 0"),
+    ("model.heads=0", r"model.heads must be >= 1, got 0"),
+    ("model.kv_heads=0", r"model.kv_heads must be in \[1, 4\], got 0"),
+    ("model.kv_heads=3", r"model.kv_heads must divide model.heads=4, got 3"),
+    ("model.heads=5", r"model.heads must divide model.hidden=64, got 5"),
+    ("model.heads=64", r"model.hidden / model.heads = 1 \(the head dim\) must be even"),
+    ("model.router_impl=foo", r"model.router_impl must be one of .*'triton'.*, got 'foo'"),
+    ("model.experts_impl=bogus", r"model.experts_impl must be one of .*, got 'bogus'"),
+    ("model.vocab=0", r"model.vocab must be >= 1, got 0"),
+])
+def test_model_config_errors_name_the_key_before_the_data_is_read(capsys, tmp_path, setting,
+                                                                 match):
+    """--data names a folder that does not exist: the model's error comes first."""
+    fails(capsys, ["train", "--preset", "tiny-more", "--device", "cpu", "--data",
+                   str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), "--set",
+                   setting], match)
+    assert not any(tmp_path.iterdir())
