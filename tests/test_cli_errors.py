@@ -271,7 +271,7 @@ def test_prepared_metadata_is_readable_by_the_group(tmp_path, capsys):
 def test_hf_export_never_overwrites_a_checkpoint(capsys, run2, tmp_path):
     step = run2 / "checkpoints" / "step_00000004"
     before = {p.name: p.read_bytes() for p in step.iterdir()}
-    fails(capsys, ["hf", "export", str(step), str(step)], "is the checkpoint")
+    fails(capsys, ["hf", "export", str(step), str(step)], "is CHECKPOINT: write the export")
     fails(capsys, ["hf", "export", str(run2), str(step)], "is inside")
     fails(capsys, ["hf", "export", str(step), str(run2)], "holds a run of moremoe; it is never "
                                                           "written into")

@@ -396,8 +396,10 @@ def test_prepare_sizes_that_cannot_work_say_what_to_change(capsys, tmp_path):
                    "1e-300"], r"--shard-mb must be at least 0.01 \(10 KB\), got 1e-300")
     fails(capsys, ["data", "prepare", str(text), "--out", str(tmp_path / "p"), "--seq-len",
                    "100000", "--no-progress", "--workers", "1"],
-          r"the inputs give 202 tokens = 0 sequences of --seq-len 100000, .* use a --seq-len "
-          r"below 101, or more text")
+          r"the inputs hold 1,200 bytes of text, at most 1,201 tokens = 0 sequences of "
+          r"--seq-len 100000, .* use --val-sequences 1 with a --seq-len of at most 600 "
+          r"\(upper limits: a token is usually several bytes\), or more text")
+    assert not (tmp_path / "p").exists()
 
 
 def test_data_corpus_never_replaces_other_text_without_force(capsys, tmp_path):

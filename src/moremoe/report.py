@@ -166,6 +166,21 @@ def check_new_output(path: str | Path, flag: str, force: bool, *, names=None,
     return check_output_file(path, flag)
 
 
+def check_apart(path: str | Path, flag: str, inputs, advice: str) -> None:
+    """ValueError when an output is one of a command's inputs or lies inside one, --force or
+    not: no command writes over what it reads. inputs: (label, path) pairs such as ("MODEL",
+    "runs/a"), None paths skipped; advice: what to do instead."""
+    out = Path(path).resolve()
+    for label, src in inputs:
+        if src is None:
+            continue
+        src_r = Path(src).resolve()
+        if out == src_r:
+            raise ValueError(f"{flag} {path} is {label}: {advice}")
+        if src_r in out.parents:
+            raise ValueError(f"{flag} {path} is inside {label} {src}: {advice}")
+
+
 def _why(err: OSError) -> str:
     if isinstance(err, (NotADirectoryError, FileExistsError)):
         return "a part of the path is a file, not a folder"

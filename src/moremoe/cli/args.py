@@ -127,3 +127,10 @@ def _add_json(p) -> None:
     p.add_argument("--json", action="store_true",
                    help="print strict JSON (for scripts; NaN and infinity become null) "
                         "instead of a table")
+
+
+def _path(text: str) -> str:
+    """A file or folder name, never empty: pathlib reads "" as the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a non-empty path, got {text!r}")
+    return text

@@ -151,22 +151,28 @@ def _value(r: dict, fmt: str = "{:.3f}") -> str:
     return "OOM" if r.get("oom") else "error" if r.get("error") else fmt.format(r["ms"])
 
 
-def _subset_arg(flag: str, allowed):
+def _subset_arg(flag: str, allowed, aliases: dict | None = None):
     """A parser of a comma-separated subset of allowed() (called when parsing, so that
-    --help imports nothing heavy)."""
+    --help imports nothing heavy), or of one of the aliases' names (name -> its subset)."""
+    aliases = aliases or {}
+
     def parse(text: str) -> list[str]:
+        if text in aliases:
+            return list(aliases[text])
         names = [t for t in text.split(",") if t]
         options = list(allowed())
         if not names or any(t not in options for t in names):
+            also = "".join(f", or {a}" for a in aliases)
             raise argparse.ArgumentTypeError(f"{flag} got {text!r}, expected a comma-separated "
-                                             f"subset of {', '.join(options)}")
+                                             f"subset of {', '.join(options)}{also}")
         return names
     return parse
 
 
 def _pair_names():
+    """The pairs --pairs takes: the tiny one is --quick's (its vocabulary is the data's)."""
     from ..training.presets import PAIRS
-    return PAIRS
+    return [name for name in PAIRS if name != "tiny"]
 
 
 _layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
@@ -174,7 +180,7 @@ _pairs_arg = _subset_arg("--pairs", _pair_names)
 # `bench model`'s phases and decode modes (moremoe.bench.model.PHASES, DECODE_MODES)
 MODEL_PHASES, DECODE_MODES = ("prefill", "decode"), ("eager", "captured", "compiled")
 MODES = ("eager", "graph", "compiled")           # bench phonebook (no torch here)
-_phases_arg = _subset_arg("--phases", lambda: MODEL_PHASES)
+_phases_arg = _subset_arg("--phases", lambda: MODEL_PHASES, {"both": MODEL_PHASES})
 _modes_arg = _subset_arg("--decode-modes", lambda: DECODE_MODES)
 
 
@@ -398,9 +404,12 @@ def add_bench_parser(sub) -> None:
                                  "MoRE-1792, the paper's), h512-s128, h512-s64-x8 (MoE-1024 / "
                                  "MoRE-8192), h1024-s32 (default all four; a model that does "
                                  "not fit gives OOM rows), h512-s56-same (MoE-1792 with the "
-                                 "standard router at MoRE-1792's shape / MoRE-1792)")
+                                 "standard router at MoRE-1792's shape / MoRE-1792); "
+                                 "--quick measures the tiny pair (tiny-moe / tiny-more) "
+                                 "instead")
             pb.add_argument("--phases", type=_phases_arg, default=list(MODEL_PHASES),
-                            help="prefill, decode or both (default both)")
+                            help="prefill, decode, or both (= prefill,decode; the "
+                                 "default)")
             pb.add_argument("--decode-modes", type=_modes_arg, default=list(DECODE_MODES),
                             help="eager, captured, compiled, comma-separated (default all; "
                                  "compiled compiles once per model, tens of seconds)")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model.checkpoint import safetensors_problem
-from ..report import check_new_output, emit, table, with_umask, write_json
-from .args import EPILOG, _add_json, _int_at_least, _int_list, _positive_int
+from ..report import check_apart, check_new_output, emit, table, with_umask, write_json
+from .args import EPILOG, _add_json, _int_at_least, _int_list, _path, _positive_int
 from .memory import advise_on_memory, out_of_memory
 
 
@@ -18,6 +18,11 @@ def _check_model_folder(path: str) -> None:
         raise ValueError(f"MODEL {path}: not a transformers model folder (no config.json); "
                          f"real checkpoints need their weights downloaded first, e.g. "
                          f"`huggingface-cli download Qwen/Qwen3-30B-A3B --local-dir {path}`")
+    if _model_type(folder / "config.json") == "moremoe":
+        raise ValueError(f"MODEL {path} is a moremoe model (config.json model_type 'moremoe', "
+                         f"from `moremoe hf export`); convert-router reads transformers MoE "
+                         f"models whose routers are '*.mlp.gate' weights (Qwen3-MoE, OLMoE, "
+                         f"Mixtral, DeepSeek-V3)")
     for weights in sorted(folder.glob("*.safetensors")):    # before transformers reads them
         why = safetensors_problem(weights)
         if why:
@@ -25,15 +30,33 @@ def _check_model_folder(path: str) -> None:
                              f"download or copy it again")
 
 
+def _model_type(config: Path):
+    """config.json's model_type, or None when it cannot be read (transformers names that)."""
+    import json
+    try:
+        d = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    return d.get("model_type") if isinstance(d, dict) else None
+
+
 def _load_model(path: str):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
     logging.disable_progress_bar()          # errors and reports stay the only stderr lines
     try:
-        return AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True)
+        # no model's own code runs, and transformers never asks at a prompt whether it may
+        return AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True,
+                                                    trust_remote_code=False)
     except Exception as err:    # noqa: BLE001 - a damaged .bin, an unknown model_type, ...
         if out_of_memory(err):
             raise
+        if "trust_remote_code" in str(err):
+            raise ValueError(f"MODEL {path}: its model_type "
+                             f"{_model_type(Path(path) / 'config.json')!r} needs the folder's "
+                             f"own code (config.json auto_map), which convert-router does not "
+                             f"run; give a model transformers reads itself (Qwen3-MoE, OLMoE, "
+                             f"Mixtral, DeepSeek-V3)") from err
         text = " ".join(str(err).split())[:300]
         raise ValueError(f"MODEL {path}: transformers cannot load it ({type(err).__name__}: "
                          f"{text}); is it a complete transformers model folder?") from err
@@ -54,7 +77,8 @@ def _tokenizer(model: str):
                          f"{', '.join(TOKENIZER_FILES)}); {instead}")
     try:
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True,
+                                            trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise ValueError(f"MODEL {model}: its tokenizer cannot be loaded to read --text "
                          f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
@@ -144,11 +168,10 @@ def cmd_convert_router(args) -> int:
         if len(args.rank) != 1:
             raise ValueError(f"--write-model writes one converted model: give one --rank, "
                              f"got {','.join(map(str, args.rank))}")
-        target = Path(args.write_model).resolve()
-        for flag, other in (("MODEL", args.model), ("--out", args.out)):
-            if target == Path(other).resolve():
-                raise ValueError(f"--write-model {args.write_model} is {flag}: write the "
-                                 f"converted model to a folder of its own")
+        own = "write the converted model to a folder of its own"
+        check_apart(args.write_model, "--write-model", [("MODEL", args.model)], own)
+        if Path(args.write_model).resolve() == Path(args.out).resolve():
+            raise ValueError(f"--write-model {args.write_model} is --out: {own}")
         check_new_output(args.write_model, "--write-model", args.force, folder=True)
     text = _read_text(args)                  # every input checked before the model loads
     _check_model_folder(args.model)
@@ -212,11 +235,13 @@ def add_convert_parser(sub) -> None:
         "with --write-model also the model routed by its rank-r factors (W = R1 R2 written "
         "into each gate: the same architecture, so it loads as MODEL does, its routers "
         "still costing E x h a token) and the change in loss and perplexity on the tokens. "
-        "The model must be on disk (download real checkpoints first).")
-    p.add_argument("model", metavar="MODEL", help="a transformers model folder")
+        "The model must be on disk (download real checkpoints first); no model's own code is "
+        "run (a folder that needs it, a moremoe export among them, is refused).")
+    p.add_argument("model", type=_path, metavar="MODEL", help="a transformers model folder")
     p.add_argument("--rank", type=_int_list, required=True, help="r, or a comma list of r")
-    p.add_argument("--out", required=True, help="folder for the factors and the report")
-    p.add_argument("--text", default=None, metavar="FILE",
+    p.add_argument("--out", type=_path, required=True,
+                   help="folder for the factors and the report")
+    p.add_argument("--text", type=_path, default=None, metavar="FILE",
                    help="text to run the model on (its tokenizer); default random tokens")
     p.add_argument("--random-tokens", type=_positive_int, default=4096,
                    help="random token ids when no --text (default 4,096)")
@@ -228,7 +253,7 @@ def add_convert_parser(sub) -> None:
                    help="factorisation (default svd; jl: the random projection of the "
                         "paper's upper bound)")
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="random-token seed")
-    p.add_argument("--write-model", default=None, metavar="DIR",
+    p.add_argument("--write-model", type=_path, default=None, metavar="DIR",
                    help="also write the model with every router replaced by its rank-r "
                         "factors (one --rank; W = R1 R2 in the gate's weight, so "
                         "AutoModelForCausalLM loads it as it loads MODEL) and report the "

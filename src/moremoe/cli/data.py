@@ -3,9 +3,10 @@ and ``.text``."""
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 
-from .args import _add_json, _int_at_least, _positive_float, _seed
+from .args import _add_json, _int_at_least, _path, _positive_float, _seed
 from ..report import check_output_dir, emit, human, table
 from ..tasks.recipe import PAPER, RECIPES, describe, nominal_tokens
 
@@ -28,7 +29,17 @@ def cmd_prepare(args) -> int:
             ["seconds", f"{s['seconds']:.1f}"],
             [f"tokens/s ({s['workers']} workers)", f"{s['tokens_per_second']:,.0f}"]]
     emit(args, s, f"GPT-2 tokens in {s['out']}\n" + table(rows, ["", "value"]))
+    _note_no_val(args, s)
     return 0
+
+
+def _note_no_val(args, summary: dict) -> None:
+    """Prepared data without validation sequences trains, but has nothing to validate on:
+    say so on stderr (stdout stays the table or the JSON)."""
+    if summary["val_sequences"] == 0:
+        print(f"{args.prog}: note: {summary['out']} holds no validation sequences "
+              f"(--val-sequences 0): `moremoe train` on it reports no validation loss and "
+              f"`moremoe eval --data` refuses it", file=sys.stderr)
 
 
 def cmd_verify(args) -> int:
@@ -90,6 +101,7 @@ def cmd_mixture(args) -> int:
     emit(args, s, f"{s['recipe']} mixture at scale {s['scale']:.3g} in {s['out']}\n"
          + table(rows, ["source", "from", "documents", "tokens taken", "repeats",
                         "train seq", "val seq", "written"]) + "\n" + totals)
+    _note_no_val(args, s)
     return 0
 
 
@@ -183,19 +195,20 @@ def add_data_parser(sub) -> None:
     pp = dsub.add_parser("prepare", help="tokenise text into train/val sequences",
                          description=PREPARE_DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    pp.add_argument("inputs", nargs="+", metavar="INPUT",
+    pp.add_argument("inputs", type=_path, nargs="+", metavar="INPUT",
                     help="files, folders or glob patterns (quote globs to keep the shell off)")
-    pp.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    pp.add_argument("--out", type=_path, required=True, metavar="DIR", help="output folder")
     pp.add_argument("--seq-len", type=_int_at_least(2), default=1024,
                     help="tokens per sequence (default 1024)")
     pp.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
-                    help="sequences held out for validation (default 5000)")
+                    help="sequences held out for validation (default 5000; 0 trains with "
+                         "no validation loss and cannot be evaluated)")
     pp.add_argument("--seed", type=_seed, default=0, help="seed of the validation choice")
     pp.add_argument("--workers", type=_int_at_least(1), default=default_workers(),
                     help=f"tokeniser processes (default min(8, CPUs) = {default_workers()})")
     pp.add_argument("--text-field", default="text",
                     help="the field of a JSON line / column of a dataset (default 'text')")
-    pp.add_argument("--tokenizer-ranks", default=None, metavar="PATH",
+    pp.add_argument("--tokenizer-ranks", type=_path, default=None, metavar="PATH",
                     help="a gpt2.tiktoken ranks file to use instead of the packaged one "
                          "(its sha256 must be GPT-2's)")
     pp.add_argument("--shard-mb", type=_positive_float, default=32.0,
@@ -219,7 +232,8 @@ def add_data_parser(sub) -> None:
                          description="Read DIR/train.bin and DIR/val.bin in full: sizes against "
                          "meta.json, sha256 recomputed, every id below the vocabulary size. "
                          "Exits with an error naming the file on the first problem.")
-    pv.add_argument("dir", metavar="DIR", help="a folder written by `moremoe data prepare`")
+    pv.add_argument("dir", type=_path, metavar="DIR",
+                    help="a folder written by `moremoe data prepare`")
     _add_json(pv)
     pv.set_defaults(func=cmd_verify)
 
@@ -229,7 +243,7 @@ def add_data_parser(sub) -> None:
                          "with --python-source every .py file of the standard library (tens of "
                          "MB), as a corpus for `moremoe data prepare` on a machine with no "
                          "network (tests, demos, throughput runs).")
-    pc.add_argument("out", metavar="OUT", help="folder to write into")
+    pc.add_argument("out", type=_path, metavar="OUT", help="folder to write into")
     pc.add_argument("--python-source", action="store_true",
                     help="also the standard library's source files, one document each")
     pc.add_argument("--format", choices=("txt", "jsonl"), default="txt",
@@ -250,7 +264,8 @@ def _add_mixture_parser(dsub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     pm.add_argument("--recipe", choices=sorted(RECIPES), default="paper",
                     help="the mixture to build (default paper)")
-    pm.add_argument("--out", metavar="DIR", help="output folder (required unless --list)")
+    pm.add_argument("--out", type=_path, metavar="DIR",
+                    help="output folder (required unless --list)")
     pm.add_argument("--list", action="store_true",
                     help="show the recipe's sources, datasets and budgets, and build nothing")
     size = pm.add_mutually_exclusive_group()
@@ -267,14 +282,15 @@ def _add_mixture_parser(dsub) -> None:
     pm.add_argument("--seq-len", type=_int_at_least(2), default=1024,
                     help="tokens per sequence (default 1024)")
     pm.add_argument("--val-sequences", type=_int_at_least(0), default=5000,
-                    help="distinct sequences held out for validation (default 5000)")
+                    help="distinct sequences held out for validation (default 5000; 0 "
+                         "trains with no validation loss and cannot be evaluated)")
     pm.add_argument("--seed", type=_seed, default=0,
                     help="seed of the validation draw and of the benchmark subsets")
     pm.add_argument("--workers", type=_int_at_least(1), default=default_workers(),
                     help=f"tokeniser threads (default min(8, CPUs) = {default_workers()})")
     pm.add_argument("--chunk-tokens", type=_int_at_least(1), default=1 << 24,
                     help="tokens per chunk, the unit of resume (default 16,777,216)")
-    pm.add_argument("--tokenizer-ranks", default=None, metavar="PATH",
+    pm.add_argument("--tokenizer-ranks", type=_path, default=None, metavar="PATH",
                     help="a gpt2.tiktoken ranks file to use instead of the packaged one")
     state = pm.add_mutually_exclusive_group()
     state.add_argument("--resume", dest="restart", action="store_false", default=False,

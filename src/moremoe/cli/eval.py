@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from ..checks import UserError
-from .args import _add_json, _int_at_least, _positive_int
+from .args import _add_json, _int_at_least, _path, _positive_int
 from .memory import advise_on_memory
-from ..report import check_new_output, table, write_json
+from ..report import check_apart, check_new_output, table, write_json
 from ..report import emit as _emit
 
 
@@ -32,6 +32,29 @@ def _model_and_device(args):
         return load_eval_model(path, device), device, checkpoint
     except ImportError as err:
         raise ImportError(f"cannot load {args.model}: {err}") from err
+
+
+def _read_paths(args) -> list[tuple[str, Path | None]]:
+    """What eval reads, which its report never goes into: MODEL, the run that MODEL is a
+    checkpoint of, and --data."""
+    from ..model.checkpoint import CKPT_DIR
+    model = Path(args.model)
+    run = model.parent.parent if model.parent.name == CKPT_DIR else None
+    return [("MODEL", model), ("the run of MODEL", run), ("--data", args.data)]
+
+
+def _check_data(data: str) -> None:
+    """--data is prepared data with validation sequences, before any model is loaded: a
+    perplexity of no tokens would be nan."""
+    from ..tasks.text import read_meta
+    try:
+        meta = read_meta(data)
+    except ValueError as err:
+        raise ValueError(f"--data {data}: {err}") from err
+    if meta["val_sequences"] == 0:
+        raise ValueError(f"--data {data} holds no validation sequences (prepared with "
+                         f"--val-sequences 0): there is no perplexity to measure; prepare the "
+                         f"text again with --val-sequences 1 or more")
 
 
 def _val_rows(data: str, config):
@@ -56,7 +79,12 @@ def cmd_eval(args) -> int:
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
     if args.out:
+        check_apart(args.out, "--out", _read_paths(args), "eval never writes into what "
+                    "it reads (not even with --force); give a report path outside MODEL and "
+                    "--data")
         check_new_output(args.out, "--out", args.force)
+    if args.data:
+        _check_data(args.data)
     if tasks:                 # before transformers or datasets read their offline settings
         offline_unless_hub_reachable()
     with advise_on_memory(f"{args.model} at --batch-size {args.batch_size}",
@@ -141,8 +169,9 @@ def add_eval_parser(sub) -> None:
                        "directory (its newest checkpoint with complete model files; newer "
                        "incomplete ones are named in a warning) or a transformers directory; "
                        "the report records the checkpoint's path and step.")
-    p.add_argument("model", metavar="MODEL", help="checkpoint, run or transformers directory")
-    p.add_argument("--data", default=None, metavar="DIR",
+    p.add_argument("model", type=_path, metavar="MODEL",
+                   help="checkpoint, run or transformers directory")
+    p.add_argument("--data", type=_path, default=None, metavar="DIR",
                    help="prepared data directory (moremoe data prepare): perplexity on val.bin")
     p.add_argument("--val-batches", type=_positive_int, default=None,
                    help="perplexity over at most this many batches (default: all of val.bin)")
@@ -158,11 +187,12 @@ def add_eval_parser(sub) -> None:
                    help="most tokens a generation task may produce (default 256), decoded "
                         "greedily with a static cache (one CUDA-graph replay a token on a GPU)")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu or cuda[:N]")
-    p.add_argument("--include-path", default=None, metavar="DIR",
+    p.add_argument("--include-path", type=_path, default=None, metavar="DIR",
                    help="extra folder of lm-eval task YAMLs (e.g. local copies of the tasks)")
-    p.add_argument("--out", default=None, metavar="FILE.json",
-                   help="also write the report here (checked before evaluating; if it cannot "
-                        "be written the report goes to the temporary folder, which is named)")
+    p.add_argument("--out", type=_path, default=None, metavar="FILE.json",
+                   help="also write the report here, never inside MODEL or --data (checked "
+                        "before evaluating; if it cannot be written the report goes to the "
+                        "temporary folder, which is named)")
     p.add_argument("--force", action="store_true", help="replace an existing --out report")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, lines in a log)")

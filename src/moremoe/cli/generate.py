@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .args import _add_json, _finite, _positive_int, _seed
+from .args import _add_json, _finite, _path, _positive_int, _seed
 
 DEFAULT_NEW_TOKENS = 64
 
@@ -255,11 +255,11 @@ def add_generate_parser(sub) -> None:
         "models of `moremoe demo` and `moremoe phonebook` are not language models and are not "
         "kept: train one with `moremoe train` (e.g. --preset tiny-more) on data of `moremoe "
         "data prepare`.")
-    p.add_argument("model", metavar="RUN_OR_CHECKPOINT",
+    p.add_argument("model", type=_path, metavar="RUN_OR_CHECKPOINT",
                    help="a run directory, a checkpoint, or a `moremoe hf export` folder")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--prompt", default=None, metavar="TEXT", help="the text to continue")
-    which.add_argument("--prompt-file", default=None, metavar="FILE",
+    which.add_argument("--prompt-file", type=_path, default=None, metavar="FILE",
                        help="UTF-8 text, one prompt a line (empty lines skipped)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_NEW_TOKENS,
                    help=f"at most this many new tokens a prompt (default {DEFAULT_NEW_TOKENS})")

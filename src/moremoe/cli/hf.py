@@ -7,10 +7,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..report import check_output_dir
+from ..report import check_apart, check_output_dir
 from ..tasks.tokenizer import VOCAB_SIZE
 from ..report import emit as _emit
-from .args import _add_json
+from .args import _add_json, _path
 
 
 def cmd_hf_export(args) -> int:
@@ -34,8 +34,9 @@ def cmd_hf_export(args) -> int:
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    result = {"checkpoint": str(args.checkpoint), "out_dir": str(out),
-              "files": sorted(f.name for f in out.iterdir())}
+    # what this export wrote: a --force export into a folder of the user's keeps their files,
+    # which are not the export's to list
+    result = {"checkpoint": str(args.checkpoint), "out_dir": str(out), "files": sorted(written)}
     tokenizer = ("its GPT-2 tokenizer: PreTrainedTokenizerFast.from_pretrained (AutoTokenizer "
                  "after moremoe.hf.register())" if model.config.vocab == VOCAB_SIZE
                  else f"no tokenizer: the vocabulary of {model.config.vocab:,} is not GPT-2's")
@@ -58,10 +59,8 @@ def _export_target(src: Path, out: Path, *, force: bool) -> Path:
     from ..model.checkpoint import check_not_a_run
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT_DIR {out} is a file; give a folder to write into")
-    src_r, out_r = src.resolve(), out.resolve()
-    if out_r == src_r or src_r in out_r.parents:
-        raise ValueError(f"OUT_DIR {out} is {'the checkpoint' if out_r == src_r else 'inside'} "
-                         f"{src}: write the export to a folder of its own")
+    check_apart(out, "OUT_DIR", [("CHECKPOINT", src)], "write the export to a folder of its "
+                "own")
     check_not_a_run(out, "OUT_DIR")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"OUT_DIR {out} is not empty; pass --force to write into it "
@@ -83,8 +82,9 @@ def add_hf_parser(sub) -> None:
                         "moremoe.hf.register()), and a model card "
                         "(README.md: the architecture, the training configuration, the data "
                         "and the run's last metrics).")
-    e.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint or run directory")
-    e.add_argument("out_dir", metavar="OUT_DIR",
+    e.add_argument("checkpoint", type=_path, metavar="CHECKPOINT",
+                   help="checkpoint or run directory")
+    e.add_argument("out_dir", type=_path, metavar="OUT_DIR",
                    help="folder to write: new or empty (or --force); never a moremoe run")
     e.add_argument("--force", action="store_true",
                    help="write into a non-empty OUT_DIR (the export's files are replaced, "

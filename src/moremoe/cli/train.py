@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import _add_json, _float_list, _positive_float, _positive_int
+from .args import _add_json, _float_list, _path, _positive_float, _positive_int
 from .memory import advise_on_memory
 from ..report import emit, human, table
 
@@ -123,13 +123,14 @@ def cmd_train(args) -> int:
         if args.lr_grid:
             from dataclasses import replace
             from pathlib import Path
-            from ..training.checkpoint import check_run_dir
+            from ..training.checkpoint import check_run_dir, run_writes
             from ..training.lm import default_out
             from ..training.lr_grid import select_lr
             if args.grid_steps is None:
                 raise ValueError("--lr-grid needs --grid-steps N (the steps of each candidate "
                                  "run)")
-            check_run_dir(Path(cfg.train.out or default_out(cfg)), force=args.force)
+            check_run_dir(Path(cfg.train.out or default_out(cfg)), force=args.force,
+                          writes=run_writes(cfg.train))
             best = select_lr(cfg, args.lr_grid, args.grid_steps, echo=echo)["lr"]
             cfg = replace(cfg, optim=replace(cfg.optim, lr=best))
         summary = train(cfg, resume=args.resume, force=args.force, echo=echo)
@@ -174,13 +175,14 @@ def add_train_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default=None,
                      help="a named configuration (see --list-presets)")
-    src.add_argument("--config", default=None, metavar="FILE.yaml",
+    src.add_argument("--config", type=_path, default=None, metavar="FILE.yaml",
                      help="YAML file with sections model/optim/train (and optional preset)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                    help="override one field, e.g. train.batch_size=16 or optim.router_lr=3e-3 "
                         "(repeatable; values are YAML: null, true, [0.9, 0.95])")
-    p.add_argument("--data", default=None, help="prepared data directory (train.data)")
-    p.add_argument("--out", default=None,
+    p.add_argument("--data", type=_path, default=None,
+                   help="prepared data directory (train.data)")
+    p.add_argument("--out", type=_path, default=None,
                    help="run directory (train.out; default runs/train/<preset>): new, empty "
                         "or a run; a folder of other files only with --force, never one "
                         "whose config.json a run would replace (an hf export, a checkpoint)")
@@ -197,7 +199,8 @@ def add_train_parser(sub) -> None:
                             "directory (starts fresh when the directory holds no run)")
     again.add_argument("--force", action="store_true",
                        help="start over in a run directory that holds a run, deleting its "
-                            "checkpoints, log and summary")
+                            "checkpoints, log, summary and plot; or write the run into a "
+                            "folder of other files, deleting nothing of theirs")
     p.add_argument("--lr-grid", type=_float_list, default=None, metavar="LR,LR,...",
                    help="pick optim.lr first: a --grid-steps run per rate in OUT/lr-grid/, "
                         "the lowest validation loss wins (OUT/lr_grid.json), e.g. "
@@ -238,8 +241,9 @@ def add_plot_parser(sub) -> None:
                        "loss and H_norm per layer against the step, of one or more `moremoe "
                        "train` runs on one figure (e.g. the MoE/MoRE pair). Each run also "
                        "keeps its own RUN/loss.png, refreshed at each validation.")
-    p.add_argument("runs", metavar="RUN", nargs="+", help="run directories (with log.jsonl)")
-    p.add_argument("--out", required=True, metavar="PNG", help="figure to write")
+    p.add_argument("runs", type=_path, metavar="RUN", nargs="+",
+                   help="run directories (with log.jsonl)")
+    p.add_argument("--out", type=_path, required=True, metavar="PNG", help="figure to write")
     p.add_argument("--names", type=lambda t: [s for s in t.split(",") if s], default=None,
                    help="comma list of legend names, one per run (default: folder names)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")

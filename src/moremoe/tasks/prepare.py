@@ -211,6 +211,7 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
     gpt2_encoding(config.tokenizer_ranks)
     sources = discover_sources(config.inputs)
     check_text_field(sources, config.text_field)
+    _check_enough_text(config, sources)           # what no tokenising can fix: before any
     shards = plan_shards(sources, max(1, int(config.shard_mb * 2 ** 20)))
     out.mkdir(parents=True, exist_ok=True)
     partial = out / ".partial"
@@ -258,11 +259,10 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     if tokens == 0:
         raise ValueError(_no_text(sources, config.text_field))
     if v >= n_seq:
-        fix = f"use --val-sequences below {n_seq:,}" if n_seq > 1 else \
-            f"use a --seq-len below {tokens // 2:,}"
         raise ValueError(f"too few sequences: the inputs give {tokens:,} tokens = {n_seq:,} "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; {fix}, or more text")
+                         f"for training; {_fixes(tokens, T, v)} (the tokenised text stays in "
+                         f"{partial}: the next run reuses it)")
     is_val = np.zeros(n_seq, dtype=bool)
     is_val[np.random.default_rng(config.seed).choice(n_seq, size=v, replace=False)] = True
     paths = {s: partial / f"{s}.bin" for s in SPLITS}
@@ -303,6 +303,43 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
         "documents", "tokens", "train_sequences", "val_sequences", "dropped_tokens",
         "seq_len", "input_files")},
         "files": {s: str(out / f"{s}.bin") for s in SPLITS} | {"meta": str(out / "meta.json")}}
+
+
+def _check_enough_text(config: PrepareConfig, sources) -> None:
+    """Refuse, before any work, a --seq-len and --val-sequences that the inputs cannot fill
+    at any tokenisation: a GPT-2 token is one byte of UTF-8 text or more, and a document adds
+    one end-of-text, so .txt files give at most their bytes + 1 tokens each and .jsonl files
+    (quotes and keys around the text) at most their bytes. The sizes of .jsonl.gz files and
+    saved datasets say nothing of their text: those are checked once tokenised."""
+    if any(s.kind not in ("txt", "jsonl") for s in sources):
+        return
+    nbytes = sum(s.size for s in sources)
+    if nbytes == 0:
+        raise ValueError(_no_text(sources, config.text_field))
+    bound = nbytes + sum(s.kind == "txt" and s.size > 0 for s in sources)
+    T, v = config.seq_len, config.val_sequences
+    if bound // T <= v:
+        raise ValueError(f"too few sequences: the inputs hold {nbytes:,} bytes of text, at "
+                         f"most {bound:,} tokens = {bound // T:,} sequences of --seq-len {T}, "
+                         f"and --val-sequences {v:,} leaves none for training; "
+                         f"{_fixes(bound, T, v, upper=True)}")
+
+
+def _fixes(tokens: int, T: int, v: int, upper: bool = False) -> str:
+    """What leaves `tokens` tokens (upper: at most) a training sequence beside the
+    --val-sequences v: (v + 1) sequences of --seq-len T must fit."""
+    fixes = []
+    if tokens // (v + 1) >= 2:
+        fixes.append(f"a --seq-len of at most {tokens // (v + 1):,}")
+    if tokens // T >= 1:
+        fixes.append(f"--val-sequences of at most {tokens // T - 1:,}")
+    if not fixes and tokens // 2 >= 2:
+        fixes.append(f"--val-sequences 1 with a --seq-len of at most {tokens // 2:,}")
+    if not fixes:
+        return "give more text"
+    return (f"use {' or '.join(fixes)}"
+            + (" (upper limits: a token is usually several bytes)" if upper else "")
+            + ", or more text")
 
 
 def _no_text(sources, text_field: str) -> str:

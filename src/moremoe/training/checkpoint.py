@@ -102,7 +102,8 @@ _RUN_MARKS = ("log.jsonl", "summary.json", CKPT_DIR, "lr-grid", "lr_grid.json")
 
 
 def clear_run(out: Path) -> None:
-    """--force: remove what an earlier run wrote into the run directory (and only that)."""
+    """--force on a run directory (check_run_dir says it holds a run): remove what the
+    earlier run wrote into it (and only that)."""
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     for name in RUN_DIRS:
@@ -114,24 +115,43 @@ def has_events(run_dir: Path) -> bool:
     return log.is_file() and log.stat().st_size > 0
 
 
-def check_run_dir(out: Path, *, force: bool) -> None:
+def run_writes(train) -> tuple[str, ...]:
+    """The files and folders a run of TrainSpec `train` writes beside its marks (log,
+    summary, config, checkpoints): loss.png, and profile.txt and tb when it profiles or logs
+    to TensorBoard."""
+    return (("loss.png",) + (("profile.txt",) if train.profile_steps else ())
+            + (("tb",) if train.tensorboard else ()))
+
+
+def check_run_dir(out: Path, *, force: bool, writes=("loss.png", "profile.txt", "tb")) -> bool:
     """The run directory of ``moremoe train --out``, before any work: new, empty, or a moremoe
     run. A folder that holds other things is written into only with force (its files are
     kept), and never one whose files the run would replace: a config.json that is not a
-    run's (a transformers export, a checkpoint) or model weights. ValueError naming --out."""
+    run's (a transformers export, a checkpoint), model weights, or, in a folder that holds no
+    run, any of `writes` (the user's, not a run's). ValueError naming --out. Returns whether
+    out holds a run: what --force deletes (clear_run); a folder of other files loses nothing."""
     if not out.is_dir() or not any(out.iterdir()):
-        return
+        return False
     config = out / CONFIG_FILE
     foreign = _foreign_config(config) if config.is_file() else None
     if foreign or (out / MODEL_FILE).exists() or (out / STATE_FILE).exists():
         what = foreign or f"a checkpoint or model weights ({MODEL_FILE} or {STATE_FILE})"
         raise ValueError(f"--out {out} holds {what}, which a run would replace: it is never "
                          f"written into (not even with --force); give another --out")
-    if not force and not any((out / name).exists() for name in _RUN_MARKS + (CONFIG_FILE,)):
+    if any((out / name).exists() for name in _RUN_MARKS + (CONFIG_FILE,)):
+        return True
+    mine = [name for name in writes if (out / name).exists()]
+    if mine:
+        raise ValueError(f"--out {out} holds no moremoe run but holds {', '.join(mine)}, "
+                         f"which the run would write over: it is never written into (not "
+                         f"even with --force); give another --out, or move "
+                         f"{'it' if len(mine) == 1 else 'them'} away")
+    if not force:
         first = sorted(p.name for p in out.iterdir())[0]
         raise ValueError(f"--out {out} is not empty (it holds {first}, ...) and holds no "
                          f"moremoe run; give a new or empty folder, or --force to write the "
                          f"run into it (its files are kept)")
+    return False
 
 
 def _foreign_config(path: Path) -> str | None:

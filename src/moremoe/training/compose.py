@@ -77,8 +77,9 @@ def build_run_config(*, preset: str | None = None, config_file: str | None = Non
     """Preset (or the file's ``preset:``), then the YAML file, then --set, then flags
     (train.* fields given explicitly; None values are ignored)."""
     file_d = load_yaml(config_file) if config_file else {}
-    name = preset or file_d.get("preset")
-    base = get_preset(name).to_dict() if name else RunConfig().to_dict()
+    name = preset if preset is not None else file_d.get("preset")
+    # a preset given is a preset's name, "" included: never the defaults unannounced
+    base = get_preset(name).to_dict() if name is not None else RunConfig().to_dict()
     d = merge(base, file_d)
     d["preset"] = name
     for text in overrides:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Union, get_args, get_origin, get_type_hints
 
 from ..accounting import LayerShape, layer_name
+from ..checks import check_int
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
@@ -76,6 +77,28 @@ class ModelSpec:
         if not 0 <= self.balance_coef < math.inf:
             raise ValueError(f"model.balance_coef must be a finite number >= 0, got "
                              f"{self.balance_coef}")
+        self._check_attention()
+        try:      # the rest as the model checks it (layers, the impls, vocab), before any data
+            self.transformer_config(VOCAB_SIZE)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"model.{err}") from None
+
+    def _check_attention(self) -> None:
+        """The heads in this spec's keys: TransformerConfig checks them too, but names a
+        head_dim that a spec does not have."""
+        check_int("model.heads", self.heads)
+        if self.kv_heads is not None:
+            check_int("model.kv_heads", self.kv_heads, high=self.heads)
+            if self.heads % self.kv_heads:
+                raise ValueError(f"model.kv_heads must divide model.heads={self.heads}, got "
+                                 f"{self.kv_heads}")
+        if self.hidden % self.heads:
+            raise ValueError(f"model.heads must divide model.hidden={self.hidden}, got "
+                             f"{self.heads}")
+        if self.hidden // self.heads % 2:
+            raise ValueError(f"model.hidden / model.heads = {self.hidden // self.heads} (the "
+                             f"head dim) must be even for rotary positions; choose another "
+                             f"model.heads")
 
     @property
     def name(self) -> str:
@@ -216,6 +239,12 @@ class TrainSpec:
                                       # (ops/linear_ce.py)
 
     def __post_init__(self):
+        for name, instead in (("data", "a folder from `moremoe data prepare`"),
+                              ("out", "or leave it out for runs/train/<preset>")):
+            v = getattr(self, name)           # pathlib reads "" as the current folder
+            if v is not None and not v.strip():
+                raise ValueError(f"train.{name} must be a non-empty path ({instead}), got "
+                                 f"{v!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise ValueError(f"train.nan_policy must be one of {', '.join(NAN_POLICIES)}, got "
                              f"{self.nan_policy!r}")
