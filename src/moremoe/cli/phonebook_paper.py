@@ -195,7 +195,9 @@ def add_reproduce_parser(psub) -> None:
                    help="phonebook sizes (default: the paper's reported capacities and 3,000)")
     p.add_argument("--seed", type=_seed, default=0, help="phonebook, init and data-order seed")
     p.add_argument("--max-epochs", type=_positive_float, default=1500.0)
-    p.add_argument("--threshold", type=_fraction, default=0.9)
+    p.add_argument("--threshold", type=_fraction, default=0.9,
+                   help="the exact match a trial must reach, in (0, 1] (default 0.9, the "
+                        "paper's)")
     p.add_argument("--calibration-steps", type=_positive_int, default=200)
     p.add_argument("--eval-every", type=_positive_int, default=100,
                    help="steps between evaluations (default 100)")
