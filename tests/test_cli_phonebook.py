@@ -2,6 +2,7 @@
 a stand-in trainer (the training itself: tests/training/test_phonebook_*.py)."""
 import json
 import os
+import re
 import signal
 from dataclasses import asdict
 
@@ -195,3 +196,52 @@ def test_an_earlier_search_is_kept_without_force_or_resume(capsys, tmp_path, ins
     Instant.built = []
     assert main([*argv, "--force"]) == 0               # starts afresh: trains again
     assert len(Instant.built) == 16
+
+
+# the tiny settings of a real run (S), and a snapshot of a folder to compare
+S = ["--hidden", "32", "--top-k", "2", "--rank", "4", "--layers", "1", "--max-steps", "2",
+     "--batch-size", "8", "--eval-entries", "10", "--device", "cpu", "--no-progress",
+     "--lr", "1e-3"]
+
+
+def tree(path) -> dict:
+    """Every file and folder under path with its bytes: what a refused command leaves as
+    it was."""
+    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None
+            for p in sorted(path.rglob("*"))}
+
+
+@pytest.mark.parametrize("refused, message", [
+    (["--step", "graph"], r"--step graph captures a CUDA graph: it needs a GPU, the run is on "
+                          r"cpu; use eager or auto"),
+    (["--jobs", "2"], r"--jobs 2 spreads the runs over GPUs, but --device cpu names one "
+                      r"device"),
+])
+def test_a_refused_command_leaves_out_as_it_was(capsys, tmp_path, monkeypatch, refused,
+                                                message):
+    """--force clears an earlier run's journal and checkpoints only once every check has
+    passed; in a new folder a refused command leaves nothing, so the corrected command is
+    not refused for what it left."""
+    monkeypatch.setattr(pool, "PhonebookTrainer", Instant)
+    out, new = tmp_path / "o", tmp_path / "new"
+    argv = ["phonebook", "train", "--size", "10", *S]
+    assert main([*argv, "--out", str(out)]) == 0
+    before = tree(out)
+    assert before["trials.jsonl"]
+    monkeypatch.undo()                  # the real trainer, which meets the step mode too
+    fails(capsys, [*argv, "--out", str(out), "--force", *refused], message)
+    assert tree(out) == before
+    fails(capsys, [*argv, "--out", str(new), *refused], message)
+    assert not new.exists()
+    monkeypatch.setattr(pool, "PhonebookTrainer", Instant)
+    assert main([*argv, "--out", str(new)]) == 0
+
+
+def test_an_empty_journal_is_no_earlier_run(tmp_path, instant):
+    """What a refused command of an older version left: an empty journal and checkpoints
+    folder, no work to keep."""
+    out = tmp_path / "o"
+    (out / "trial_checkpoints").mkdir(parents=True)
+    (out / "trials.jsonl").touch()
+    assert main(["phonebook", "train", "--size", "10", *S, "--out", str(out)]) == 0
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 2

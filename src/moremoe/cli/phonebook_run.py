@@ -34,7 +34,9 @@ def add_execution_args(p) -> None:
                         "steps or more, graph for shorter ones; eager on a CPU)")
     e.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     e.add_argument("--force", action="store_true",
-                   help="replace the report, plot and journal of an earlier run in --out")
+                   help="start afresh in an --out that holds an earlier run: its journal and "
+                        "checkpoints are deleted, its report and plots replaced, once every "
+                        "check has passed (a refused command changes nothing)")
     e.add_argument("--resume", action="store_true",
                    help="continue the work in --out: finished runs (OUT/trials.jsonl) are "
                         "reused, interrupted ones continue from OUT/trial_checkpoints")
@@ -47,28 +49,45 @@ def add_execution_args(p) -> None:
 
 
 def outputs(args, command: str, stem: str) -> tuple[Path, Path]:
-    """The report and plot paths in --out (default runs/<command>-<time>), checked before
-    any work: an earlier report, plot or journal kept unless --force (which starts afresh)
+    """The report and plot paths in --out (default runs/<command>-<time>), after every check
+    that can refuse the command (devices, the step mode on them, what --out holds), so that
+    a refused command leaves --out as it was: an earlier run's files (report, plot, journal,
+    checkpoints) are kept unless --force (which clears them once the work starts: execute)
     or --resume (which continues it)."""
     from ..model.checkpoint import check_not_a_run
-    from ..training.phonebook_pool import CHECKPOINTS, JOURNAL
+    from ..training.phonebook_step import check_mode
     out = Path(args.out) if args.out else \
         Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_not_a_run(out, "--out")          # --force would delete its checkpoints folder
+    for dev in devices(args):
+        check_mode(args.step, resolve_device(dev), "--step")
     names = (f"{stem}.json", f"{stem}.png")
     if args.resume:
-        if args.out is None:
-            raise ValueError("--resume continues the work in --out: give --out")
-        if not (out / JOURNAL).exists():
-            raise ValueError(f"--resume: {out} holds no {JOURNAL}, so there is nothing to "
-                             f"continue; drop --resume to start")
+        _check_resumable(args, out)
         check_output_dir(out, "--out")
     else:
-        check_new_output(out, "--out", args.force, names=(*names, JOURNAL))
-        if args.force:
-            (out / JOURNAL).unlink(missing_ok=True)
-            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+        check_new_output(out, "--out", args.force, names=(*names, *_work(out)))
     return out / names[0], out / names[1]
+
+
+def _work(out: Path) -> list[str]:
+    """The journal and checkpoints folder in out when they hold an earlier run's work (an
+    empty journal, which a refused command of an older version left, holds none)."""
+    from ..training.phonebook_pool import CHECKPOINTS, JOURNAL
+    ckpts = out / CHECKPOINTS
+    held = ckpts.is_dir() and any(ckpts.glob("*.pt"))
+    journal = (out / JOURNAL).is_file() and (out / JOURNAL).stat().st_size > 0
+    return [JOURNAL] * journal + [CHECKPOINTS] * held
+
+
+def _check_resumable(args, out: Path) -> None:
+    """--resume continues the work in out."""
+    from ..training.phonebook_pool import JOURNAL
+    if args.out is None:
+        raise ValueError("--resume continues the work in --out: give --out")
+    if not (out / JOURNAL).exists():
+        raise ValueError(f"--resume: {out} holds no {JOURNAL}, so there is nothing to "
+                         f"continue; drop --resume to start")
 
 
 def devices(args) -> list[str]:
@@ -90,9 +109,12 @@ def execute(args, plans: dict, json_path: Path, report: dict, render):
     """Run the plans; render(results, in_round) fills the report and draws the plot after
     every finished run and at the end (the report is written each time). in_round: plan
     name -> the finished training runs of the round an unfinished plan still waits on."""
-    from ..training.phonebook_pool import Executor
+    from ..training.phonebook_pool import CHECKPOINTS, JOURNAL, Executor
     devs = devices(args)
     slots = args.concurrent or (1 if devs == ["cpu"] else DEFAULT_CONCURRENT)
+    if args.force and not args.resume:      # every check passed (outputs): the work starts
+        (json_path.parent / JOURNAL).unlink(missing_ok=True)
+        shutil.rmtree(json_path.parent / CHECKPOINTS, ignore_errors=True)
     ex = Executor(devs, slots, json_path.parent, progress=not args.no_progress,
                   checkpoint_minutes=args.checkpoint_minutes,
                   stop_after=None if args.stop_after is None else 60 * args.stop_after)
@@ -126,8 +148,9 @@ def finish(args, ex, report: dict, text: str) -> int:
     if not ex.stopped:
         return 0
     run = report["execution"]
+    out = Path(report["files"]["json"]).parent
     print(f"stopped after {duration(run['seconds'])}: {len(run['stopped'])} run(s) "
-          f"checkpointed in {Path(args.out or '.') / CHECKPOINTS}; the same command with "
+          f"checkpointed in {out / CHECKPOINTS}; the same command with "
           f"--resume continues", file=sys.stderr)
     for r in run.get("stopped_at", []):
         print(f"  {r['name']}: step {r['steps']:,} of {r['total']:,}, last evaluated at epoch "
