@@ -245,3 +245,39 @@ def test_an_empty_journal_is_no_earlier_run(tmp_path, instant):
     (out / "trials.jsonl").touch()
     assert main(["phonebook", "train", "--size", "10", *S, "--out", str(out)]) == 0
     assert len((out / "trials.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_takes_the_settings_of_the_report_and_no_others(capsys, tmp_path, instant):
+    """--resume with another experiment's settings would train it from scratch and replace
+    the report: refused, naming the first flag that differs. How it runs may change; a
+    report of an older version, which records no settings, is taken as it is."""
+    out = tmp_path / "o"
+    argv = ["phonebook", "train", *S, "--out", str(out)]
+    assert main([*argv, "--size", "10"]) == 0
+    before = tree(out)
+    report = out / "phonebook_train.json"
+    fails(capsys, [*argv, "--size", "12", "--resume"],
+          rf"--resume: {re.escape(str(report))} records --size 10, this command gives --size "
+          rf"12; give the same settings, or another --out")
+    fails(capsys, [*argv, "--size", "10", "--resume", "--refit"],
+          r"records no --refit, this command gives --refit; give the same settings")
+    assert tree(out) == before
+    Instant.built = []
+    assert main([*argv, "--size", "10", "--resume", "--concurrent", "2",
+                 "--checkpoint-minutes", "1", "--step", "eager"]) == 0
+    assert Instant.built == []                      # every run from the journal
+    older = json.loads(report.read_text())
+    del older["settings"]
+    report.write_text(json.dumps(older))
+    assert main([*argv, "--size", "12", "--resume"]) == 0
+
+
+def test_resume_refuses_the_folder_of_another_command(capsys, tmp_path, instant):
+    out = tmp_path / "o"
+    assert main(["phonebook", "train", "--size", "10", *S, "--out", str(out)]) == 0
+    before = tree(out)
+    fails(capsys, ["phonebook", "reproduce", "--points", "h64-s8", "--out", str(out),
+                   "--device", "cpu", "--no-progress", "--resume"],
+          r"--resume: \S+ holds phonebook_train.json, the work of `moremoe phonebook train`; "
+          r"continue it with that command, or give another --out")
+    assert tree(out) == before

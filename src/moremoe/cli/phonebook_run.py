@@ -2,6 +2,7 @@
 budget) and the loop that runs their plans while keeping the report and plot current."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -39,7 +40,9 @@ def add_execution_args(p) -> None:
                         "check has passed (a refused command changes nothing)")
     e.add_argument("--resume", action="store_true",
                    help="continue the work in --out: finished runs (OUT/trials.jsonl) are "
-                        "reused, interrupted ones continue from OUT/trial_checkpoints")
+                        "reused, interrupted ones continue from OUT/trial_checkpoints; give the "
+                        "settings its report records again (the execution options, and "
+                        "reproduce's choice of searches, may change)")
     e.add_argument("--stop-after", type=_positive_float, default=None, metavar="MINUTES",
                    help="after this many minutes checkpoint every running run and stop (exit "
                         "status 75); --resume continues")
@@ -48,12 +51,33 @@ def add_execution_args(p) -> None:
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+# Each command's report, by its stem in --out; one folder holds one command's work.
+REPORTS = {"phonebook_train": "train", "capacity": "capacity", "sweep": "sweep",
+           "reproduce": "reproduce"}
+# How a command runs, not what it measures: the flags a --resume may change.
+HOW = ("out", "resume", "force", "device", "jobs", "concurrent", "checkpoint_minutes",
+       "stop_after", "step", "no_progress", "json", "debug")
+# reproduce: the rows file, and the selection of searches out of one journal; --ahead only
+# orders a search's trials (each keyed by its own settings), and earlier sessions resumed
+# with another (benchmarks/NOTES.md)
+SELECTION = ("rows", "points", "arch", "ranks", "ahead")
+
+
+def settings(args) -> dict:
+    """The flags that define the experiment, as JSON has them: what a report records and a
+    --resume must give again (every flag but HOW, and reproduce's SELECTION)."""
+    from ..report import dumps
+    skip = {*HOW, "command", "phonebook_command", "func", "prog",
+            *(SELECTION if args.phonebook_command == "reproduce" else ())}
+    return json.loads(dumps({k: v for k, v in vars(args).items() if k not in skip}))
+
+
 def outputs(args, command: str, stem: str) -> tuple[Path, Path]:
     """The report and plot paths in --out (default runs/<command>-<time>), after every check
     that can refuse the command (devices, the step mode on them, what --out holds), so that
     a refused command leaves --out as it was: an earlier run's files (report, plot, journal,
     checkpoints) are kept unless --force (which clears them once the work starts: execute)
-    or --resume (which continues it)."""
+    or --resume (which continues the same experiment)."""
     from ..model.checkpoint import check_not_a_run
     from ..training.phonebook_step import check_mode
     out = Path(args.out) if args.out else \
@@ -63,7 +87,7 @@ def outputs(args, command: str, stem: str) -> tuple[Path, Path]:
         check_mode(args.step, resolve_device(dev), "--step")
     names = (f"{stem}.json", f"{stem}.png")
     if args.resume:
-        _check_resumable(args, out)
+        _check_resumable(args, out, stem)
         check_output_dir(out, "--out")
     else:
         check_new_output(out, "--out", args.force, names=(*names, *_work(out)))
@@ -80,14 +104,48 @@ def _work(out: Path) -> list[str]:
     return [JOURNAL] * journal + [CHECKPOINTS] * held
 
 
-def _check_resumable(args, out: Path) -> None:
-    """--resume continues the work in out."""
+def _check_resumable(args, out: Path, stem: str) -> None:
+    """--resume continues this command's work in out with the settings its report records
+    (a report without them, from an older version, is taken as it is)."""
     from ..training.phonebook_pool import JOURNAL
     if args.out is None:
         raise ValueError("--resume continues the work in --out: give --out")
     if not (out / JOURNAL).exists():
         raise ValueError(f"--resume: {out} holds no {JOURNAL}, so there is nothing to "
                          f"continue; drop --resume to start")
+    for other, cmd in REPORTS.items():
+        if other != stem and (out / f"{other}.json").exists():
+            raise ValueError(f"--resume: {out} holds {other}.json, the work of `moremoe "
+                             f"phonebook {cmd}`; continue it with that command, or give "
+                             f"another --out")
+    path = out / f"{stem}.json"
+    if not path.exists():
+        return
+    try:
+        report = json.loads(path.read_text())
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        raise ValueError(f"--resume: {path} is not a JSON report of this command; move it "
+                         f"away, or give another --out")
+    old = report.get("settings") or {}
+    for key, value in settings(args).items():
+        if key in old and old[key] != value:
+            flag = "--" + key.replace("_", "-")
+            raise ValueError(f"--resume: {path} records {_shown(flag, old[key])}, this "
+                             f"command gives {_shown(flag, value)}; give the same settings, "
+                             f"or another --out")
+
+
+def _shown(flag: str, value) -> str:
+    """A setting as the command line gives it: --size 10, --refit, no --lr."""
+    if value is None or value is False:
+        return f"no {flag}"
+    if value is True:
+        return flag
+    if isinstance(value, list):
+        return f"{flag} {','.join(map(str, value))}"
+    return f"{flag} {value}"
 
 
 def devices(args) -> list[str]:
@@ -119,6 +177,7 @@ def execute(args, plans: dict, json_path: Path, report: dict, render):
                   checkpoint_minutes=args.checkpoint_minutes,
                   stop_after=None if args.stop_after is None else 60 * args.stop_after)
     t0 = time.monotonic()
+    report["settings"] = settings(args)
 
     def update(results):
         render(results, ex.in_round)
