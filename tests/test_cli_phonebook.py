@@ -191,8 +191,9 @@ def test_an_earlier_search_is_kept_without_force_or_resume(capsys, tmp_path, ins
             "--device", "cpu", "--no-progress"]
     assert main(argv) == 0
     capsys.readouterr()
-    fails(capsys, argv, r"already holds reproduce.json, reproduce.png, trials.jsonl from an "
-                        r"earlier run; give another folder or --force")
+    fails(capsys, argv, r"already holds reproduce.json, reproduce.png, "
+                        r"phonebook_capacity.jsonl, trials.jsonl from an earlier run; give "
+                        r"another folder or --force")
     Instant.built = []
     assert main([*argv, "--force"]) == 0               # starts afresh: trains again
     assert len(Instant.built) == 16
@@ -281,3 +282,32 @@ def test_resume_refuses_the_folder_of_another_command(capsys, tmp_path, instant)
           r"--resume: \S+ holds phonebook_train.json, the work of `moremoe phonebook train`; "
           r"continue it with that command, or give another --out")
     assert tree(out) == before
+
+
+@pytest.mark.parametrize("points, mine", [
+    (["--points", "h64-s8"], "phonebook_capacity.jsonl"),
+    (["--points", "rank", "--ranks", "moe", "--grid", "100000"], "rank.png"),
+])
+def test_reproduce_keeps_what_the_user_has_in_out(capsys, tmp_path, instant, points, mine):
+    """Every file reproduce writes in --out is kept without --force or --resume, not only
+    its report."""
+    (tmp_path / mine).write_text("mine\n")
+    fails(capsys, ["phonebook", "reproduce", *points, "--out", str(tmp_path), "--device",
+                   "cpu", "--no-progress"],
+          rf"already holds {re.escape(mine)} from an earlier run; give another folder or "
+          rf"--force to replace it")
+    assert [p.name for p in tmp_path.iterdir()] == [mine]
+    assert (tmp_path / mine).read_text() == "mine\n"
+
+
+def test_rows_naming_the_rows_file_in_out_is_appended_to(capsys, tmp_path, instant):
+    """--rows OUT/phonebook_capacity.jsonl makes that file the user's rows file: it gains
+    this run's rows, as --rows does, and keeps those it had."""
+    rows = tmp_path / "phonebook_capacity.jsonl"
+    theirs = {"search": "0123", "capacity": 10_000, "device": "NVIDIA H200"}
+    rows.write_text(json.dumps(theirs) + "\n")
+    assert main(["phonebook", "reproduce", "--points", "h64-s8", "--out", str(tmp_path),
+                 "--rows", str(rows), "--device", "cpu", "--no-progress"]) == 0
+    got = [json.loads(line) for line in rows.open()]
+    assert got[0] == theirs and [r["name"] for r in got[1:]] == ["h64-s8 MoE-32",
+                                                                 "h64-s8 MoRE-96"]

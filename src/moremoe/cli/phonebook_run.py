@@ -72,12 +72,12 @@ def settings(args) -> dict:
     return json.loads(dumps({k: v for k, v in vars(args).items() if k not in skip}))
 
 
-def outputs(args, command: str, stem: str) -> tuple[Path, Path]:
+def outputs(args, command: str, stem: str, writes=()) -> tuple[Path, Path]:
     """The report and plot paths in --out (default runs/<command>-<time>), after every check
     that can refuse the command (devices, the step mode on them, what --out holds), so that
-    a refused command leaves --out as it was: an earlier run's files (report, plot, journal,
-    checkpoints) are kept unless --force (which clears them once the work starts: execute)
-    or --resume (which continues the same experiment)."""
+    a refused command leaves --out as it was: an earlier run's files (report, plot, the
+    other files it `writes`, journal, checkpoints) are kept unless --force (which clears
+    them once the work starts: execute) or --resume (which continues the same experiment)."""
     from ..model.checkpoint import check_not_a_run
     from ..training.phonebook_step import check_mode
     out = Path(args.out) if args.out else \
@@ -85,7 +85,7 @@ def outputs(args, command: str, stem: str) -> tuple[Path, Path]:
     check_not_a_run(out, "--out")          # --force would delete its checkpoints folder
     for dev in devices(args):
         check_mode(args.step, resolve_device(dev), "--step")
-    names = (f"{stem}.json", f"{stem}.png")
+    names = (f"{stem}.json", f"{stem}.png", *writes)
     if args.resume:
         _check_resumable(args, out, stem)
         check_output_dir(out, "--out")
