@@ -1,5 +1,6 @@
 """`moremoe phonebook reproduce` and the execution options the phonebook commands share, with
 a stand-in trainer (the training itself: tests/training/test_phonebook_*.py)."""
+import io
 import json
 import os
 import re
@@ -311,3 +312,55 @@ def test_rows_naming_the_rows_file_in_out_is_appended_to(capsys, tmp_path, insta
     got = [json.loads(line) for line in rows.open()]
     assert got[0] == theirs and [r["name"] for r in got[1:]] == ["h64-s8 MoE-32",
                                                                  "h64-s8 MoRE-96"]
+
+
+def test_a_journal_line_cut_by_a_kill_is_dropped_and_a_bad_line_refused(capsys, tmp_path,
+                                                                         instant):
+    """The last line cut short (a kill while it was written): a one-line warning, its run
+    trains again and the journal is whole again. A bad line anywhere else: refused, naming
+    the file and the line."""
+    out = tmp_path / "o"
+    argv = ["phonebook", "train", "--size", "10", *S, "--out", str(out)]
+    assert main(argv) == 0
+    journal = out / "trials.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    assert len(lines) == 2
+    journal.write_text(lines[0] + lines[1][:60])
+    Instant.built = []
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warned) == 1 and re.match(
+        rf"warning: {re.escape(str(journal))}, line 2 is cut short \(the command was stopped "
+        rf"while writing it\): it is dropped and its run trains again", warned[0])
+    assert len(Instant.built) == 1
+    assert [json.loads(line)["key"] for line in journal.open()] == \
+        [json.loads(line)["key"] for line in lines]
+    for bad, what in [(lines[1][:60] + "\n", r"not JSON \(Invalid control character at column \d+\)"),
+                      ('{"rows": 1}\n', r'not a journal record \(an object with "key" and '
+                                        r'"record"\)')]:
+        journal.write_text(lines[0] + bad + lines[1])
+        fails(capsys, [*argv, "--resume"],
+              rf"{re.escape(str(journal))}, line 2: {what}; restore the journal from a copy, "
+              rf"or delete that line \(its run trains again\)")
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda data: b"", r"is empty \(0 bytes\)"),
+    (lambda data: data[:len(data) // 2], r"is truncated or not a torch.save file \(\d+ bytes\)"),
+])
+def test_a_damaged_trial_checkpoint_is_named(capsys, tmp_path, instant, damage, what):
+    import torch
+    out = tmp_path / "o"
+    argv = ["phonebook", "train", "--size", "10", *S, "--out", str(out)]
+    assert main(argv) == 0
+    journal = out / "trials.jsonl"
+    key = json.loads(journal.read_text().splitlines()[0])["key"]
+    journal.write_text("")              # its run stopped, not finished: the checkpoint has it
+    buf = io.BytesIO()
+    torch.save({"step": {}, "run": {}}, buf)
+    ckpt = out / "trial_checkpoints" / f"{key}.pt"
+    ckpt.write_bytes(damage(buf.getvalue()))
+    fails(capsys, [*argv, "--resume"],
+          rf"trial checkpoint {re.escape(str(ckpt))} {what}; delete it to run that trial "
+          rf"again from its start")

@@ -97,7 +97,7 @@ def outputs(args, command: str, stem: str, writes=()) -> tuple[Path, Path]:
 def _work(out: Path) -> list[str]:
     """The journal and checkpoints folder in out when they hold an earlier run's work (an
     empty journal, which a refused command of an older version left, holds none)."""
-    from ..training.phonebook_pool import CHECKPOINTS, JOURNAL
+    from ..training.phonebook_journal import CHECKPOINTS, JOURNAL
     ckpts = out / CHECKPOINTS
     held = ckpts.is_dir() and any(ckpts.glob("*.pt"))
     journal = (out / JOURNAL).is_file() and (out / JOURNAL).stat().st_size > 0
@@ -107,7 +107,7 @@ def _work(out: Path) -> list[str]:
 def _check_resumable(args, out: Path, stem: str) -> None:
     """--resume continues this command's work in out with the settings its report records
     (a report without them, from an older version, is taken as it is)."""
-    from ..training.phonebook_pool import JOURNAL
+    from ..training.phonebook_journal import JOURNAL
     if args.out is None:
         raise ValueError("--resume continues the work in --out: give --out")
     if not (out / JOURNAL).exists():
@@ -202,7 +202,7 @@ def capacity_text(result: dict) -> str:
 def finish(args, ex, report: dict, text: str) -> int:
     """Print the report (a table, or JSON); a stopped command says how to continue and
     exits 75."""
-    from ..training.phonebook_pool import CHECKPOINTS
+    from ..training.phonebook_journal import CHECKPOINTS
     emit(args, report, text)
     if not ex.stopped:
         return 0

@@ -11,12 +11,11 @@ finished run (OUT/trials.jsonl, one record a line) and answers a task it has alr
 journaled at once, so a resumed search replays its plans without training them again. A
 running task is checkpointed every `checkpoint_minutes` and when the command is asked to
 stop (a signal, --stop-after), into OUT/trial_checkpoints/<key>.pt, and continues from
-there.
+there (the journal and the checkpoints as files: phonebook_journal.py).
 """
 from __future__ import annotations
 
 import io
-import json
 import os
 import queue
 import signal
@@ -27,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from ..report import dumps, write_atomic
+from ..report import write_atomic
 from ..runtime import progress_bar, progress_note
 from .phonebook import PhonebookTrainer
+from .phonebook_journal import (CHECKPOINTS, JOURNAL, append_journal, check_checkpoints,
+                                load_checkpoint, read_journal)
 from .phonebook_search import Task
-
-JOURNAL, CHECKPOINTS = "trials.jsonl", "trial_checkpoints"  # not a run's checkpoints/
 
 
 @dataclass
@@ -67,7 +66,7 @@ class DevicePool:
         state = None
         path = self._path(task.key)
         if path is not None and path.exists():
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = load_checkpoint(path)
         cfg = replace(task.train, device=self.device)
         stream = torch.cuda.Stream(cfg.device) if cfg.device.startswith("cuda") else None
         trainer = PhonebookTrainer(task.model, cfg, cfg.lr, name=task.name,
@@ -258,7 +257,10 @@ class Executor:
                  stop_after: float | None = None):
         self.devices, self.slots, self.out = devices, slots, out
         self.progress, self.minutes, self.stop_after = progress, checkpoint_minutes, stop_after
-        self.journal = self._read_journal()
+        # read and checked before any work: a damaged file stops the command at once
+        self.journal, self._cut = read_journal(out / JOURNAL) if out is not None else ({}, None)
+        if out is not None:
+            check_checkpoints(out / CHECKPOINTS)
         self.report = ExecutorReport()
         self.stopped = False
         self.results: dict = {}         # plan name -> result, as the plans finish
@@ -266,22 +268,11 @@ class Executor:
         # on: what a stopped search has measured beyond its last whole round
         self.in_round: dict = {}
 
-    def _read_journal(self) -> dict:
-        done = {}
-        if self.out is not None and (self.out / JOURNAL).exists():
-            for line in (self.out / JOURNAL).read_text().splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    done[row["key"]] = row["record"]
-        return done
-
     def _journal(self, key: str, record: dict) -> None:
         self.journal[key] = record
         if self.out is not None:
-            with open(self.out / JOURNAL, "a") as f:
-                f.write(dumps({"key": key, "record": record}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_journal(self.out / JOURNAL, key, record, self._cut)
+            self._cut = None
 
     def run(self, plans: dict, *, on_change=None) -> dict:
         """{name: plan} -> {name: result} (results of plans that finished; with stopped,
