@@ -364,3 +364,15 @@ def test_a_damaged_trial_checkpoint_is_named(capsys, tmp_path, instant, damage, 
     fails(capsys, [*argv, "--resume"],
           rf"trial checkpoint {re.escape(str(ckpt))} {what}; delete it to run that trial "
           rf"again from its start")
+
+
+def test_stop_after_ends_a_cpu_interval_within_it(capsys, tmp_path):
+    """--stop-after is honoured within an evaluation interval on the CPU, as a signal is: a
+    run of 3,000 steps evaluated once stops long before its end."""
+    out = tmp_path / "o"
+    rc = main(["phonebook", "train", "--size", "10", *S, "--arch", "more", "--max-steps",
+               "3000", "--eval-every", "3000", "--stop-after", "0.01", "--out", str(out),
+               "--json"])
+    assert rc == 75
+    stopped = json.loads(capsys.readouterr().out)["execution"]["stopped_at"]
+    assert all(0 < at["steps"] < at["total"] == 3000 for at in stopped)

@@ -45,7 +45,8 @@ def add_execution_args(p) -> None:
                         "reproduce's choice of searches, may change)")
     e.add_argument("--stop-after", type=_positive_float, default=None, metavar="MINUTES",
                    help="after this many minutes checkpoint every running run and stop (exit "
-                        "status 75); --resume continues")
+                        "status 75; on a CPU after the current step, on a GPU at the next "
+                        "evaluation); --resume continues")
     e.add_argument("--checkpoint-minutes", type=_positive_float, default=5.0,
                    help="checkpoint each running run this often (default 5)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -57,7 +57,8 @@ class DevicePool:
         self.device, self.slots = device, slots
         self.checkpoint_dir, self.every = checkpoint_dir, 60 * checkpoint_minutes
         self.active: dict[str, tuple[Task, PhonebookTrainer, list]] = {}
-        self.stop_requested = lambda: False     # a CPU interval ends early once it says so
+        # a signal or --stop-after: a CPU interval ends after the step it is asked during
+        self.stop_requested = lambda: False
 
     def free(self) -> int:
         return self.slots - len(self.active)
@@ -79,6 +80,8 @@ class DevicePool:
 
     def poll(self) -> list[Event]:
         events = []
+        if self.stop_requested():   # stop() checkpoints the runs: none is evaluated at a
+            return events           # step an interval was cut short at
         for key in list(self.active):
             task, trainer, saved = self.active[key]
             done = trainer.settle()
@@ -274,11 +277,17 @@ class Executor:
             append_journal(self.out / JOURNAL, key, record, self._cut)
             self._cut = None
 
+    def _stopping(self, signals) -> bool:
+        """A signal came, or --stop-after's time is up."""
+        return bool(signals.requested) or (self.stop_after is not None and
+                                            time.monotonic() - self._t0 > self.stop_after)
+
     def run(self, plans: dict, *, on_change=None) -> dict:
         """{name: plan} -> {name: result} (results of plans that finished; with stopped,
         the others are missing). on_change(results so far) after every finished task."""
         from .signals import StopSignals
         ckpt = None if self.out is None else self.out / CHECKPOINTS
+        self._t0 = time.monotonic()
         if ckpt is not None:
             ckpt.mkdir(parents=True, exist_ok=True)
             (self.out / JOURNAL).touch()        # what --resume looks for
@@ -288,14 +297,14 @@ class Executor:
         try:
             with StopSignals() as signals:
                 if isinstance(backend, DevicePool):
-                    backend.stop_requested = lambda: bool(signals.requested)
+                    backend.stop_requested = lambda: self._stopping(signals)
                 return self._loop(plans, backend, signals, on_change)
         finally:
             if isinstance(backend, Workers):
                 backend.close()
 
     def _loop(self, plans: dict, backend, signals, on_change) -> dict:
-        results, waiting, queue_, bars, t0 = self.results, {}, [], {}, time.monotonic()
+        results, waiting, queue_, bars = self.results, {}, [], {}
         tasks: dict[str, Task] = {}
 
         def ask(name, records=None):
@@ -334,8 +343,7 @@ class Executor:
         for name in list(plans):
             ask(name)
         while waiting:
-            if signals.requested or (self.stop_after is not None
-                                     and time.monotonic() - t0 > self.stop_after):
+            if self._stopping(signals):
                 self._stop(backend, tasks, bars, finish)
                 break
             while queue_ and backend.free() > 0:
