@@ -49,7 +49,11 @@ def run2(text_data, tmp_path):
                                                         "11,881,376 unique five-letter names"),
     (["phonebook", "capacity", *PB[2:], "--sizes", "8,12000000"], "--sizes 12,000,000 exceeds"),
     (["phonebook", "train", *PB, "--lr", "inf"], "argument --lr: expected a finite number"),
-    (["phonebook", "train", *PB, "--threshold", "5"], r"--threshold: expected a number in \[0, 1\]"),
+    (["phonebook", "train", *PB, "--threshold", "5"], r"--threshold: expected a number in "
+                                                      r"\(0, 1\], got '5'"),
+    # 0 would call a run that memorised nothing "reached"
+    (["phonebook", "train", *PB, "--threshold", "0"], r"--threshold: expected a number in "
+                                                      r"\(0, 1\], got '0'"),
     (["phonebook", "capacity", *PB[2:], "--sizes", "8,12.5"], "--sizes: expected comma-separated "
                                                               "integers"),
     (["phonebook", "train", *PB, "--batch-size", "1.5"], "--batch-size: expected a positive int"),

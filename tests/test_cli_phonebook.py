@@ -1,7 +1,9 @@
 """`moremoe phonebook reproduce` and the execution options the phonebook commands share, with
 a stand-in trainer (the training itself: tests/training/test_phonebook_*.py)."""
+import io
 import json
 import os
+import re
 import signal
 from dataclasses import asdict
 
@@ -190,8 +192,187 @@ def test_an_earlier_search_is_kept_without_force_or_resume(capsys, tmp_path, ins
             "--device", "cpu", "--no-progress"]
     assert main(argv) == 0
     capsys.readouterr()
-    fails(capsys, argv, r"already holds reproduce.json, reproduce.png, trials.jsonl from an "
-                        r"earlier run; give another folder or --force")
+    fails(capsys, argv, r"already holds reproduce.json, reproduce.png, "
+                        r"phonebook_capacity.jsonl, trials.jsonl from an earlier run; give "
+                        r"another folder or --force")
     Instant.built = []
     assert main([*argv, "--force"]) == 0               # starts afresh: trains again
     assert len(Instant.built) == 16
+
+
+# the tiny settings of a real run (S), and a snapshot of a folder to compare
+S = ["--hidden", "32", "--top-k", "2", "--rank", "4", "--layers", "1", "--max-steps", "2",
+     "--batch-size", "8", "--eval-entries", "10", "--device", "cpu", "--no-progress",
+     "--lr", "1e-3"]
+
+
+def tree(path) -> dict:
+    """Every file and folder under path with its bytes: what a refused command leaves as
+    it was."""
+    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None
+            for p in sorted(path.rglob("*"))}
+
+
+@pytest.mark.parametrize("refused, message", [
+    (["--step", "graph"], r"--step graph captures a CUDA graph: it needs a GPU, the run is on "
+                          r"cpu; use eager or auto"),
+    (["--jobs", "2"], r"--jobs 2 spreads the runs over GPUs, but --device cpu names one "
+                      r"device"),
+])
+def test_a_refused_command_leaves_out_as_it_was(capsys, tmp_path, monkeypatch, refused,
+                                                message):
+    """--force clears an earlier run's journal and checkpoints only once every check has
+    passed; in a new folder a refused command leaves nothing, so the corrected command is
+    not refused for what it left."""
+    monkeypatch.setattr(pool, "PhonebookTrainer", Instant)
+    out, new = tmp_path / "o", tmp_path / "new"
+    argv = ["phonebook", "train", "--size", "10", *S]
+    assert main([*argv, "--out", str(out)]) == 0
+    before = tree(out)
+    assert before["trials.jsonl"]
+    monkeypatch.undo()                  # the real trainer, which meets the step mode too
+    fails(capsys, [*argv, "--out", str(out), "--force", *refused], message)
+    assert tree(out) == before
+    fails(capsys, [*argv, "--out", str(new), *refused], message)
+    assert not new.exists()
+    monkeypatch.setattr(pool, "PhonebookTrainer", Instant)
+    assert main([*argv, "--out", str(new)]) == 0
+
+
+def test_an_empty_journal_is_no_earlier_run(tmp_path, instant):
+    """What a refused command of an older version left: an empty journal and checkpoints
+    folder, no work to keep."""
+    out = tmp_path / "o"
+    (out / "trial_checkpoints").mkdir(parents=True)
+    (out / "trials.jsonl").touch()
+    assert main(["phonebook", "train", "--size", "10", *S, "--out", str(out)]) == 0
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_takes_the_settings_of_the_report_and_no_others(capsys, tmp_path, instant):
+    """--resume with another experiment's settings would train it from scratch and replace
+    the report: refused, naming the first flag that differs. How it runs may change; a
+    report of an older version, which records no settings, is taken as it is."""
+    out = tmp_path / "o"
+    argv = ["phonebook", "train", *S, "--out", str(out)]
+    assert main([*argv, "--size", "10"]) == 0
+    before = tree(out)
+    report = out / "phonebook_train.json"
+    fails(capsys, [*argv, "--size", "12", "--resume"],
+          rf"--resume: {re.escape(str(report))} records --size 10, this command gives --size "
+          rf"12; give the same settings, or another --out")
+    fails(capsys, [*argv, "--size", "10", "--resume", "--refit"],
+          r"records no --refit, this command gives --refit; give the same settings")
+    assert tree(out) == before
+    Instant.built = []
+    assert main([*argv, "--size", "10", "--resume", "--concurrent", "2",
+                 "--checkpoint-minutes", "1", "--step", "eager"]) == 0
+    assert Instant.built == []                      # every run from the journal
+    older = json.loads(report.read_text())
+    del older["settings"]
+    report.write_text(json.dumps(older))
+    assert main([*argv, "--size", "12", "--resume"]) == 0
+
+
+def test_resume_refuses_the_folder_of_another_command(capsys, tmp_path, instant):
+    out = tmp_path / "o"
+    assert main(["phonebook", "train", "--size", "10", *S, "--out", str(out)]) == 0
+    before = tree(out)
+    fails(capsys, ["phonebook", "reproduce", "--points", "h64-s8", "--out", str(out),
+                   "--device", "cpu", "--no-progress", "--resume"],
+          r"--resume: \S+ holds phonebook_train.json, the work of `moremoe phonebook train`; "
+          r"continue it with that command, or give another --out")
+    assert tree(out) == before
+
+
+@pytest.mark.parametrize("points, mine", [
+    (["--points", "h64-s8"], "phonebook_capacity.jsonl"),
+    (["--points", "rank", "--ranks", "moe", "--grid", "100000"], "rank.png"),
+])
+def test_reproduce_keeps_what_the_user_has_in_out(capsys, tmp_path, instant, points, mine):
+    """Every file reproduce writes in --out is kept without --force or --resume, not only
+    its report."""
+    (tmp_path / mine).write_text("mine\n")
+    fails(capsys, ["phonebook", "reproduce", *points, "--out", str(tmp_path), "--device",
+                   "cpu", "--no-progress"],
+          rf"already holds {re.escape(mine)} from an earlier run; give another folder or "
+          rf"--force to replace it")
+    assert [p.name for p in tmp_path.iterdir()] == [mine]
+    assert (tmp_path / mine).read_text() == "mine\n"
+
+
+def test_rows_naming_the_rows_file_in_out_is_appended_to(capsys, tmp_path, instant):
+    """--rows OUT/phonebook_capacity.jsonl makes that file the user's rows file: it gains
+    this run's rows, as --rows does, and keeps those it had."""
+    rows = tmp_path / "phonebook_capacity.jsonl"
+    theirs = {"search": "0123", "capacity": 10_000, "device": "NVIDIA H200"}
+    rows.write_text(json.dumps(theirs) + "\n")
+    assert main(["phonebook", "reproduce", "--points", "h64-s8", "--out", str(tmp_path),
+                 "--rows", str(rows), "--device", "cpu", "--no-progress"]) == 0
+    got = [json.loads(line) for line in rows.open()]
+    assert got[0] == theirs and [r["name"] for r in got[1:]] == ["h64-s8 MoE-32",
+                                                                 "h64-s8 MoRE-96"]
+
+
+def test_a_journal_line_cut_by_a_kill_is_dropped_and_a_bad_line_refused(capsys, tmp_path,
+                                                                         instant):
+    """The last line cut short (a kill while it was written): a one-line warning, its run
+    trains again and the journal is whole again. A bad line anywhere else: refused, naming
+    the file and the line."""
+    out = tmp_path / "o"
+    argv = ["phonebook", "train", "--size", "10", *S, "--out", str(out)]
+    assert main(argv) == 0
+    journal = out / "trials.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    assert len(lines) == 2
+    journal.write_text(lines[0] + lines[1][:60])
+    Instant.built = []
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warned) == 1 and re.match(
+        rf"warning: {re.escape(str(journal))}, line 2 is cut short \(the command was stopped "
+        rf"while writing it\): it is dropped and its run trains again", warned[0])
+    assert len(Instant.built) == 1
+    assert [json.loads(line)["key"] for line in journal.open()] == \
+        [json.loads(line)["key"] for line in lines]
+    for bad, what in [(lines[1][:60] + "\n", r"not JSON \(Invalid control character at column \d+\)"),
+                      ('{"rows": 1}\n', r'not a journal record \(an object with "key" and '
+                                        r'"record"\)')]:
+        journal.write_text(lines[0] + bad + lines[1])
+        fails(capsys, [*argv, "--resume"],
+              rf"{re.escape(str(journal))}, line 2: {what}; restore the journal from a copy, "
+              rf"or delete that line \(its run trains again\)")
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda data: b"", r"is empty \(0 bytes\)"),
+    (lambda data: data[:len(data) // 2], r"is truncated or not a torch.save file \(\d+ bytes\)"),
+])
+def test_a_damaged_trial_checkpoint_is_named(capsys, tmp_path, instant, damage, what):
+    import torch
+    out = tmp_path / "o"
+    argv = ["phonebook", "train", "--size", "10", *S, "--out", str(out)]
+    assert main(argv) == 0
+    journal = out / "trials.jsonl"
+    key = json.loads(journal.read_text().splitlines()[0])["key"]
+    journal.write_text("")              # its run stopped, not finished: the checkpoint has it
+    buf = io.BytesIO()
+    torch.save({"step": {}, "run": {}}, buf)
+    ckpt = out / "trial_checkpoints" / f"{key}.pt"
+    ckpt.write_bytes(damage(buf.getvalue()))
+    fails(capsys, [*argv, "--resume"],
+          rf"trial checkpoint {re.escape(str(ckpt))} {what}; delete it to run that trial "
+          rf"again from its start")
+
+
+def test_stop_after_ends_a_cpu_interval_within_it(capsys, tmp_path):
+    """--stop-after is honoured within an evaluation interval on the CPU, as a signal is: a
+    run of 3,000 steps evaluated once stops long before its end."""
+    out = tmp_path / "o"
+    rc = main(["phonebook", "train", "--size", "10", *S, "--arch", "more", "--max-steps",
+               "3000", "--eval-every", "3000", "--stop-after", "0.01", "--out", str(out),
+               "--json"])
+    assert rc == 75
+    stopped = json.loads(capsys.readouterr().out)["execution"]["stopped_at"]
+    assert all(0 < at["steps"] < at["total"] == 3000 for at in stopped)

@@ -2,6 +2,7 @@
 (training/phonebook_pool.py): the calibration, the capacity searches, the journal, a resume
 from checkpoints, and worker processes."""
 import json
+import pickle
 
 import pytest
 
@@ -245,3 +246,25 @@ def test_a_row_keeps_where_its_trials_ran_when_replayed_elsewhere():
     row = capacity_row(search, {"capacity": 1, "trials": [rec(1, {}), rec(2, {})]},
                        [1, 2], cfg, here)
     assert row["device"] == "cpu"
+
+
+@pytest.mark.parametrize("error", [EOFError("Ran out of input"),
+                                   RuntimeError("PytorchStreamReader failed reading file"),
+                                   pickle.UnpicklingError("invalid load key, 'x'.")])
+def test_a_trial_checkpoint_that_cannot_be_read_is_one_error_naming_it(tmp_path, monkeypatch,
+                                                                       error):
+    """Whole on the outside (its zip directory is there), bad within: whatever torch.load
+    raises becomes one ValueError naming the file and what to do."""
+    import torch
+    from moremoe.training.phonebook_journal import load_checkpoint
+    path = tmp_path / "0123.pt"
+    torch.save({"steps": 3}, path)
+    assert load_checkpoint(path) == {"steps": 3}
+
+    def load(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(ValueError, match=rf"trial checkpoint \S+0123.pt cannot be read "
+                                         rf"\({type(error).__name__}: .+\); delete it to run "
+                                         rf"that trial again from its start"):
+        load_checkpoint(path)

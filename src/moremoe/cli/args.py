@@ -80,9 +80,10 @@ def _positive_float(text: str) -> float:
 
 
 def _fraction(text: str) -> float:
+    """A share in (0, 1], such as an exact-match threshold: 0 would call any run a success."""
     v = _finite(text)
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
     return v
 
 

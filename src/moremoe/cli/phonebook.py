@@ -296,7 +296,8 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
     t.add_argument("--max-minutes", type=_positive_float, default=None,
                    help="stop each run after this wall-clock time")
     t.add_argument("--threshold", type=_fraction, default=0.9,
-                   help="early-stop exact match (default 0.9)")
+                   help="the exact match a run must reach, in (0, 1]: training stops there "
+                        "and the run counts as reached (default 0.9)")
     t.add_argument("--eval-every", type=_positive_int, default=100, help="steps between evaluations")
     t.add_argument("--eval-entries", type=_positive_int, default=1000,
                    help="training entries sampled for exact match (default 1000)")

@@ -110,13 +110,18 @@ def cmd_phonebook_reproduce(args) -> int:
     from ..training import phonebook_paper as paper
     from ..training.phonebook_search import unfinished
     from .phonebook_plots import plot_rank_figure, plot_reproduction
-    json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce")
-    rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
     if args.ranks is not None and "rank" not in args.points:
         raise ValueError("--ranks chooses among the rank point's searches: add rank to "
                          "--points, or drop --ranks")
     if args.rows is not None:
         _check_rows_file(Path(args.rows))
+    # --rows naming OUT's rows file makes it the user's: appended to at the end, as --rows
+    # is, never rewritten with this run's rows alone
+    own_rows = args.rows is not None and args.out is not None and \
+        Path(args.rows).resolve() == (Path(args.out) / ROWS).resolve()
+    writes = ([] if own_rows else [ROWS]) + (["rank.png"] if "rank" in args.points else [])
+    json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce", writes)
+    rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
     cfg = _train_config(args)
     found = [s for s in paper.searches(args.points, args.ranks)
              if args.arch in ("both", s.arch)]
@@ -142,8 +147,9 @@ def cmd_phonebook_reproduce(args) -> int:
                           ((s, results[s.name].to_dict() if s.name in results else
                             report["searches"][i]) for i, s in enumerate(found))
                           if got["capacity"] is not None or s.name in results]
-        from ..report import dumps, write_atomic
-        write_atomic(rows_path, "".join(dumps(r) + "\n" for r in report["rows"]).encode())
+        if not own_rows:
+            from ..report import dumps, write_atomic
+            write_atomic(rows_path, "".join(dumps(r) + "\n" for r in report["rows"]).encode())
         plot_reproduction(report["rows"], png_path)
         if "rank" in args.points:
             plot_rank_figure(report["rows"], rank_png, _failed_starts(found, report))
@@ -175,8 +181,9 @@ def add_reproduce_parser(psub) -> None:
         "OUT/reproduce.json, OUT/phonebook_capacity.jsonl (one row per search: a stopped one "
         "that reached a size too, marked unfinished, its capacity a lower bound), "
         "OUT/reproduce.png (capacity against h and s, the paper's values beside ours) and, "
-        "with the rank point, OUT/rank.png. Long: --stop-after and --resume carry it over "
-        "several sessions.")
+        "with the rank point, OUT/rank.png; an OUT that holds one of them already is "
+        "refused unless --force (start afresh) or --resume. Long: --stop-after and --resume carry it over several "
+        "sessions.")
     p.add_argument("--points", type=_points, default=list(DEFAULT_POINTS),
                    help=f"dot pairs to measure, among {', '.join(POINTS)}, and rank (MoRE-192 "
                         f"at r = 4, 8, 16, 32 beside MoE-192, h = 128, s = 8) (default "
@@ -195,14 +202,18 @@ def add_reproduce_parser(psub) -> None:
                    help="phonebook sizes (default: the paper's reported capacities and 3,000)")
     p.add_argument("--seed", type=_seed, default=0, help="phonebook, init and data-order seed")
     p.add_argument("--max-epochs", type=_positive_float, default=1500.0)
-    p.add_argument("--threshold", type=_fraction, default=0.9)
+    p.add_argument("--threshold", type=_fraction, default=0.9,
+                   help="the exact match a trial must reach, in (0, 1] (default 0.9, the "
+                        "paper's)")
     p.add_argument("--calibration-steps", type=_positive_int, default=200)
     p.add_argument("--eval-every", type=_positive_int, default=100,
                    help="steps between evaluations (default 100)")
     p.add_argument("--rows", default=None,
                    help="also append the finished searches' rows to this JSON-lines file "
                         "(those it lacks: same search, same device), e.g. "
-                        "benchmarks/results/<device>/phonebook_capacity.jsonl")
+                        "benchmarks/results/<device>/phonebook_capacity.jsonl; naming "
+                        "OUT/phonebook_capacity.jsonl makes that file this one: appended to, "
+                        "never rewritten")
     add_execution_args(p)
     _add_json(p)
     p.set_defaults(func=cmd_phonebook_reproduce)

@@ -11,12 +11,11 @@ finished run (OUT/trials.jsonl, one record a line) and answers a task it has alr
 journaled at once, so a resumed search replays its plans without training them again. A
 running task is checkpointed every `checkpoint_minutes` and when the command is asked to
 stop (a signal, --stop-after), into OUT/trial_checkpoints/<key>.pt, and continues from
-there.
+there (the journal and the checkpoints as files: phonebook_journal.py).
 """
 from __future__ import annotations
 
 import io
-import json
 import os
 import queue
 import signal
@@ -27,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from ..report import dumps, write_atomic
+from ..report import write_atomic
 from ..runtime import progress_bar, progress_note
 from .phonebook import PhonebookTrainer
+from .phonebook_journal import (CHECKPOINTS, JOURNAL, append_journal, check_checkpoints,
+                                load_checkpoint, read_journal)
 from .phonebook_search import Task
-
-JOURNAL, CHECKPOINTS = "trials.jsonl", "trial_checkpoints"  # not a run's checkpoints/
 
 
 @dataclass
@@ -58,7 +57,8 @@ class DevicePool:
         self.device, self.slots = device, slots
         self.checkpoint_dir, self.every = checkpoint_dir, 60 * checkpoint_minutes
         self.active: dict[str, tuple[Task, PhonebookTrainer, list]] = {}
-        self.stop_requested = lambda: False     # a CPU interval ends early once it says so
+        # a signal or --stop-after: a CPU interval ends after the step it is asked during
+        self.stop_requested = lambda: False
 
     def free(self) -> int:
         return self.slots - len(self.active)
@@ -67,7 +67,7 @@ class DevicePool:
         state = None
         path = self._path(task.key)
         if path is not None and path.exists():
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = load_checkpoint(path)
         cfg = replace(task.train, device=self.device)
         stream = torch.cuda.Stream(cfg.device) if cfg.device.startswith("cuda") else None
         trainer = PhonebookTrainer(task.model, cfg, cfg.lr, name=task.name,
@@ -80,6 +80,8 @@ class DevicePool:
 
     def poll(self) -> list[Event]:
         events = []
+        if self.stop_requested():   # stop() checkpoints the runs: none is evaluated at a
+            return events           # step an interval was cut short at
         for key in list(self.active):
             task, trainer, saved = self.active[key]
             done = trainer.settle()
@@ -258,7 +260,10 @@ class Executor:
                  stop_after: float | None = None):
         self.devices, self.slots, self.out = devices, slots, out
         self.progress, self.minutes, self.stop_after = progress, checkpoint_minutes, stop_after
-        self.journal = self._read_journal()
+        # read and checked before any work: a damaged file stops the command at once
+        self.journal, self._cut = read_journal(out / JOURNAL) if out is not None else ({}, None)
+        if out is not None:
+            check_checkpoints(out / CHECKPOINTS)
         self.report = ExecutorReport()
         self.stopped = False
         self.results: dict = {}         # plan name -> result, as the plans finish
@@ -266,28 +271,23 @@ class Executor:
         # on: what a stopped search has measured beyond its last whole round
         self.in_round: dict = {}
 
-    def _read_journal(self) -> dict:
-        done = {}
-        if self.out is not None and (self.out / JOURNAL).exists():
-            for line in (self.out / JOURNAL).read_text().splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    done[row["key"]] = row["record"]
-        return done
-
     def _journal(self, key: str, record: dict) -> None:
         self.journal[key] = record
         if self.out is not None:
-            with open(self.out / JOURNAL, "a") as f:
-                f.write(dumps({"key": key, "record": record}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_journal(self.out / JOURNAL, key, record, self._cut)
+            self._cut = None
+
+    def _stopping(self, signals) -> bool:
+        """A signal came, or --stop-after's time is up."""
+        return bool(signals.requested) or (self.stop_after is not None and
+                                            time.monotonic() - self._t0 > self.stop_after)
 
     def run(self, plans: dict, *, on_change=None) -> dict:
         """{name: plan} -> {name: result} (results of plans that finished; with stopped,
         the others are missing). on_change(results so far) after every finished task."""
         from .signals import StopSignals
         ckpt = None if self.out is None else self.out / CHECKPOINTS
+        self._t0 = time.monotonic()
         if ckpt is not None:
             ckpt.mkdir(parents=True, exist_ok=True)
             (self.out / JOURNAL).touch()        # what --resume looks for
@@ -297,14 +297,14 @@ class Executor:
         try:
             with StopSignals() as signals:
                 if isinstance(backend, DevicePool):
-                    backend.stop_requested = lambda: bool(signals.requested)
+                    backend.stop_requested = lambda: self._stopping(signals)
                 return self._loop(plans, backend, signals, on_change)
         finally:
             if isinstance(backend, Workers):
                 backend.close()
 
     def _loop(self, plans: dict, backend, signals, on_change) -> dict:
-        results, waiting, queue_, bars, t0 = self.results, {}, [], {}, time.monotonic()
+        results, waiting, queue_, bars = self.results, {}, [], {}
         tasks: dict[str, Task] = {}
 
         def ask(name, records=None):
@@ -343,8 +343,7 @@ class Executor:
         for name in list(plans):
             ask(name)
         while waiting:
-            if signals.requested or (self.stop_after is not None
-                                     and time.monotonic() - t0 > self.stop_after):
+            if self._stopping(signals):
                 self._stop(backend, tasks, bars, finish)
                 break
             while queue_ and backend.free() > 0:

@@ -34,6 +34,16 @@ COMPILE_FROM_STEPS = 5_000   # "auto" compiles a GPU run this long: 18 s of comp
                              # (bench phonebook, H100) against 1.5 ms saved a step
 
 
+def check_mode(mode: str, device: torch.device, name: str = "step mode") -> None:
+    """ValueError when mode cannot run on device (a CUDA graph needs a GPU); name: what the
+    message calls the mode (the CLI's --step)."""
+    if mode not in STEP_MODES:
+        raise ValueError(f"{name} must be one of {STEP_MODES}, got {mode!r}")
+    if mode in CAPTURED and device.type != "cuda":
+        raise ValueError(f"{name} {mode} captures a CUDA graph: it needs a GPU, the run is on "
+                         f"{device}; use eager or auto")
+
+
 def auto_mode(device: torch.device, planned_steps: int) -> str:
     """eager on a CPU; on a GPU one CUDA graph a step, its blocks compiled first when the run
     is long enough to win back the compilation."""
@@ -120,11 +130,7 @@ class PhonebookStep:
 
     def __init__(self, model_cfg: TransformerConfig, cfg, lr: float, *, device: torch.device,
                  mode: str = "auto", stream: torch.cuda.Stream | None = None):
-        if mode not in STEP_MODES:
-            raise ValueError(f"step mode must be one of {STEP_MODES}, got {mode!r}")
-        if mode in CAPTURED and device.type != "cuda":
-            raise ValueError(f"step mode {mode} captures a CUDA graph: it needs a GPU, the "
-                             f"run is on {device}; use eager or auto")
+        check_mode(mode, device)
         self.cfg, self.device, self.base_lr = cfg, device, float(lr)
         self.mode = auto_mode(device, cfg.planned_steps()) if mode == "auto" else mode
         self.stream = stream
