@@ -211,7 +211,7 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
     gpt2_encoding(config.tokenizer_ranks)
     sources = discover_sources(config.inputs)
     check_text_field(sources, config.text_field)
-    _check_enough_text(config, sources)           # what no tokenising can fix: before any
+    _check_enough_text(config, sources)       # sizes these bytes can never fill: before work
     shards = plan_shards(sources, max(1, int(config.shard_mb * 2 ** 20)))
     out.mkdir(parents=True, exist_ok=True)
     partial = out / ".partial"
