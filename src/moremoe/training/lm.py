@@ -81,15 +81,13 @@ class LMTrainer:
         plan.check_bucket(cfg.parallel.bucket_mb, compiled=t.compile, world=self.info.world,
                           data=cfg.parallel.data)
         self.out = Path(t.out or default_out(cfg))
-        self._start_over = False    # --force deletes an earlier run's files, never others'
         if self.main:                                       # before any data is read
             held = ckpt.check_run_dir(self.out, force=force, writes=ckpt.run_writes(t))
-            self._start_over = force and held
             check_output_dir(self.out, "--out (train.out)")
         self.echo = (echo or printer()) if self.main else (lambda text: None)
         self._load_data()
         self._build()
-        if self.main and self._start_over:
+        if self.main and force and held:    # a run's files: a folder without one loses none
             ckpt.clear_run(self.out)
         self.log = RunLog(self.out, enabled=self.main, tensorboard=t.tensorboard)
         self._plot_failed = False
