@@ -9,19 +9,7 @@ import pytest
 
 from cli_checks import fails
 from moremoe.cli import main
-
-TRAIN = ["--preset", "tiny-moe", "--device", "cpu", "--set", "model.seq_len=64",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1",
-         "--set", "train.eval_batches=1", "--set", "train.ckpt_every=2"]
-
-
-@pytest.fixture(scope="module")
-def run4(text_data, tmp_path_factory):
-    """A tiny run with checkpoints at steps 2 and 4."""
-    out = tmp_path_factory.mktemp("run4") / "run"
-    assert main(["train", "--data", str(text_data), "--out", str(out), *TRAIN,
-                 "--set", "train.max_steps=4", "--json"]) == 0
-    return out
+from test_cli_errors_data import TRAIN, run4  # noqa: F401 (run4: the shared tiny run)
 
 
 def _tree(folder: Path) -> dict:
