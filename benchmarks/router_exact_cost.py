@@ -8,12 +8,8 @@ decision on fp32 logits). The issue's shape, bf16, h = 512, M = 8,192, k = 4, r 
   lowrank exact sweep         the exact sweep alone (config C = 0) at N = 262,144
   lowrank infer N=16, N=64    decoding: the exact sweep split over the experts
   lowrank infer k=1           two keys a tile now, one before
-  ... (floor)                 the queued rows' exact sweep with their floors (config
-                              floor=1; AFTER only: a queued row's logits under its k-th
-                              selected key less the truncation's error are left out);
-                              beside them k = 8 and the training forward without
-  ... (argmax)                the exact sweep's step as one (value, column) reduction
-                              (AFTER only; BEFORE's rows say None)
+  ... (floor), (argmax)       two variants measured on an H200 and removed (236bfd6's
+                              rows: neither was faster; benchmarks/NOTES.md)
 
 Each process times every variant (median of device-event timings after warm-up,
 moremoe.bench.harness.time_ms); the parent runs ROUNDS rounds of (before, after) and
@@ -65,26 +61,6 @@ def child() -> None:
         "lowrank infer N=64": lambda: router_lowrank(x[:64], R1, R2, K),
         "lowrank infer k=1": lambda: router_lowrank(x, R1, R2, 1),
     }
-    from moremoe.kernels import router_candidates, router_topk
-    if hasattr(router_candidates, "_floor"):      # the queued rows' floors (config floor=1)
-        floor = {"floor": 1}
-        z = (x.float() @ R2.float().T).bfloat16()
-        variants.update({
-            "lowrank infer (floor)": lambda: klr.infer(x, R1, R2, K, config=floor),
-            "lowrank infer k=8": lambda: klr.infer(x, R1, R2, 8),
-            "lowrank infer k=8 (floor)": lambda: klr.infer(x, R1, R2, 8, config=floor),
-            "lowrank train forward": lambda: klr.train_forward(z, R1, K),
-            "lowrank train forward (floor)": lambda: klr.train_forward(z, R1, K,
-                                                                      config=floor),
-        })
-    if "ARGMAX" in getattr(router_topk._exact_kernel, "src", ""):   # the one-reduction step
-        one = {"argmax": 1}
-        variants.update({
-            "lowrank infer (argmax)": lambda: klr.infer(x, R1, R2, K, config=one),
-            "lowrank exact sweep (argmax)": lambda: klr.infer(x, R1, R2, K,
-                                                              config={"C": 0, **one}),
-            "lowrank infer N=64 (argmax)": lambda: klr.infer(x[:64], R1, R2, K, config=one),
-        })
     for name, fn in variants.items():
         try:
             ms = time_ms(fn, device=dev)

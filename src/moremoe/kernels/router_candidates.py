@@ -10,17 +10,14 @@ selected key is negative (the code order of equal negative keys is reversed), or
 k-th key and the best one left out are equal after truncation (either logit may be the
 larger), and queues them for the exact sweep (router_topk), which compares logits. For
 top-k positions spread evenly over T tiles the queued share is about binom(k, C + 1) / T^C:
-9 % at k = 4, C = 2, T = 64 (M = 8,192). With each queued row goes its floor: a value at
-or below its true k-th logit (the k-th selected key, less the truncation's error), under
-which the exact sweep need not consider a logit (it cannot be among the top k).
+9 % at k = 4, C = 2, T = 64 (M = 8,192).
 
 Kernels (grid, reads -> writes):
   _candidates_kernel (N/BN, SPLITS) x, R1|W [, R2] -> CAND (T, C, N) fp32 keys,
                                     z (N, r) in x's dtype (low-rank inference), m and Z
                                     (training: the online softmax over the finite logits)
   _pick_kernel       (N/BNP,)       CAND, z|x, R1|W -> top-k val fp32, idx int32, gates fp32;
-                                    REDO, REDO_N: the queued rows; FLOOR (N,) fp32 at the
-                                    queued rows: their floors
+                                    REDO, REDO_N: the queued rows
 T = ceil(M / BM) tiles; SPLITS splits the tiles when there are too few token blocks to fill
 the GPU; BNP, BT the rows and candidates per step of the pick. HBM traffic of the candidates:
 4 T C N bytes written and read (134 MB at N = 262,144, M = 8,192, C = 2), z 2 N r.
@@ -121,7 +118,6 @@ def _store_best(c1, c2, c3, c4, CAND, t, rows64, row_ok, N, C: tl.constexpr):
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
-FLOOR_ULPS = tl.constexpr(8 * 2.0 ** -23)   # x BM: 4x the truncation's relative error
 
 
 @triton.jit
@@ -214,27 +210,14 @@ def _weak(bk, bi, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _floor(thr, nan_seen, BM: tl.constexpr):
-    """A value at or below the true k-th logit of each row, from its k-th selected key thr:
-    the k selected keys are k real logits, so the row's k-th largest is at least the
-    smallest of them, and truncation cleared that logit's low log2(BM) + 1 mantissa bits
-    (toward zero), an error under 2 BM ulps, 2 BM · 2^-23 of its size whatever its sign.
-    The floor takes 4x that off, and 2^-100 for subnormal sizes; -inf (no floor) where a
-    slot is empty or the row saw a non-finite logit."""
-    low = thr - tl.abs(thr) * (BM * FLOOR_ULPS) - 7.888609052210118e-31
-    return tl.where((nan_seen > 0) | (thr != thr), NEG_INF, low)
-
-
-@triton.jit
-def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, FLOOR,
+def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
                  N, H, M, R, TC, sx_n, sx_h, sw_m, sw_k, sz_n, sz_r, so_n,
                  K: tl.constexpr, KP: tl.constexpr, C: tl.constexpr, MODE: tl.constexpr,
                  BN: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
                  BH: tl.constexpr):
     """Top-k of the TC = T·C candidates of each row by truncated key, ties by lower expert
     index (candidates are read in tile order, so a strictly larger key is needed to enter),
-    exact values and gates; doubtful rows are queued in REDO with their floors in FLOOR,
-    among them those whose k-th key ties after truncation with the best one left out (the
+    exact values and gates; doubtful rows are queued in REDO, among them those whose k-th key ties after truncation with the best one left out (the
     exact sweep then orders them by value)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
@@ -274,7 +257,6 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, FLOOR
     write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
     n = tl.sum(bad.to(tl.int32), axis=0)
     if n > 0:
-        tl.store(FLOOR + rows64, _floor(thr, nan_seen, BM), mask=bad)
         pos = tl.atomic_add(REDO_N, n) + tl.cumsum(bad.to(tl.int32), axis=0) - 1
         tl.store(REDO + pos, rows, mask=bad)
 
@@ -312,7 +294,7 @@ def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, stats=None,
 
 def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out):
     """Top-k of the candidates into out = (val, idx, gates); returns the queued rows
-    (REDO, REDO_N) for the exact sweep and FLOOR, each queued row's floor (at its row)."""
+    (REDO, REDO_N) for the exact sweep."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = w.shape[1]                      # r (R1 is (M, r)), or h for the standard router
     BM, C = cfg["BM"], cfg["C"]
@@ -320,10 +302,9 @@ def launch_pick(cand, z_out, x, w, k: int, *, mode: int, cfg: dict, out):
     zs, sz = (z_out, (z_out.stride(0), 1)) if mode == LOWRANK else (x, (x.stride(0), x.stride(1)))
     rows = torch.empty(N, device=x.device, dtype=torch.int32)
     rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
-    floor = torch.empty(N, device=x.device, dtype=torch.float32)
     BNP = 32
     _pick_kernel[(triton.cdiv(N, BNP),)](
-        cand, x, w, zs, *out, rows, rows_n, floor, N, H, M, R, TC, x.stride(0),
+        cand, x, w, zs, *out, rows, rows_n, N, H, M, R, TC, x.stride(0),
         x.stride(1), w.stride(0), w.stride(1), *sz, k, K=k, KP=next_pow2(k), C=C, MODE=mode,
         BN=BNP, BT=min(64, next_pow2(TC)), BM=BM, BR=cfg["BR"], BH=cfg["BH"], num_warps=4)
-    return rows, rows_n, floor
+    return rows, rows_n

@@ -13,12 +13,10 @@ launch_sweep runs, for every k and both routers:
      queue most of them (few tiles and large k) or where the rows are too few to fill the
      GPU (then split over the experts and merged): each tile inserts, one logit per step,
      every logit that belongs in the row's running top-k (a block-uniform loop), compared
-     by value and then by index: exact on the fp32 logits. A queued row's floor (from its
-     candidates: at or below its true k-th logit) leaves out the logits under it, so most
-     tiles insert nothing and the loop ends at once; the answer is the same.
+     by value and then by index: exact on the fp32 logits.
 
 Kernels (grid, reads -> writes):
-  _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO, FLOOR] -> top-k val fp32, idx int32,
+  _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO] -> top-k val fp32, idx int32,
                                     gates fp32 [+ online-softmax row max m and normaliser Z]
                                     or, split, each split's top-k (N, SPLITS, k)
   _merge_kernel      (N/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
@@ -68,17 +66,13 @@ def _fill_unselected(bi, base, limit, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _best_left(lv, cols, m0, ARGMAX: tl.constexpr):
+def _best_left(lv, cols, m0):
     """Each row's largest value left in the tile, its lowest column among equal ones, and
-    that column's expert index: two reductions (the maximum, then the lowest column that
-    holds it), or ARGMAX one reduction of (value, column) pairs whose ties go left (the
-    same answer; which is faster is the GPU's to say: config "argmax")."""
-    if ARGMAX:
-        top, tcol = tl.max(lv, axis=1, return_indices=True,
-                           return_indices_tie_break_left=True)
-    else:
-        top = tl.max(lv, axis=1)
-        tcol = tl.min(tl.where(lv == top[:, None], cols[None, :], BIG_IDX), axis=1)
+    that column's expert index: two reductions, the maximum and then the lowest column
+    that holds it (one reduction of (value, column) pairs measured slower on an H200:
+    1.768 against 1.673 ms, benchmarks/NOTES.md)."""
+    top = tl.max(lv, axis=1)
+    tcol = tl.min(tl.where(lv == top[:, None], cols[None, :], BIG_IDX), axis=1)
     return top, tcol, m0 + tcol
 
 
@@ -102,39 +96,37 @@ def _insert_exact(bv, bi, thr_v, thr_i, top, gidx, ok):
 
 
 @triton.jit
-def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr, ARGMAX: tl.constexpr):
+def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr):
     """Insert every logit of the tile (lv: the non-finite and masked ones -inf) that belongs
     in the running top-k, best first, by value and then by the lower index: exact on the
     fp32 logits (no key truncation). A row whose best left does not enter has nothing left
     that would, so the block-uniform loop ends when no row's does."""
     cols = tl.arange(0, BM)
-    top, tcol, gidx = _best_left(lv, cols, m0, ARGMAX)
+    top, tcol, gidx = _best_left(lv, cols, m0)
     ok = _enters(top, gidx, thr_v, thr_i)
     while tl.max(ok.to(tl.int32), axis=0) > 0:
         bv, bi, thr_v, thr_i = _insert_exact(bv, bi, thr_v, thr_i, top, gidx, ok)
         lv = tl.where(cols[None, :] == tcol[:, None], NEG_INF, lv)
-        top, tcol, gidx = _best_left(lv, cols, m0, ARGMAX)
+        top, tcol, gidx = _best_left(lv, cols, m0)
         ok = _enters(top, gidx, thr_v, thr_i)
     return bv, bi, thr_v, thr_i
 
 
 @triton.jit
 def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM, ROWS, ROWS_N,
-                  FLOOR, N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n,
-                  so_s, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
-                  STATS: tl.constexpr, GIVEN: tl.constexpr, FLOORED: tl.constexpr,
-                  SCRATCH: tl.constexpr,
+                  N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
+                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
+                  STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, EVEN: tl.constexpr = False,
-                  FULL_R: tl.constexpr = False, ARGMAX: tl.constexpr = False):
+                  FULL_R: tl.constexpr = False):
     """The exact sweep over the experts of split program_id(1) for a block of rows: rows
     program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
-    GIVEN launch exit at once; FLOORED (GIVEN only): a row's logits under FLOOR[row] are
-    left out (none of them is among its top k). SCRATCH: the split's running buffer (the tiles' logits in
+    GIVEN launch exit at once. SCRATCH: the split's running buffer (the tiles' logits in
     OUT_KEY, experts, exact values) goes to OUT + split·so_s at the queue position, unsorted,
     for _merge_kernel. STATS (one split) adds the online-softmax
     statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
-    FULL_R: r == BR (no rank masks). ARGMAX: the step's reduction (_best_left)."""
+    FULL_R: r == BR (no rank masks)."""
     start = tl.program_id(0) * BN
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
@@ -153,8 +145,6 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
         bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
         thr_v = tl.full((BN,), NEG_INF, tl.float32)
         thr_i = tl.full((BN,), -1, tl.int32)
-        if FLOORED:
-            floor = tl.load(FLOOR + rows64, mask=row_ok, other=NEG_INF)
         run_m = tl.full((BN,), NEG_INF, tl.float32)
         run_norm = tl.zeros((BN,), tl.float32)
         m_begin = tl.program_id(1) * m_per_split
@@ -173,9 +163,7 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
                 p = tl.exp(lv - safe_m[:, None])
                 run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
                 run_m = new_m
-            if FLOORED:
-                lv = tl.where(lv >= floor[:, None], lv, NEG_INF)
-            bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM, ARGMAX)
+            bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM)
         if tl.min(tl.min(bi, axis=1), axis=0) < 0:
             bi = _fill_unselected(bi, m_begin, m_end, K, KP)
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
@@ -258,10 +246,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ; BM = 128
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
     shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep),
-    cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps;
-    argmax (default 0) the exact sweep's step as one (value, column) reduction; floor
-    (default 0; 1 leaves out, in the queued rows' sweep, the logits under each row's
-    floor: the same answer, not yet measured on a GPU, benchmarks/NOTES.md). The
+    cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps. The
     standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
@@ -284,9 +269,8 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
 
 
 def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows_n=None,
-                 floor=None, stats=None, splits: int = 1):
-    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones (with
-    floor: each queued row's floor at its row, logits under it left out), split over
+                 stats=None, splits: int = 1):
+    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones, split over
     `splits` ways of the experts (each way's top-k merged after) when there are too few
     rows to fill the GPU: the sweep of one block is serial over M."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
@@ -307,14 +291,12 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
                torch.empty(N, splits, KP, device=x.device, dtype=torch.float32))
         so_n, so_s = splits * KP, KP
     _exact_kernel[(triton.cdiv(N, cfg["BN"]), splits)](
-        x, w, r2_, *dst, m_row, norm_row, rows, rows_n, floor if floor is not None else rows,
-        N, H, M, R, m_per_split,
+        x, w, r2_, *dst, m_row, norm_row, rows, rows_n, N, H, M, R, m_per_split,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1),
         so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
-        FLOORED=given and floor is not None,
         SCRATCH=splits > 1, BN=cfg["BN"], BM=BM, BR=cfg["BR"], BH=cfg["BH"],
         PREC=dot_precision(x.dtype), EVEN=M % BM == 0 and m_per_split % BM == 0,
-        FULL_R=mode != LINEAR and R == cfg["BR"], ARGMAX=bool(cfg.get("argmax", 0)),
+        FULL_R=mode != LINEAR and R == cfg["BR"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
@@ -351,7 +333,6 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
         else:
             cand, z = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, stats=st,
                                         splits=splits)
-            rows, rows_n, floor = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg, out=out)
-            launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, rows=rows, rows_n=rows_n,
-                         floor=floor if cfg.get("floor", 0) else None)
+            rows, rows_n = launch_pick(cand, z, x, w, k, mode=mode, cfg=cfg, out=out)
+            launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, rows=rows, rows_n=rows_n)
     return (*out, *(st if stats else (None, None)))
