@@ -77,6 +77,20 @@ def _position_independent_dot():
 _position_independent_dot()
 
 
+def _a_share_of_the_cores_a_worker():
+    """Under pytest-xdist each worker gives torch's intra-op threads its share of the cores
+    (unless OMP_NUM_THREADS says otherwise): two workers of two threads on two cores
+    contend (the two longest tests side by side: 129 s, against 114 s at a thread each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // workers))
+
+
+_a_share_of_the_cores_a_worker()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -12,8 +12,8 @@ from moremoe.cli import main
 from numerics import model_reduction_length, reduction_tol
 
 TRAIN = ["--preset", "tiny-more", "--device", "cpu", "--set", "model.seq_len=64",
-         "--set", "train.batch_size=8", "--set", "train.max_steps=160",
-         "--set", "train.eval_every=80", "--set", "train.log_every=20", "--json"]
+         "--set", "train.batch_size=8", "--set", "train.max_steps=80",
+         "--set", "train.eval_every=40", "--set", "train.log_every=10", "--json"]
 
 
 def _log_steps(run: Path) -> list[int]:
@@ -31,14 +31,14 @@ def test_prepare_train_resume_eval_export(tmp_path, capsys, lm_eval_tasks):
     assert open_tokens(data, "val", verify=True).shape == (64, 64)
 
     # stopped half way (as a kill or a time budget would), then resumed to the end
-    assert main(["train", "--data", str(data), "--out", str(run), "--stop-step", "80",
+    assert main(["train", "--data", str(data), "--out", str(run), "--stop-step", "40",
                  *TRAIN]) == 75                          # stopped by a budget, resumable
     capsys.readouterr()
     assert main(["train", "--data", str(data), "--out", str(run), "--resume", *TRAIN]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["step"] == 160
+    assert summary["step"] == 80
     steps = _log_steps(run)
-    assert steps == sorted(set(steps)) and steps[-1] == 160   # no step logged twice
+    assert steps == sorted(set(steps)) and steps[-1] == 80   # no step logged twice
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in log if r.get("event") == "train"]
     assert losses[-1] < losses[0] - 2.0                          # it learns the prose

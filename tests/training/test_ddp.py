@@ -76,7 +76,8 @@ def test_ddp_with_in_place_expert_gradients_equals_one_process(text_data, tmp_pa
     gradients in place under DDP too: left out of DDP's buckets, all-reduced by the trainer
     after the last micro-step; 2 ranks x 2 micro-steps against one process's 4, the
     balancing loss on (the validation sets differ: each rank evaluates its own batches)."""
-    fused = ["model.experts_impl=triton", "train.batch_size=2"]
+    fused = ["model.experts_impl=triton", "train.batch_size=2", "model.seq_len=32",
+             "train.max_steps=3", "train.eval_every=3"]     # the interpreter is slow
     dist = run_torchrun(text_data, tmp_path / "ddp", fused + ["train.grad_accum=2"])
     single = run_single(text_data, tmp_path / "one", fused + ["train.grad_accum=4"])
     assert dist["global_batch"] == single["global_batch"] == 8
