@@ -178,6 +178,13 @@ def test_theory_rank_routes_the_inputs_through_a_trained_router(capsys, tmp_path
      r"--top-k 2 must be at most --more-experts 1"),
     (["sweep", "--over", "hidden", "--values", "32,33", "--size", "10"],
      r"--over hidden --values 33: --hidden 33 over 1 head .* gives a head dim of 33"),
+    (["train", "--size", "10", "--arch", "moe", "--more-experts", "64"],
+     r"--more-experts sets the MoRE model, which --arch moe does not train; drop "
+     r"--more-experts or give --arch both$"),
+    (["capacity", "--sizes", "10,30", "--arch", "more", "--moe-experts", "8"],
+     r"--moe-experts sets the MoE model, which --arch more does not train"),
+    (["train", "--size", "10", "--arch", "peer", "--more-width", "8"],
+     r"--more-width sets the MoRE model, which --arch peer does not train"),
 ])
 def test_phonebook_model_errors_name_the_flags(capsys, tmp_path, no_training, argv, match):
     out = tmp_path / "out"

@@ -159,6 +159,11 @@ def test_bench_model_takes_what_its_help_lists(capsys):
     assert parser.parse_args(["bench", "model"]).phases == ["prefill", "decode"]
     fails(capsys, ["bench", "model", "--pairs", "tiny"],
           r"--pairs got 'tiny', expected a comma-separated subset of h512-s64, ")
+    fails(capsys, ["bench", "model", "--quick", "--pairs", "h1024-s32"],     # not ignored
+          r"--pairs h1024-s32 would not be measured: --quick measures the tiny pair only; "
+          r"drop one of them$")
+    from moremoe.cli.bench import MODEL_PAIRS
+    assert set(MODEL_PAIRS) <= set(_pair_names())
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "model", "--help"])
     text = " ".join(capsys.readouterr().out.split())

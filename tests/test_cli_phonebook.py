@@ -177,6 +177,10 @@ def test_reproduce_one_arm(capsys, tmp_path, instant):
                                              r"searches: add rank to --points, or drop --ranks"),
     (["--points", "rank", "--ranks", "4,12"], r"argument --ranks: expected ranks among moe, 4, "
                                               r"8, 16, 32, got '4,12'"),
+    (["--points", "rank,h64-s8,rank"], r"argument --points: 'rank,h64-s8,rank' lists rank "
+                                       r"twice; give each value once"),
+    (["--points", "rank", "--ranks", "8,moe,MoE"], r"argument --ranks: '8,moe,MoE' lists moe "
+                                                   r"twice; give each value once"),
     (["--jobs", "2", "--device", "cpu"], r"--jobs 2 spreads the runs over GPUs, but --device "
                                          r"cpu names one device; use --device auto or cuda"),
 ])

@@ -177,6 +177,7 @@ def _pair_names():
 
 _layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
 _pairs_arg = _subset_arg("--pairs", _pair_names)
+MODEL_PAIRS = ("h512-s64", "h512-s128", "h512-s64-x8", "h1024-s32")   # --pairs' default
 # `bench model`'s phases and decode modes (moremoe.bench.model.PHASES, DECODE_MODES)
 MODEL_PHASES, DECODE_MODES = ("prefill", "decode"), ("eager", "captured", "compiled")
 MODES = ("eager", "graph", "compiled")           # bench phonebook (no torch here)
@@ -283,7 +284,11 @@ def cmd_bench(args) -> int:
     if args.bench_command == "model":
         from ..bench import model, model_plots
         args.table, args.summarize = _model_table, _model_summary
-        args.runner_kwargs = {**quick, "pairs": _pair_configs(args.pairs, args.quick),
+        if args.quick and args.pairs is not None:
+            raise UserError(f"--pairs {','.join(args.pairs)} would not be measured: --quick "
+                            f"measures the tiny pair only; drop one of them")
+        pairs = args.pairs or list(MODEL_PAIRS)
+        args.runner_kwargs = {**quick, "pairs": _pair_configs(pairs, args.quick),
                               "phases": args.phases, "modes": args.decode_modes,
                               "batches": args.batches, "new_tokens": args.new_tokens}
         return _run_bench(args, "model", model.run_model, model_plots.render_model)
@@ -398,8 +403,7 @@ def add_bench_parser(sub) -> None:
             pb.add_argument("--hidden", type=_int_list, default=None, metavar="H,H,...",
                             help="the hidden sizes h (default 64,128,...,4096)")
         if name == "model":
-            pb.add_argument("--pairs", type=_pairs_arg,
-                            default=["h512-s64", "h512-s128", "h512-s64-x8", "h1024-s32"],
+            pb.add_argument("--pairs", type=_pairs_arg, default=None,
                             help="matched preset pairs, comma-separated: h512-s64 (MoE-256 / "
                                  "MoRE-1792, the paper's), h512-s128, h512-s64-x8 (MoE-1024 / "
                                  "MoRE-8192), h1024-s32 (default all four; a model that does "

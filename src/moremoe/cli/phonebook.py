@@ -54,6 +54,17 @@ def _check_heads(h: int, heads: int | None) -> None:
                          f"positions need an even head dim; {fix}")
 
 
+def _check_arch_flags(args) -> None:
+    """A model flag for a model --arch does not train is refused, not ignored."""
+    used = {"moe": ("--moe-experts",), "more": ("--more-experts", "--more-width"),
+            "both": ("--moe-experts", "--more-experts", "--more-width"), "peer": ()}[args.arch]
+    for flag in ("--moe-experts", "--more-experts", "--more-width"):
+        if getattr(args, flag[2:].replace("-", "_")) is not None and flag not in used:
+            model = "MoE" if flag == "--moe-experts" else "MoRE"
+            raise ValueError(f"{flag} sets the {model} model, which --arch {args.arch} does "
+                             f"not train; drop {flag} or give --arch both")
+
+
 def _check_top_k(args) -> None:
     """k at most the experts given for a model that is trained (the planner's counts are at
     least k): named as --top-k and --moe-experts / --more-experts."""
@@ -141,6 +152,7 @@ def _label(model_cfg) -> str:
 
 def cmd_phonebook_train(args) -> int:
     from ..training.phonebook_search import trial
+    _check_arch_flags(args)
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-train", "phonebook_train")
     report = {"command": "phonebook train", "size": args.size, "plan": plan.to_dict(),
@@ -164,6 +176,7 @@ def cmd_phonebook_train(args) -> int:
 
 def cmd_phonebook_capacity(args) -> int:
     from ..training.phonebook_search import capacity, unfinished
+    _check_arch_flags(args)
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-capacity", "capacity")
     report = {"command": "phonebook capacity", "sizes": sorted(set(args.sizes)),

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from ..report import table
-from .args import EPILOG, _add_json, _fraction, _int_list, _positive_float, _positive_int, _seed
+from .args import (EPILOG, _add_json, _distinct, _fraction, _int_list, _positive_float,
+                   _positive_int, _seed)
 from .phonebook_run import add_execution_args, capacity_text, execute, finish, outputs
 
 ROWS = "phonebook_capacity.jsonl"
@@ -22,7 +23,7 @@ def _points(text: str) -> list[str]:
     if bad or not keys:
         raise argparse.ArgumentTypeError(f"expected points among {', '.join(known)}, got "
                                          f"{text!r}")
-    return list(dict.fromkeys(keys))
+    return _distinct(keys, text)
 
 
 def _ranks(text: str) -> list:
@@ -34,7 +35,7 @@ def _ranks(text: str) -> list:
     if bad or not keys:
         raise argparse.ArgumentTypeError(f"expected ranks among {', '.join(known)}, got "
                                          f"{text!r}")
-    return [k if k == "moe" else int(k) for k in dict.fromkeys(keys)]
+    return [k if k == "moe" else int(k) for k in _distinct(keys, text)]
 
 
 def _train_config(args):
