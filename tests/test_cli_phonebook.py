@@ -155,6 +155,21 @@ def test_the_rank_figure_takes_the_h128_dot_for_r16_and_draws_lower_bounds(tmp_p
     assert plot_rank_figure([row, moe], tmp_path / "b.png", below).stat().st_size > 0
 
 
+def test_reproduce_force_keeps_the_earlier_work_when_the_first_trial_cannot_fit(
+        capsys, tmp_path, instant, monkeypatch):
+    """Whether a search's first trials fit is checked before --force clears the earlier
+    journal and report: a refusal after the clearing would lose them for nothing."""
+    argv = ["phonebook", "reproduce", "--points", "h64-s8", "--arch", "more", "--out",
+            str(tmp_path), "--device", "cpu", "--no-progress"]
+    assert main(argv) == 0
+    before = tree(tmp_path)
+    assert before["trials.jsonl"] and before["reproduce.json"]
+    monkeypatch.setattr(trainer, "training_memory", lambda model, cfg: 1 << 60)
+    fails(capsys, [*argv, "--force"], r"MoRE\(M=96, .* needs at least .* of memory and "
+                                      r"this machine has .*; give a smaller model")
+    assert tree(tmp_path) == before
+
+
 def test_reproduce_one_arm(capsys, tmp_path, instant):
     assert main(["phonebook", "reproduce", "--points", "h64-s8", "--arch", "more", "--out",
                  str(tmp_path), "--device", "cpu", "--no-progress", "--json"]) == 0

@@ -9,7 +9,8 @@ from pathlib import Path
 from ..report import table
 from .args import (EPILOG, _add_json, _distinct, _fraction, _int_list, _positive_float,
                    _positive_int, _seed)
-from .phonebook_run import add_execution_args, capacity_text, execute, finish, outputs
+from .phonebook_run import (add_execution_args, capacity_text, devices, execute, finish,
+                            outputs)
 
 ROWS = "phonebook_capacity.jsonl"
 
@@ -106,6 +107,21 @@ def _check_rows_file(path: Path) -> None:
                          f"{bad[0]}) are not rows of `phonebook reproduce`; give another file")
 
 
+def _check_first_trials_fit(found: list, args, cfg) -> None:
+    """Each search's first trials (its start and the --ahead sizes above it) fit on the
+    device, checked before anything in --out is touched: a refusal after --force cleared the
+    earlier work would lose it for nothing. A larger size a search reaches later is checked
+    when it trains."""
+    from dataclasses import replace
+
+    from ..runtime import resolve_device
+    from ..training.phonebook import check_fits_phonebook
+    for dev in {str(resolve_device(d)) for d in devices(args)}:
+        for s in found:
+            for size in [n for n in args.grid if n >= s.start][:1 + args.ahead]:
+                check_fits_phonebook(s.model, replace(cfg, size=size, device=dev))
+
+
 def cmd_phonebook_reproduce(args) -> int:
     from ..runtime import environment, resolve_device
     from ..training import phonebook_paper as paper
@@ -121,11 +137,12 @@ def cmd_phonebook_reproduce(args) -> int:
     own_rows = args.rows is not None and args.out is not None and \
         Path(args.rows).resolve() == (Path(args.out) / ROWS).resolve()
     writes = ([] if own_rows else [ROWS]) + (["rank.png"] if "rank" in args.points else [])
-    json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce", writes)
-    rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
     cfg = _train_config(args)
     found = [s for s in paper.searches(args.points, args.ranks)
              if args.arch in ("both", s.arch)]
+    _check_first_trials_fit(found, args, cfg)     # before --force clears the earlier work
+    json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce", writes)
+    rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
     partial = {}
     report = {"command": "phonebook reproduce", "points": args.points, "arch": args.arch,
               "grid": args.grid,
