@@ -112,6 +112,18 @@ def test_plan_budget_with_experts_and_a_round_width_that_fits(capsys):
     out = run_json(capsys, [*PLAN, "--sweep", "rank", "--ranks", "16,8", "--fixed-width", "4",
                             "--peer", "--peer-heads", "2"])
     assert [l["rank"] for l in out["sweep"]["layers"]] == [16, 8] and out["peer"]["heads"] == 2
+    # the default ranks are those whose router leaves room for k experts (up to 37 here):
+    # the user gave no --ranks to blame; a given rank that does not fit is named
+    out = run_json(capsys, [*PLAN, "--sweep", "rank"])
+    assert [l["rank"] for l in out["sweep"]["layers"]] == [16, 32]
+    fails(capsys, [*PLAN, "--sweep", "rank", "--ranks", "16,128"],
+          r"--ranks 128 must be at most --hidden 64")
+    fails(capsys, [*PLAN, "--sweep", "rank", "--ranks", "16,64"],
+          r"--ranks 64: a rank-64 router at expert width s = 6 \(the planned MoRE width\) "
+          r"leaves room for fewer than k = 4 experts within tau = 24,576; give ranks up to 37$")
+    fails(capsys, [*PLAN, "--sweep", "rank", "--fixed-width", "40"],
+          r"the default ranks from 16: .* s = 40 \(--fixed-width\) .*; no rank fits: give a "
+          r"smaller --fixed-width$")
 
 
 # ------------------------------------------------------------------ theory rank

@@ -111,11 +111,33 @@ def _check_plan_args(args) -> None:
         raise ValueError(f"--top-k must be in [1, --experts={args.experts}] (the reference "
                          f"MoE's experts), got {args.top_k}")
     _check_rank(args.rank, args.hidden)
+    args.ranks_given = args.ranks is not MODE_FLAGS["ranks"][0]
+    if args.sweep == "rank" and not args.ranks_given:    # up to h; those that fit: plan
+        args.ranks = [r for r in args.ranks if r <= args.hidden] or [args.hidden]
     if args.sweep == "rank":
         _check_rank(max(args.ranks), args.hidden, "--ranks")
     if args.peer and args.peer_dq % 2:
         raise ValueError(f"--peer-dq {args.peer_dq} must be even (the query splits in two "
                          f"halves, one per key table)")
+
+
+def _sweep_ranks(args, budget: float, width: int) -> list[int]:
+    """The ranks of --sweep rank whose router leaves room for k experts of width s within
+    tau (all given ones, or refused naming the first that does not fit; the default ones
+    that fit)."""
+    rest = budget - args.ce * args.top_k * args.hidden * width
+    widest = math.floor(rest / (args.cr * (args.hidden + args.top_k)) + 1e-9)  # M >= k
+    fits = [r for r in args.ranks if r <= widest]
+    if args.ranks_given and len(fits) < len(args.ranks) or not fits:
+        bad = next(r for r in args.ranks if r > widest)
+        s_from = "--fixed-width" if args.fixed_width else "the planned MoRE width"
+        named = f"--ranks {bad}" if args.ranks_given else f"the default ranks from {bad}"
+        raise ValueError(f"{named}: a rank-{bad} router at expert width s = {width} "
+                         f"({s_from}) leaves room for fewer than k = {args.top_k} experts "
+                         f"within tau = {budget:,.0f}; "
+                         + (f"give ranks up to {widest}" if widest >= 1 else
+                            "no rank fits: give a smaller --fixed-width"))
+    return fits
 
 
 def _plan(args) -> accounting.MatchedPlan:
@@ -175,6 +197,7 @@ def cmd_plan(args) -> int:
     out = plan.to_dict()
     if args.sweep == "rank":
         width = args.fixed_width or more.width
+        args.ranks = _sweep_ranks(args, plan.budget, width)
         layers = accounting.rank_sweep(plan.budget, args.hidden, args.top_k, width, args.ranks,
                                        ce=args.ce, cr=args.cr)
         out["sweep"] = {"over": "rank", "width": width,
@@ -253,7 +276,8 @@ def add_plan_parsers(sub) -> None:
                    help="also sweep: rank = MoRE layers at a fixed expert width over --ranks, "
                         "each with the most experts tau allows (the paper's rank ablation)")
     p.add_argument("--ranks", type=_int_list, default=None,
-                   help="ranks of --sweep rank, each once (default 16,32,64,128,256)")
+                   help="ranks of --sweep rank, each once (default those of 16,32,64,128,256 "
+                        "up to --hidden)")
     p.add_argument("--fixed-width", type=_positive_int, default=None,
                    help="expert width of --sweep rank (default: the plan's MoRE width)")
     p.add_argument("--peer", action="store_true",
