@@ -282,6 +282,29 @@ def test_output_needs_force_and_conflicting_work_needs_restart(sources, referenc
     assert outputs(out) == outputs(reference[0])
 
 
+def test_too_few_sequences_names_fixes_that_work(sources, reference, tmp_path):
+    """Refused when --val-sequences leaves no training sequence; each fix the message names
+    (the most --val-sequences at this --seq-len, the longest --seq-len at these
+    --val-sequences) then builds."""
+    import re
+    rows = sum(r["sequences"] for r in reference[1]["sources"])
+    with pytest.raises(ValueError) as err:
+        build_mixture(config(sources, tmp_path / "a", val_sequences=rows), progress=False)
+    got = re.search(r"too few sequences: the mixture gives ([\d,]+) distinct sequences of "
+                    r"--seq-len 64, and --val-sequences [\d,]+ leaves none for training; use "
+                    r"--val-sequences ([\d,]+) or fewer, a --seq-len of ([\d,]+) or less or a "
+                    r"larger --scale / --tokens$", str(err.value))
+    assert got, str(err.value)
+    total, most, longest = (int(g.replace(",", "")) for g in got.groups())
+    assert total == rows and most == rows - 1 and longest < T
+    build_mixture(config(sources, tmp_path / "b", val_sequences=most), progress=False)
+    build_mixture(config(sources, tmp_path / "c", val_sequences=rows, seq_len=longest),
+                  progress=False)
+    with pytest.raises(ValueError, match=r"--seq-len of"):
+        build_mixture(config(sources, tmp_path / "d", val_sequences=rows,
+                             seq_len=longest + 1), progress=False)
+
+
 def test_skipping_a_source_keeps_the_work_done(sources, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
