@@ -292,15 +292,15 @@ def test_too_few_sequences_names_fixes_that_work(sources, reference, tmp_path):
         build_mixture(config(sources, tmp_path / "a", val_sequences=rows), progress=False)
     got = re.search(r"too few sequences: the mixture gives ([\d,]+) distinct sequences of "
                     r"--seq-len 64, and --val-sequences [\d,]+ leaves none for training; use "
-                    r"--val-sequences ([\d,]+) or fewer, a --seq-len of ([\d,]+) or less or a "
-                    r"larger --scale / --tokens$", str(err.value))
+                    r"a --seq-len of at most ([\d,]+) or --val-sequences of at most ([\d,]+), "
+                    r"or a larger --scale / --tokens$", str(err.value))
     assert got, str(err.value)
-    total, most, longest = (int(g.replace(",", "")) for g in got.groups())
+    total, longest, most = (int(g.replace(",", "")) for g in got.groups())
     assert total == rows and most == rows - 1 and longest < T
     build_mixture(config(sources, tmp_path / "b", val_sequences=most), progress=False)
     build_mixture(config(sources, tmp_path / "c", val_sequences=rows, seq_len=longest),
                   progress=False)
-    with pytest.raises(ValueError, match=r"--seq-len of"):
+    with pytest.raises(ValueError, match=r"--seq-len of at most"):
         build_mixture(config(sources, tmp_path / "d", val_sequences=rows,
                              seq_len=longest + 1), progress=False)
 

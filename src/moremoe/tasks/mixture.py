@@ -46,7 +46,7 @@ import numpy as np
 from ..report import check_output_dir, write_atomic, write_json
 from ..runtime import __version__, progress_bar
 from .formats import render
-from .prepare import default_workers, locked, stream_rows
+from .prepare import default_workers, locked, seq_len_fixes, stream_rows
 from .recipe import RECIPES, describe, nominal_tokens, scale_for, scaled, select
 from .sources import encode
 from .streams import local_origin, open_sources, quiet_datasets, read_failure
@@ -313,16 +313,6 @@ def draw_validation(rows, repeats, v: int, seed: int) -> list[np.ndarray]:
     return [ids[(ids >= a) & (ids < a + n)] - a for a, n in zip(first_S, rows_S)]
 
 
-def _longest_seq_len(taken: list[int], need: int) -> int:
-    """The longest sequence length at which the sources' token counts give `need`
-    sequences in all (0 when even length 1 gives fewer)."""
-    lo, hi = 0, max(taken, default=0)
-    while lo < hi:                      # sum(t // T) falls as T grows
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if sum(t // mid for t in taken) >= need else (lo, mid - 1)
-    return lo
-
-
 def _assemble(config, specs, local, records, partial: Path, *, progress) -> dict:
     """Chunks -> train.bin, val.bin (in .partial, then renamed into DIR) -> mixture.json ->
     meta.json."""
@@ -330,14 +320,10 @@ def _assemble(config, specs, local, records, partial: Path, *, progress) -> dict
     taken = [sum(r["tokens"] for r in records[s.name]) for s in specs]
     rows = [t // T for t in taken]
     if v >= sum(rows):
-        fixes = [f"--val-sequences {sum(rows) - 1:,} or fewer"] if sum(rows) >= 1 else []
-        longest = _longest_seq_len(taken, v + 1)
-        fixes += [f"a --seq-len of {longest:,} or less"] if longest >= 2 else []
-        fixes.append("a larger --scale / --tokens")
         raise ValueError(f"too few sequences: the mixture gives {sum(rows):,} distinct "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; use {', '.join(fixes[:-1])}"
-                         f"{' or ' if len(fixes) > 1 else ''}{fixes[-1]}")
+                         f"for training; "
+                         f"{seq_len_fixes(taken, T, v, more='a larger --scale / --tokens')}")
     held = draw_validation(rows, [s.repeats for s in specs], v, config.seed)
     hashes = _write_splits(specs, records, rows, held, partial, T, progress=progress)
     table = [_source_row(spec, local, records[spec.name], t, n, len(h), T)

@@ -261,8 +261,8 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     if v >= n_seq:
         raise ValueError(f"too few sequences: the inputs give {tokens:,} tokens = {n_seq:,} "
                          f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; {_fixes(tokens, T, v)} (the tokenised text stays in "
-                         f"{partial}: the next run reuses it)")
+                         f"for training; {seq_len_fixes([tokens], T, v)} (the tokenised text "
+                         f"stays in {partial}: the next run reuses it)")
     is_val = np.zeros(n_seq, dtype=bool)
     is_val[np.random.default_rng(config.seed).choice(n_seq, size=v, replace=False)] = True
     paths = {s: partial / f"{s}.bin" for s in SPLITS}
@@ -322,24 +322,39 @@ def _check_enough_text(config: PrepareConfig, sources) -> None:
         raise ValueError(f"too few sequences: the inputs hold {nbytes:,} bytes of text, at "
                          f"most {bound:,} tokens = {bound // T:,} sequences of --seq-len {T}, "
                          f"and --val-sequences {v:,} leaves none for training; "
-                         f"{_fixes(bound, T, v, upper=True)}")
+                         f"{seq_len_fixes([bound], T, v, upper=True)}")
 
 
-def _fixes(tokens: int, T: int, v: int, upper: bool = False) -> str:
-    """What leaves `tokens` tokens (upper: at most) a training sequence beside the
-    --val-sequences v: (v + 1) sequences of --seq-len T must fit."""
+def longest_seq_len(taken: list[int], need: int) -> int:
+    """The longest sequence length at which sources of `taken` tokens give `need` sequences
+    in all (0 when even length 1 gives fewer); one source: taken[0] // need."""
+    lo, hi = 0, max(taken, default=0)
+    while lo < hi:                      # sum(t // T) falls as T grows
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if sum(t // mid for t in taken) >= need else (lo, mid - 1)
+    return lo
+
+
+def seq_len_fixes(taken: list[int], T: int, v: int, *, more: str = "more text",
+                  upper: bool = False) -> str:
+    """What leaves sources of `taken` tokens (upper: at most) a training sequence beside
+    the --val-sequences v: (v + 1) sequences of --seq-len T must fit, each within a
+    source."""
     fixes = []
-    if tokens // (v + 1) >= 2:
-        fixes.append(f"a --seq-len of at most {tokens // (v + 1):,}")
-    if tokens // T >= 1:
-        fixes.append(f"--val-sequences of at most {tokens // T - 1:,}")
-    if not fixes and tokens // 2 >= 2:
-        fixes.append(f"--val-sequences 1 with a --seq-len of at most {tokens // 2:,}")
+    longest = longest_seq_len(taken, v + 1)
+    if longest >= 2:
+        fixes.append(f"a --seq-len of at most {longest:,}")
+    n_seq = sum(t // T for t in taken)
+    if n_seq >= 1:
+        fixes.append(f"--val-sequences of at most {n_seq - 1:,}")
+    if not fixes and longest_seq_len(taken, 2) >= 2:
+        fixes.append(f"--val-sequences 1 with a --seq-len of at most "
+                     f"{longest_seq_len(taken, 2):,}")
     if not fixes:
-        return "give more text"
+        return f"give {more}"
     return (f"use {' or '.join(fixes)}"
             + (" (upper limits: a token is usually several bytes)" if upper else "")
-            + ", or more text")
+            + f", or {more}")
 
 
 def _no_text(sources, text_field: str) -> str:
