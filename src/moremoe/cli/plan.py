@@ -95,6 +95,7 @@ def _check_plan_args(args) -> None:
     if args.budget is not None and args.experts is not None:
         raise ValueError(f"--experts {args.experts} sets the reference MoE of --width, and "
                          f"--budget gives none; drop --experts or give --width instead")
+    args.ranks_given = args.ranks is not None     # else the defaults that fit (_sweep_ranks)
     used = {"--sweep rank": args.sweep == "rank", "--peer": args.peer}
     unused = {}                        # mode -> its flags given without it
     for key, (default, mode) in MODE_FLAGS.items():
@@ -111,10 +112,7 @@ def _check_plan_args(args) -> None:
         raise ValueError(f"--top-k must be in [1, --experts={args.experts}] (the reference "
                          f"MoE's experts), got {args.top_k}")
     _check_rank(args.rank, args.hidden)
-    args.ranks_given = args.ranks is not MODE_FLAGS["ranks"][0]
-    if args.sweep == "rank" and not args.ranks_given:    # up to h; those that fit: plan
-        args.ranks = [r for r in args.ranks if r <= args.hidden] or [args.hidden]
-    if args.sweep == "rank":
+    if args.sweep == "rank" and args.ranks_given:
         _check_rank(max(args.ranks), args.hidden, "--ranks")
     if args.peer and args.peer_dq % 2:
         raise ValueError(f"--peer-dq {args.peer_dq} must be even (the query splits in two "
@@ -122,14 +120,16 @@ def _check_plan_args(args) -> None:
 
 
 def _sweep_ranks(args, budget: float, width: int) -> list[int]:
-    """The ranks of --sweep rank whose router leaves room for k experts of width s within
-    tau (all given ones, or refused naming the first that does not fit; the default ones
-    that fit)."""
+    """The ranks of --sweep rank: the given ones, each refused unless its router leaves room
+    for k experts of width s within tau; else the defaults up to h that do (h alone below
+    the smallest default)."""
     rest = budget - args.ce * args.top_k * args.hidden * width
     widest = math.floor(rest / (args.cr * (args.hidden + args.top_k)) + 1e-9)  # M >= k
-    fits = [r for r in args.ranks if r <= widest]
-    if args.ranks_given and len(fits) < len(args.ranks) or not fits:
-        bad = next(r for r in args.ranks if r > widest)
+    ranks = args.ranks if args.ranks_given else \
+        [r for r in args.ranks if r <= args.hidden] or [args.hidden]
+    fits = [r for r in ranks if r <= widest]
+    if (args.ranks_given and len(fits) < len(ranks)) or not fits:
+        bad = next(r for r in ranks if r > widest)
         s_from = "--fixed-width" if args.fixed_width else "the planned MoRE width"
         named = f"--ranks {bad}" if args.ranks_given else f"the default ranks from {bad}"
         raise ValueError(f"{named}: a rank-{bad} router at expert width s = {width} "

@@ -217,8 +217,9 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
                  BH: tl.constexpr):
     """Top-k of the TC = T·C candidates of each row by truncated key, ties by lower expert
     index (candidates are read in tile order, so a strictly larger key is needed to enter),
-    exact values and gates; doubtful rows are queued in REDO, among them those whose k-th key ties after truncation with the best one left out (the
-    exact sweep then orders them by value)."""
+    exact values and gates; doubtful rows are queued in REDO, among them those whose k-th
+    key ties after truncation with the best one left out (the exact sweep then orders them
+    by value)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
