@@ -347,9 +347,8 @@ def seq_len_fixes(taken: list[int], T: int, v: int, *, more: str = "more text",
     n_seq = sum(t // T for t in taken)
     if n_seq >= 1:
         fixes.append(f"--val-sequences of at most {n_seq - 1:,}")
-    if not fixes and longest_seq_len(taken, 2) >= 2:
-        fixes.append(f"--val-sequences 1 with a --seq-len of at most "
-                     f"{longest_seq_len(taken, 2):,}")
+    if not fixes and (pair := longest_seq_len(taken, 2)) >= 2:
+        fixes.append(f"--val-sequences 1 with a --seq-len of at most {pair:,}")
     if not fixes:
         return f"give {more}"
     return (f"use {' or '.join(fixes)}"
