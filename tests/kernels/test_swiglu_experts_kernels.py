@@ -213,6 +213,9 @@ def test_weight_gradient_tiles_are_their_own_config():
     assert (c["BM"], c["dw_BR"], c["dw_BS"], c["dw_BH"]) == (128, 32, 64, 128)
     with pytest.raises(ValueError, match=r"unknown expert kernel config keys \['BX'\]"):
         mg.config(512, 56, {"BX": 1})
+    for bad in ({"dw_BR": 8}, {"BS": 48}, {"BH": 16.0}):   # a GPU's tl.dot needs >= 16
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a power of two >= 16"):
+            mg.config(512, 56, bad)
     x, gates, idx, ws = make(29, 40, 24, 5, 3)
     y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True)
     dy = torch.randn_like(y)
@@ -397,7 +400,7 @@ def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked)
         rest = [e for e in torch.randperm(8, generator=g).tolist() if e not in (2, 6)]
         rows_.append(hot + rest[:3 - len(hot)])
     idx = torch.tensor(rows_, dtype=torch.int32, device=DEV)
-    cfg = {"dw_piece_rows": rows, "dw_BR": 8}
+    cfg = {"dw_piece_rows": rows, "dw_BR": 16}       # pieces of 8 rows: half a row block
     meta = routing_meta(idx, 9, mg.config(40, 24, cfg)["BM"],
                         bounds=(0, 20, 21, 53) if chunked else None)
     y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True, meta=meta)

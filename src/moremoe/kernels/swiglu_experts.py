@@ -282,6 +282,12 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
                           "split_h"}
     if unknown:
         raise ValueError(f"unknown expert kernel config keys {sorted(unknown)}")
+    for key in ("BM", "BS", "BH", "dw_BR", "dw_BS", "dw_BH"):
+        v = cfg[key]
+        if not (isinstance(v, int) and v >= 16 and v & (v - 1) == 0):
+            # tl.dot's smallest operand on a GPU (the interpreter takes smaller ones)
+            raise ValueError(f"expert kernel config {key} must be a power of two >= 16, "
+                             f"got {v!r}")
     return cfg
 
 
