@@ -81,3 +81,19 @@ def test_bf16_gradients_resume_exactly(text_data, tmp_path):
     train(build_run_config(out=str(cut), overrides=sets, stop_step=2, **kw), echo=quiet)
     train(build_run_config(out=str(cut), overrides=sets, **kw), resume=True, echo=quiet)
     assert _losses(cut) == pytest.approx(_losses(tmp_path / "whole"), rel=1e-6)
+
+
+def test_bf16_gradients_leave_the_compiled_graph_whole(text_data, tmp_path):
+    """Under torch.compile the bf16 .grad of the second micro-step's parameters is hidden
+    from TorchDynamo, which otherwise breaks the graph on them and compiles the frames below
+    one by one (the fused kernels' launchers among them: a crash on the GPU)."""
+    from torch._dynamo.utils import counters
+    counters.clear()
+    cfg = build_run_config(preset="tiny-more", data=str(text_data), device="cpu",
+                           out=str(tmp_path / "run"),
+                           overrides=SETS[:-2] + ["train.max_steps=1", "train.compile=true",
+                                                  "optim.moments=bf16", "optim.grads=bf16"])
+    train(cfg, echo=quiet)
+    reasons = " ".join([*counters["graph_break"], *counters["unimplemented"]])
+    assert "between tensor and its gradient" not in reasons
+    assert len(_losses(tmp_path / "run")) == 1

@@ -41,8 +41,8 @@ from .data import Batches, check_ids, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
 from .bank_sync import BankSync, in_place_plan
-from .optim import (clipped_step, cosine_with_warmup, in_place_expert_banks, make_optimizer,
-                    set_grad_dtype, zero_grads)
+from .optim import (HiddenGrads, clipped_step, cosine_with_warmup, in_place_expert_banks,
+                    make_optimizer, set_grad_dtype, zero_grads)
 from .signals import StopSignals, exit_status
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:
@@ -161,6 +161,7 @@ class LMTrainer:
         # after the load: torch's loader makes the optimizer's state by a step over fp32
         # zero gradients, which a bf16 grad_dtype refuses
         set_grad_dtype(self.model, o.grads, self.info.world)
+        self.hidden_grads = HiddenGrads(self.model, active=t.compile)
         self._zero_grads()
 
     def _zero_grads(self) -> None:
@@ -245,7 +246,7 @@ class LMTrainer:
             self.bank_sync.arm(last)             # DDP's in-place expert gradients
             with fsdp.no_sync(self.ddp_model, self.info, last):
                 with torch.autocast(device_type=self.dev.type, dtype=self.amp,
-                                    enabled=self.amp is not None):
+                                    enabled=self.amp is not None), self.hidden_grads:
                     out = self.ddp_model(x_BT[:, :-1], x_BT[:, 1:])
                 (out.loss / accum).backward()
             self.coverage.update(out.expert_counts)

@@ -218,6 +218,33 @@ def in_place_bank_names(model: torch.nn.Module) -> list[str]:
     return [name for name, p in model.named_parameters() if id(p) in own]
 
 
+class HiddenGrads:
+    """optim.grads=bf16 under torch.compile: the parameters' bf16 .grad taken off them for
+    the forward and put back before the backward accumulates into them. TorchDynamo cannot
+    trace a parameter whose .grad has another dtype ("Inconsistent dtype between tensor and
+    its gradient"): it breaks the graph there, and then compiles the frames under the break
+    one by one, the fused kernels' launchers among them (a crash in Inductor's copy of a
+    Triton kernel, measured on an H200). The forward never reads .grad."""
+
+    def __init__(self, model: torch.nn.Module, active: bool):
+        self.params = ([p for p in model.parameters()
+                        if getattr(p, "grad_dtype", None) not in (None, p.dtype)]
+                       if active else [])
+        self.grads: list = []
+
+    def __enter__(self):
+        self.grads = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+        return self
+
+    def __exit__(self, *exc):
+        for p, g in zip(self.params, self.grads):
+            p.grad = g
+        self.grads = []
+        return False
+
+
 @torch.no_grad()
 def zero_grads(opt: torch.optim.Optimizer, model: torch.nn.Module, banks: list,
                *, keep_allocated: bool) -> None:
