@@ -4,7 +4,7 @@ bf16 gradients too (optim.grads=bf16), the train and validation curves side by s
 JSON and one plot.
 
     PYTHONPATH=src:tests python benchmarks/moments_loss.py OUT_DIR [--preset tiny-more]
-        [--data DIR (default: the tests' prose, byte-level)] [--set key=value ...]
+        [--data DIR (default: the tests' prose, byte-level)] [--set key=value ...] [--reuse]
 
 Prints the mean |Δ loss| over the logged steps, the last validation losses and the
 run-to-run spread of two fp32 runs with different data seeds for scale (--noise)."""
@@ -18,9 +18,16 @@ from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
 
 
-def _run(out: Path, preset: str, data: str, sets: list[str]) -> dict:
-    cfg = build_run_config(preset=preset, overrides=sets, data=data, out=str(out))
-    train(cfg, force=True, echo=lambda text: None)
+def _finished(out: Path) -> bool:
+    log = out / "log.jsonl"
+    return log.is_file() and any(json.loads(line)["event"] == "end"
+                                 for line in log.read_text().splitlines())
+
+
+def _run(out: Path, preset: str, data: str, sets: list[str], reuse: bool = False) -> dict:
+    if not (reuse and _finished(out)):
+        cfg = build_run_config(preset=preset, overrides=sets, data=data, out=str(out))
+        train(cfg, force=True, echo=lambda text: None)
     events = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     return {"train": [(e["step"], e["loss"]) for e in events if e["event"] == "train"],
             "val": [(e["step"], e["val_loss"]) for e in events if e["event"] == "eval"]}
@@ -40,20 +47,23 @@ def main() -> None:
     ap.add_argument("--noise", action="store_true", help="also an fp32 run on another seed")
     ap.add_argument("--grads", action="store_true",
                     help="also bf16 gradients with the bf16 moments (optim.grads=bf16)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="read a run whose OUT/<run>/log.jsonl ended instead of training it "
+                         "again (the runs split over several calls)")
     a = ap.parse_args()
     out = Path(a.out)
     data = a.data
     if data is None:
         from prepared import write_token_dir
         data = str(write_token_dir(out / "data"))
-    runs = {m: _run(out / m, a.preset, data, a.set + [f"optim.moments={m}"])
+    runs = {m: _run(out / m, a.preset, data, a.set + [f"optim.moments={m}"], a.reuse)
             for m in ("fp32", "bf16")}
-    if a.grads:
-        runs["bf16_grads"] = _run(out / "bf16_grads", a.preset, data,
-                                  a.set + ["optim.moments=bf16", "optim.grads=bf16"])
     if a.noise:
         runs["fp32_seed1"] = _run(out / "fp32_seed1", a.preset, data,
-                                  a.set + ["optim.moments=fp32", "train.seed=1"])
+                                  a.set + ["optim.moments=fp32", "train.seed=1"], a.reuse)
+    if a.grads:
+        runs["bf16_grads"] = _run(out / "bf16_grads", a.preset, data,
+                                  a.set + ["optim.moments=bf16", "optim.grads=bf16"], a.reuse)
     summary = {"preset": a.preset, "sets": a.set,
                "mean_abs_train_gap_bf16": _gap(runs["fp32"]["train"], runs["bf16"]["train"]),
                "last_val": {k: r["val"][-1][1] for k, r in runs.items()}}

@@ -8,8 +8,14 @@ lists (362.9M, 1.91B, 664.9M, 3.76B, 1.27B, 7.92B), so we take those. MoRE-8192'
 s = 52 is the paper's (Table same_config). h512-s56-moe1792 is MoRE-1792's shape with the
 standard linear router (M = 1,792, s = 56, k = 4, no rank): the same-shape comparison.
 Optimiser: AdamW at lr 1e-3 for every configuration (router lr = lr), cosine schedule with
-5 % warmup, 40B tokens; 262,144 tokens per optimizer step (256 sequences) on 4 GPUs = batch
-16 per GPU × 4 accumulation steps.
+5 % warmup, 40B tokens; 262,144 tokens per optimizer step (256 sequences) on 4 GPUs, 64
+sequences per GPU. The paper accumulates 4 micro-steps of 16; the presets take the 64 in one
+micro-step (the same tokens and gradient; the Switch balance loss is then over 65,536
+tokens, not the mean of four over 16,384), with the head and the loss in chunks
+(train.fused_loss): the expert weights are read and their fp32 gradients written once a
+step instead of four times. On one H200 (46d51d2) MoRE-1792's step fell from 181.8 to
+135.8 ms and MoE-256's from 127.4 to 106.8, at 59 and 36 GiB (benchmarks/NOTES.md). A GPU
+too small for that passes --set train.batch_size=16 --set train.grad_accum=4.
 The paper presets torch.compile the whole model (train.compile, compile_scope=model) with
 CUDA graphs on one GPU (compile_mode=auto): eager, MoE-256's step on an H100 was host-bound
 (305 ms a step for 170 ms of kernels); so compiled it takes 166 ms (3de2414), GPU-bound.
@@ -32,9 +38,9 @@ def _paper(kind: str, hidden: int, experts: int, width: int) -> RunConfig:
     model = ModelSpec(kind=kind, hidden=hidden, layers=12, heads=heads, kv_heads=kv,
                       experts=experts, width=width, top_k=4,
                       rank=64 if kind == "more" else None, seq_len=1024, vocab=VOCAB_SIZE)
-    train = TrainSpec(batch_size=16, grad_accum=4, max_tokens=PAPER_TOKENS, eval_every=2000,
-                      eval_batches=16, log_every=50, ckpt_every=2000, compile=True,
-                      compile_mode="auto", compile_scope="model")
+    train = TrainSpec(batch_size=64, grad_accum=1, max_tokens=PAPER_TOKENS, eval_every=2000,
+                      eval_batches=4, log_every=50, ckpt_every=2000, compile=True,
+                      compile_mode="auto", compile_scope="model", fused_loss=True)
     return RunConfig(model=model, optim=OptimSpec(lr=1e-3), train=train)
 
 
