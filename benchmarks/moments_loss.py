@@ -5,6 +5,7 @@ JSON and one plot.
 
     PYTHONPATH=src:tests python benchmarks/moments_loss.py OUT_DIR [--preset tiny-more]
         [--data DIR (default: the tests' prose, byte-level)] [--set key=value ...] [--reuse]
+    python benchmarks/moments_loss.py --replot OUT_DIR/moments_loss.json
 
 Prints the mean |Δ loss| over the logged steps, the last validation losses and the
 run-to-run spread of two fp32 runs with different data seeds for scale (--noise)."""
@@ -79,23 +80,44 @@ def main() -> None:
 
 
 def _plot(runs: dict, path: Path, title: str) -> None:
+    """Left: the curves; right: each run's train loss minus the fp32 run's at the same step
+    (the seed's line is the noise the others are read against)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 4))
+    base = dict(runs["fp32"]["train"])
     for name, r in runs.items():
-        ax.plot(*zip(*r["train"]), label=f"train, moments {name}")
-        ax.plot(*zip(*r["val"]), "o--", label=f"val, moments {name}")
+        line, = ax.plot(*zip(*r["train"]), label=f"train, {name}")
+        ax.plot(*zip(*r["val"]), "o--", color=line.get_color(), label=f"val, {name}")
+        if name != "fp32":
+            d = [(s, v - base[s]) for s, v in r["train"] if s in base and v is not None]
+            dx.plot(*zip(*d), color=line.get_color(), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(f"{title}: AdamW moments fp32 vs bf16")
-    ax.legend()
+    ax.legend(fontsize=7)
+    dx.axhline(0, color="black", lw=0.5)
+    dx.set_xlabel("step")
+    dx.set_ylabel("train loss minus the fp32 run's")
+    dx.set_title("against fp32 moments, same seed (fp32_seed1: another seed)")
+    dx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
+def replot(path: Path) -> None:
+    """The plot again from a moments_loss.json (no training)."""
+    saved = json.loads(path.read_text())
+    _plot(saved["runs"], path.with_suffix(".png"), saved["preset"])
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--replot":
+        replot(Path(sys.argv[2]))
+    else:
+        main()

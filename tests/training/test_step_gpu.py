@@ -19,16 +19,20 @@ def _losses(out):
     return [e["loss"] for e in map(json.loads, lines) if e["event"] == "train"]
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, "blocks", "model"])
 @pytest.mark.parametrize("moments", ["fp32", "bf16"])
 def test_in_place_expert_gradients_train_like_autograd(text_data, tmp_path,
                                                        compiled, moments):
     """tiny-more over 3 accumulation micro-steps, the kernels' weight gradients added into
     .grad by the backward or by AccumulateGrad: the same fp32 adds, so the same losses (to
-    the GPU's run-to-run bits)."""
+    the GPU's run-to-run bits); eager, and compiled by blocks or whole (the paper presets'
+    scope) with CUDA graphs."""
     sets = ["model.seq_len=64", "train.log_every=1", "train.eval_every=100",
             "train.max_steps=12", "train.grad_accum=3", f"optim.moments={moments}",
-            f"train.compile={str(compiled).lower()}", "train.compile_mode=reduce-overhead"]
+            f"train.compile={str(bool(compiled)).lower()}",
+            "train.compile_mode=reduce-overhead"]
+    if compiled:
+        sets.append(f"train.compile_scope={compiled}")
     runs = {}
     for in_place in (True, False):
         out = tmp_path / f"in_place_{in_place}"
