@@ -65,10 +65,12 @@ def test_memory_plan_of_more8192_on_two_gpus():
     """MoRE-8192 (7.92B parameters, 7.85B of them experts): 127 GB of fp32 weights, gradients
     and moments on one GPU, half with FSDP2; with expert shards and bf16 moments 12 bytes
     for each of a rank's half of the experts."""
-    cfg, one = _plan("h512-s64-more8192", 1)
+    cfg, one = _plan("h512-s64-more8192", 1, ["optim.moments=fp32"])
     total = cfg.model.transformer_config().total_params()
     assert one.state_bytes() == 16 * total
-    _, fsdp = _plan("h512-s64-more8192", 2, ["parallel.data=fsdp"])
+    _, preset = _plan("h512-s64-more8192", 1)           # the MoRE presets' bf16 moments
+    assert preset.state_bytes() == 12 * total
+    _, fsdp = _plan("h512-s64-more8192", 2, ["parallel.data=fsdp", "optim.moments=fp32"])
     assert [(p.name, p.share) for p in fsdp.parts] == [("experts", 2), ("the rest", 2)]
     assert fsdp.state_bytes() == sum(16 * (p.params // 2) for p in fsdp.parts)
     _, ep = _plan("h512-s64-more8192", 2, ["parallel.expert=2", "parallel.data=fsdp",
@@ -89,7 +91,7 @@ def test_memory_plan_of_more8192_on_two_gpus():
     # each token's row crosses once per rank holding one of its experts (min(k, E) = 2
     # rows, bf16, sent and received), not once per slot (k = 4)
     _, no_ep = _plan("h512-s64-more8192", 2, ["optim.moments=bf16"])
-    assert without.activations - no_ep.activations == 16 * 1024 * 12 * 2 * 2 * 2 * 512
+    assert without.activations - no_ep.activations == 64 * 1024 * 12 * 2 * 2 * 2 * 512
 
 
 def test_ddp_bf16_reduction_counts_every_buckets_bf16_copy():
@@ -109,7 +111,7 @@ def test_ddp_bf16_reduction_counts_every_buckets_bf16_copy():
 
 
 def test_a_plan_that_cannot_fit_names_what_would_shrink_it():
-    cfg, one = _plan("h512-s64-more8192", 1)
+    cfg, one = _plan("h512-s64-more8192", 1, ["optim.moments=fp32"])
     gpu = torch.device("cuda", 0)
     with pytest.raises(ValueError, match=r"need 118.0 GiB on cuda:0, which has 80.0 GiB; make "
                                          r"it smaller .*--set parallel.data=fsdp.*--set "

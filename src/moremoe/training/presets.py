@@ -15,7 +15,13 @@ tokens, not the mean of four over 16,384), with the head and the loss in chunks
 (train.fused_loss): the expert weights are read and their fp32 gradients written once a
 step instead of four times. On one H200 (46d51d2) MoRE-1792's step fell from 181.8 to
 135.8 ms and MoE-256's from 127.4 to 106.8, at 59 and 36 GiB (benchmarks/NOTES.md). A GPU
-too small for that passes --set train.batch_size=16 --set train.grad_accum=4.
+too small for that passes --set train.batch_size=16 --set train.grad_accum=4. The MoRE
+presets keep AdamW's moments in bf16 (optim.moments=bf16: 7 GiB less for MoRE-1792; over
+300 steps of a whole schedule its loss moved 0.014 on average from fp32 moments', where two
+seeds moved 0.053; the step time did not change: 136.8 against 135.8 ms), and so does the
+same-shape h512-s56-moe1792, which differs from MoRE-1792 only in its router. The matched
+MoE presets keep fp32 moments (--set optim.moments=fp32 gives any preset the paper's
+optimiser exactly).
 The paper presets torch.compile the whole model (train.compile, compile_scope=model) with
 CUDA graphs on one GPU (compile_mode=auto): eager, MoE-256's step on an H100 was host-bound
 (305 ms a step for 170 ms of kernels); so compiled it takes 166 ms (3de2414), GPU-bound.
@@ -41,7 +47,10 @@ def _paper(kind: str, hidden: int, experts: int, width: int) -> RunConfig:
     train = TrainSpec(batch_size=64, grad_accum=1, max_tokens=PAPER_TOKENS, eval_every=2000,
                       eval_batches=4, log_every=50, ckpt_every=2000, compile=True,
                       compile_mode="auto", compile_scope="model", fused_loss=True)
-    return RunConfig(model=model, optim=OptimSpec(lr=1e-3), train=train)
+    # bf16 AdamW moments for MoRE (4 bytes a parameter less): on MoRE-1792 their loss stayed
+    # within two seeds' spread (benchmarks/NOTES.md); the MoE presets keep fp32 moments
+    moments = "bf16" if kind == "more" else "fp32"
+    return RunConfig(model=model, optim=OptimSpec(lr=1e-3, moments=moments), train=train)
 
 
 def _peer() -> RunConfig:
@@ -103,6 +112,9 @@ def get_preset(name: str) -> RunConfig:
         cfg = _peer()
     else:
         cfg = _tiny(*args) if len(args) == 1 else _paper(*args)
+    if name == "h512-s56-moe1792":       # MoRE-1792's shape and training, optimiser included
+        cfg = RunConfig(model=cfg.model, optim=get_preset("h512-s64-more1792").optim,
+                        train=cfg.train)
     return RunConfig(model=cfg.model, optim=cfg.optim, train=cfg.train, preset=name)
 
 
