@@ -8,7 +8,9 @@ JSON and one plot.
     python benchmarks/moments_loss.py --replot OUT_DIR/moments_loss.json
 
 Prints the mean |Δ loss| over the logged steps, the last validation losses and the
-run-to-run spread of two fp32 runs with different data seeds for scale (--noise)."""
+run-to-run spread of two fp32 runs with different data seeds for scale (--noise); with
+--autograd a run whose expert weight gradients go through autograd instead of the in-place
+banks (the two should agree within the GPU's run-to-run bits)."""
 from __future__ import annotations
 
 import argparse
@@ -48,6 +50,10 @@ def main() -> None:
     ap.add_argument("--noise", action="store_true", help="also an fp32 run on another seed")
     ap.add_argument("--grads", action="store_true",
                     help="also bf16 gradients with the bf16 moments (optim.grads=bf16)")
+    ap.add_argument("--autograd", action="store_true",
+                    help="also fp32 moments and gradients with the experts' weight gradients "
+                         "through autograd, not the in-place banks "
+                         "(optim.expert_grads=autograd)")
     ap.add_argument("--reuse", action="store_true",
                     help="read a run whose OUT/<run>/log.jsonl ended instead of training it "
                          "again (the runs split over several calls)")
@@ -65,12 +71,19 @@ def main() -> None:
     if a.grads:
         runs["bf16_grads"] = _run(out / "bf16_grads", a.preset, data,
                                   a.set + ["optim.moments=bf16", "optim.grads=bf16"], a.reuse)
+    if a.autograd:
+        runs["fp32_autograd"] = _run(out / "fp32_autograd", a.preset, data,
+                                     a.set + ["optim.moments=fp32",
+                                              "optim.expert_grads=autograd"], a.reuse)
     summary = {"preset": a.preset, "sets": a.set,
                "mean_abs_train_gap_bf16": _gap(runs["fp32"]["train"], runs["bf16"]["train"]),
                "last_val": {k: r["val"][-1][1] for k, r in runs.items()}}
     if a.grads:
         summary["mean_abs_train_gap_bf16_grads"] = _gap(runs["fp32"]["train"],
                                                         runs["bf16_grads"]["train"])
+    if a.autograd:
+        summary["mean_abs_train_gap_autograd"] = _gap(runs["fp32"]["train"],
+                                                      runs["fp32_autograd"]["train"])
     if a.noise:
         summary["mean_abs_train_gap_seed"] = _gap(runs["fp32"]["train"],
                                                   runs["fp32_seed1"]["train"])
