@@ -71,16 +71,18 @@ def test_ddp_with_accumulation_equals_one_process_micro_steps(text_data, tmp_pat
     assert_close_runs(tmp_path / "ddp", tmp_path / "one")
 
 
-def test_ddp_with_in_place_expert_gradients_equals_one_process(text_data, tmp_path):
+@pytest.mark.parametrize("accum", [2, 1])
+def test_ddp_with_in_place_expert_gradients_equals_one_process(text_data, tmp_path, accum):
     """The fused expert banks (the Triton interpreter here) accumulate their weight
     gradients in place under DDP too: left out of DDP's buckets, all-reduced by the trainer
-    after the last micro-step; 2 ranks x 2 micro-steps against one process's 4, the
-    balancing loss on (the validation sets differ: each rank evaluates its own batches)."""
+    in the last micro-step's backward; 2 ranks x `accum` micro-steps against one process's
+    2 x accum (1: the paper presets' one micro-step a step), the balancing loss on (the
+    validation sets differ: each rank evaluates its own batches)."""
     fused = ["model.experts_impl=triton", "train.batch_size=2", "model.seq_len=32",
              "train.max_steps=3", "train.eval_every=3"]     # the interpreter is slow
-    dist = run_torchrun(text_data, tmp_path / "ddp", fused + ["train.grad_accum=2"])
-    single = run_single(text_data, tmp_path / "one", fused + ["train.grad_accum=4"])
-    assert dist["global_batch"] == single["global_batch"] == 8
+    dist = run_torchrun(text_data, tmp_path / "ddp", fused + [f"train.grad_accum={accum}"])
+    single = run_single(text_data, tmp_path / "one", fused + [f"train.grad_accum={2 * accum}"])
+    assert dist["global_batch"] == single["global_batch"] == 4 * accum
     assert_close_runs(tmp_path / "ddp", tmp_path / "one")
 
 

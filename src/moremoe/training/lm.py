@@ -158,8 +158,7 @@ class LMTrainer:
             fsdp.load_optim_state(self.model, self.opt, state)
             self.sched.load_state_dict(self._pending["scheduler"])
             self._pending = None
-        # after the load: torch's loader makes the optimizer's state by a step over fp32
-        # zero gradients, which a bf16 grad_dtype refuses
+        # after the load: torch's loader steps over fp32 zeros, which bf16 grad_dtype refuses
         set_grad_dtype(self.model, o.grads, self.info.world)
         self.hidden_grads = HiddenGrads(self.model, active=t.compile)
         self._zero_grads()
