@@ -3,7 +3,10 @@
 Each sequence of T tokens gives T - 1 predictions (token t+1 from tokens <= t). The loss is
 their mean over all sequences (a token-weighted mean, so batches of different sizes combine
 exactly) and the perplexity its exponential. The model runs in eval mode, under bf16
-autocast on CUDA.
+autocast on CUDA. The cross-entropy takes the logits in chunks of at most CE_CHUNK
+elements, each cast to fp32 alone: a whole batch's fp32 logits and log-probabilities were
+the run's peak memory (MoRE-1792's 52 GiB on an H200 at 64 sequences a batch, 31 of them
+these two copies).
 """
 from __future__ import annotations
 
@@ -15,6 +18,20 @@ import torch.nn.functional as F
 
 from ..parallel.ddp import unwrap
 from ..runtime import autocast_dtype, progress_bar
+
+CE_CHUNK = 1 << 26      # logits a cross-entropy call casts to fp32 (256 MB)
+
+
+def _loss_sum(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """Σ of the next-token cross-entropy over the rows, fp64, in chunks of CE_CHUNK logits."""
+    V = logits_BTV.shape[-1]
+    flat, tgt = logits_BTV.reshape(-1, V), targets_BT.reshape(-1)
+    rows = max(1, CE_CHUNK // V)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for i in range(0, flat.shape[0], rows):
+        total += F.cross_entropy(flat[i:i + rows].float(), tgt[i:i + rows],
+                                 reduction="sum").double()
+    return total
 
 
 @torch.no_grad()
@@ -45,9 +62,7 @@ def evaluate_perplexity(model, seqs_NT: np.ndarray | torch.Tensor, *, batch_size
             batch = batch.to(device, dtype=torch.long, non_blocking=True)
             with torch.autocast(device_type=device.type, dtype=amp, enabled=amp is not None):
                 out = model(batch[:, :-1], return_counts=return_counts)
-            logits = out.logits.float()
-            loss_sum += F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                        batch[:, 1:].reshape(-1), reduction="sum").double()
+            loss_sum += _loss_sum(out.logits, batch[:, 1:])
             tokens += batch[:, 1:].numel()
             if return_counts:
                 c = out.expert_counts
