@@ -136,3 +136,15 @@ def test_the_fused_head_and_loss_drop_the_logits_from_the_plan():
         assert (activation_bytes(c, a, 1, False) - activation_bytes(c, a, 1, False,
                                                                     fused_loss=True)
                 == (2 * a + 4) * 50257 - 4)
+
+
+def test_the_plan_counts_the_evaluations_logits_when_they_are_the_larger():
+    """With the fused loss the step keeps no logits, but a validation forward of the same
+    micro-batch holds them (bf16 on a GPU) and the loss's fp32 chunk: the plan's activations
+    are the larger of the two (MoE-256 at 64 sequences: 6.1 GiB of logits)."""
+    from moremoe.eval.perplexity import CE_CHUNK
+    cfg, plan = _plan("h512-s64-moe256", 1, ["model.layers=1"])
+    tokens = 64 * 1024
+    assert plan.activations == tokens * 2 * 50257 + 8 * CE_CHUNK
+    _, unfused = _plan("h512-s64-moe256", 1, ["model.layers=1", "train.fused_loss=false"])
+    assert unfused.activations > tokens * (2 * 2 + 4) * 50257       # the step's, larger

@@ -23,7 +23,9 @@ each way, 2 min(k, E) h); the head keeps the logits and the log-probabilities, a
 backward their gradients ((2a + 4)V; with train.fused_loss only each token's log-sum-exp,
 4 bytes, and one chunk of at most 2^24 logits at a time, 2^27 on a GPU). Activation
 checkpointing keeps each block's input (4h) and one block at a time. torch.compile fuses
-some of these away: read the estimate as an upper bound.
+some of these away: read the estimate as an upper bound. The validation forward of a
+micro-batch holds its logits (aV a token) and the loss's fp32 chunk (eval/perplexity.py):
+the plan takes the larger of the two (with the fused loss the evaluation's can be).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch
 
 from ..accounting import expert_params
 from ..checks import gib
+from ..eval.perplexity import CE_CHUNK
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
 from ..report import table
@@ -124,11 +127,10 @@ def memory_plan(cfg, model_config: TransformerConfig, device: torch.device, *,
     if not fsdp and world > 1 and cfg.parallel.reduce_dtype == "bf16":
         reduced = sum(p.params // p.share for p in parts if p.how == rest_how)
         buffers, row = 2 * reduced, ("DDP bf16 buckets", "every bucket's bf16 copy")
+    step = tokens * activation_bytes(model_config, a, E, cfg.train.activation_checkpointing,
+                                     fused_loss=cfg.train.fused_loss)
     return MemoryPlan(tuple(parts), cfg.optim.moments, buffers,
-                      tokens * activation_bytes(model_config, a, E,
-                                                cfg.train.activation_checkpointing,
-                                                fused_loss=cfg.train.fused_loss),
-                      tokens, cfg.train.activation_checkpointing,
+                      max(step, evaluation_bytes(model_config, a, tokens)), tokens, cfg.train.activation_checkpointing,
                       memory_bytes(device) if have is None else have, where, cfg.optim.grads,
                       row)
 
@@ -147,6 +149,12 @@ def activation_bytes(c: TransformerConfig, a: int, expert: int,
     head = (4 if fused_loss else (2 * a + 4) * c.vocab) + 8 * h
     kept = c.layers * 4 * h + block if checkpointing else c.layers * block
     return kept + head
+
+
+def evaluation_bytes(c: TransformerConfig, a: int, tokens: int) -> int:
+    """A validation forward of `tokens` tokens: its logits in the activation dtype and the
+    cross-entropy's chunk, an fp32 copy and its log-probabilities (eval/perplexity.py)."""
+    return tokens * a * c.vocab + 8 * min(CE_CHUNK, tokens * c.vocab)
 
 
 def check_fits(plan: MemoryPlan, params: int, device: torch.device, world: int, *,
