@@ -13,8 +13,8 @@ sequences per GPU. The paper accumulates 4 micro-steps of 16; the presets take t
 micro-step (the same tokens and gradient; the Switch balance loss is then over 65,536
 tokens, not the mean of four over 16,384), with the head and the loss in chunks
 (train.fused_loss): the expert weights are read and their fp32 gradients written once a
-step instead of four times. On one H200 (46d51d2) MoRE-1792's step fell from 181.8 to
-135.8 ms and MoE-256's from 127.4 to 106.8, peaks 59 and 36 GiB (benchmarks/NOTES.md; 31 of
+step instead of four times. On one H200 MoRE-1792's step fell from 181.8 ms (7452ebd) to
+135.8 (46d51d2) and MoE-256's from 127.4 to 106.8, peaks 59 and 36 GiB (benchmarks/NOTES.md; 31 of
 them the final evaluation's whole-batch fp32 logits, which the validation loss now takes in
 chunks: eval/perplexity.py). A GPU too small for that passes --set train.batch_size=16 --set train.grad_accum=4. The MoRE
 presets keep AdamW's moments in bf16 (optim.moments=bf16: 7 GiB less for MoRE-1792; over
