@@ -100,7 +100,59 @@ def test_make_optimizer_takes_the_split_update_for_fused_fp32_moments():
     assert kinds[False, "auto", False] is torch.optim.AdamW
     assert type(make_optimizer(model, lr=1e-3, fused=True, capturable=True)) is \
         torch.optim.AdamW                      # a captured step keeps torch's (device lr)
-    assert type(make_optimizer(model, lr=1e-3, fused=True, moments="bf16")) is \
-        LowPrecisionAdamW
+    split = make_optimizer(model, lr=1e-3, fused=True, moments="bf16")
+    assert type(split) is SplitAdamW and split.big_moments == torch.bfloat16
+    for kw in (dict(fused=False), dict(fused=True, update="fused"),
+               dict(fused=True, capturable=True)):
+        assert type(make_optimizer(model, lr=1e-3, moments="bf16", **kw)) is LowPrecisionAdamW
     with pytest.raises(ValueError, match="optim.update must be one of auto, fused, got 'x'"):
         RunConfig.from_dict({"optim": {"update": "x"}})
+
+
+def test_the_split_update_with_bf16_moments_is_low_precision_for_the_large_tensors():
+    """optim.moments=bf16 on a GPU: the large tensor's update is LowPrecisionAdamW's (bf16
+    moments, the same one-pass arithmetic), the small one's torch's fused AdamW (fp32
+    moments); its checkpoint goes on in itself bit for bit, and into LowPrecisionAdamW and
+    the fp32 split with each moment cast to the new owner's dtype."""
+    def split(ps, big=torch.bfloat16):
+        return type("Split", (SplitAdamW,), {"BIG": 50})(ps, big_moments=big, **KW)
+
+    def run(opt, ps, grads):
+        for gs in grads:
+            for p, g in zip(ps, gs):
+                p.grad = g.clone()
+            live = [p.grad for p in ps]
+            clipped_step(opt, live, torch.nn.utils.get_total_norm(live), 1.0)
+        return opt
+    torch.manual_seed(0)
+    shapes = ((13, 7), (5,))                     # 91 elements (>= BIG) and 5
+    init = [torch.randn(*s) for s in shapes]
+    grads = [[3 * torch.randn(*s) for s in shapes] for _ in range(6)]
+
+    def fresh():
+        return [torch.nn.Parameter(t.clone()) for t in init]
+    got = fresh()
+    opt = run(split(got), got, grads)
+    big, small = (opt.state[p] for p in got)
+    assert big["exp_avg"].dtype == big["exp_avg_sq"].dtype == torch.bfloat16
+    assert small["exp_avg"].dtype == small["exp_avg_sq"].dtype == torch.float32
+    low, fused = fresh(), fresh()
+    run(LowPrecisionAdamW(low, **KW), low, grads)
+    run(torch.optim.AdamW(fused, fused=True, **KW), fused, grads)
+    tol = dict(rtol=4 * 2 ** -23, atol=16 * 2 ** -23 * KW["lr"])
+    torch.testing.assert_close(got[0].detach(), low[0].detach(), **tol)
+    torch.testing.assert_close(got[1].detach(), fused[1].detach(), **tol)
+    for make, dtypes in ((split, (torch.bfloat16, torch.float32)),
+                         (lambda q: LowPrecisionAdamW(q, **KW), (torch.bfloat16,) * 2),
+                         (lambda q: split(q, torch.float32), (torch.float32,) * 2)):
+        part = fresh()
+        first = run(split(part), part, grads[:3])
+        again = make(part)
+        again.load_state_dict(first.state_dict())
+        assert [again.state[p]["exp_avg"].dtype for p in part] == list(dtypes)
+        run(again, part, grads[3:])
+        for a, b in zip(part, got):
+            if make is split:                        # the same class: bit for bit
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-4)

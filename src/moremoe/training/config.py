@@ -140,17 +140,18 @@ class OptimSpec:
     clip: float = 1.0                 # max global grad norm; 0 = no clipping
     moments: str = "fp32"             # AdamW's two moments: "fp32" (torch's AdamW) or "bf16"
                                       # (fp32 master weights, 4 bytes of state a parameter
-                                      # instead of 8; one Triton pass a parameter on a GPU;
-                                      # training/optim.py)
+                                      # instead of 8; on a GPU the tensors under 2^22
+                                      # elements keep fp32 ones; training/optim.py)
     expert_grads: str = "auto"        # "in_place": the fused expert backward adds the weight
                                       # gradients into .grad across micro-steps (one process,
                                       # DDP, expert shards; not FSDP2 of whole experts;
                                       # nn/experts.py); "auto": in_place there with fp32
                                       # grads, else autograd
-    update: str = "auto"              # with fp32 moments on a GPU: "auto" updates tensors of
-                                      # 2^22 elements or more by the one-pass Triton kernel
-                                      # and the rest by torch's fused AdamW (the faster of the
-                                      # two by size, measured); "fused": torch's for all
+    update: str = "auto"              # on a GPU: "auto" updates tensors of 2^22 elements
+                                      # or more by the one-pass Triton kernel (their moments
+                                      # in optim.moments) and the rest by torch's fused AdamW
+                                      # (the faster of the two by size, measured); "fused":
+                                      # torch's for all (bf16 moments: one pass a tensor)
     grads: str = "fp32"               # the parameters' .grad: "fp32", or "bf16" (2 bytes a
                                       # parameter; micro-steps accumulate in bf16; one
                                       # process, with moments=bf16; training/optim.py)

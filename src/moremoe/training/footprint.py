@@ -1,5 +1,6 @@
 """The memory plan of a run, per GPU (per process on a CPU): the fp32 weights, their gradients
-and AdamW's two moments (8 bytes a parameter, 4 with optim.moments=bf16) of each part of the
+and AdamW's two moments (8 bytes a parameter, 4 with optim.moments=bf16, whose few MB of
+small tensors on a GPU keep fp32 moments, not counted) of each part of the
 model as it is held there, FSDP2's gathered blocks or DDP's bf16 bucket copies, and an
 estimate of the activations; printed at start. The parts: the experts (1/E on each rank of
 an expert group with parallel.expert=E, else as the rest) and the rest (whole under DDP, 1/W

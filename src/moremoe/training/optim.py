@@ -3,10 +3,13 @@ decay on every matrix (embeddings, attention, experts, routers) and none on the 
 scales, the router weights (W, or R1 and R2; PEER's query networks and sub-keys) in a group
 of their own (at router_lr, default lr), and a cosine learning rate after a linear warmup.
 
-optim.moments=bf16 keeps AdamW's two moments in bfloat16 (``LowPrecisionAdamW``): 4 bytes of
-optimizer state a parameter instead of 8, the fp32 weights staying the master copy; on a GPU
-each parameter's update is one Triton pass (ops/adamw.py). Its measured effect on the loss:
-benchmarks/NOTES.md (issue 27).
+optim.moments=bf16 keeps AdamW's two moments in bfloat16: 4 bytes of optimizer state a
+parameter instead of 8, the fp32 weights staying the master copy. On a GPU (update=auto)
+``SplitAdamW`` updates the tensors of at least 2^22 elements (the expert banks, the
+embedding and the head) by one Triton pass each with bf16 moments and the small ones by
+torch's fused AdamW with fp32 moments (a few MB); elsewhere ``LowPrecisionAdamW`` keeps
+every moment in bf16, one pass a parameter (ops/adamw.py). Its measured effect on the
+loss: benchmarks/NOTES.md (issues 27 and 36).
 
 With fp32 moments on a GPU (optim.update=auto) the update is chosen by size, from the
 measured step (benchmarks/NOTES.md, issue 27: MoRE-1792's norm, clip and AdamW 21.3 ms with
@@ -56,18 +59,20 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95), eps:
                    fused: bool = False, moments: str = "fp32", capturable: bool = False,
                    update: str = "auto") -> torch.optim.Optimizer:
     """AdamW over param_groups (fused: the one-kernel implementation; capturable: its step
-    may be captured in a CUDA graph); moments="bf16": LowPrecisionAdamW, the moments in
-    bfloat16; update="auto" with fused fp32 moments: SplitAdamW (the large tensors by the
-    one-pass update), "fused": torch's fused AdamW for every tensor."""
+    may be captured in a CUDA graph); update="auto" with fused: SplitAdamW (the large
+    tensors by the one-pass update, their moments in `moments`; the small ones by torch's
+    fused AdamW, fp32 moments), "fused": torch's fused AdamW for every tensor; moments="bf16"
+    otherwise: LowPrecisionAdamW, every moment in bfloat16."""
     groups = param_groups(model, lr=lr, weight_decay=weight_decay, router_lr=router_lr)
-    if moments == "bf16":
-        return LowPrecisionAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
-    if moments != "fp32":
+    if moments not in ("fp32", "bf16"):
         raise ValueError(f"moments must be fp32 or bf16, got {moments!r}")
     if update not in UPDATES:
         raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
+    big = torch.bfloat16 if moments == "bf16" else torch.float32
     if fused and not capturable and update == "auto":
-        return SplitAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+        return SplitAdamW(groups, lr=lr, betas=tuple(betas), eps=eps, big_moments=big)
+    if moments == "bf16":
+        return LowPrecisionAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps,
                              **({"fused": True} if fused else {}),
                              **({"capturable": True} if capturable else {}))
@@ -99,14 +104,20 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class SplitAdamW(torch.optim.AdamW):
     """torch's fused AdamW, except for the tensors of at least BIG elements, which the
     one-pass update of ops/adamw.py takes (the same arithmetic; a clip set as torch's
-    grad_scale is read as its reciprocal coefficient, the gradient not written back). The
-    state is torch's (fp32 moments; the large tensors' step counter on the host, no read
-    back per tensor), so checkpoints load into either class."""
+    grad_scale is read as its reciprocal coefficient, the gradient not written back), their
+    moments in big_moments: fp32, or bf16 (optim.moments=bf16: the expert banks, the
+    embedding and the head, 99.5 % of MoRE-1792's parameters, at 4 bytes of state a
+    parameter; the small tensors, 9.6M, keep fp32 moments in torch's few multi-tensor
+    launches, where one launch a tensor was exposed after the step's host sync). The state
+    is torch's (its keys; the large tensors' step counter on the host, no read back per
+    tensor), so checkpoints load into either class and into LowPrecisionAdamW, each moment
+    cast to its tensor's dtype here."""
 
     BIG = 1 << 22
 
-    def __init__(self, params, **kw):
+    def __init__(self, params, big_moments: torch.dtype = torch.float32, **kw):
         super().__init__(params, fused=True, **kw)
+        self.big_moments = big_moments
 
     def _big(self, p: torch.Tensor) -> bool:
         return p.numel() >= self.BIG
@@ -127,8 +138,25 @@ class SplitAdamW(torch.optim.AdamW):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None and self._big(p):
-                    _one_pass(self.state[p], p, group, coef, torch.float32)
+                    _one_pass(self.state[p], p, group, coef, self.big_moments)
         return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load for the small tensors (fp32 moments); the large ones' moments cast to
+        big_moments and moved to their device one by one (no fp32 copy of them all)."""
+        if self.big_moments == torch.float32:
+            return super().load_state_dict(state_dict)
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        big = {i: p for i, p in zip(ids, params) if self._big(p)}
+        saved = state_dict["state"]
+        super().load_state_dict({**state_dict, "state": {i: v for i, v in saved.items()
+                                                         if i not in big}})
+        for i, p in big.items():
+            if i in saved:
+                self.state[p] = {k: v if k == "step" else
+                                 v.to(device=p.device, dtype=self.big_moments)
+                                 for k, v in saved[i].items()}
 
 
 def _one_pass(state: dict, p: torch.Tensor, group: dict, coef: torch.Tensor | None,
