@@ -103,7 +103,7 @@ def test_make_optimizer_takes_the_split_update_for_fused_fp32_moments():
     split = make_optimizer(model, lr=1e-3, fused=True, moments="bf16")
     assert type(split) is SplitAdamW and split.big_moments == torch.bfloat16
     for kw in (dict(fused=False), dict(fused=True, update="fused"),
-               dict(fused=True, capturable=True)):
+               dict(fused=True, capturable=True), dict(fused=True, grads="bf16")):
         assert type(make_optimizer(model, lr=1e-3, moments="bf16", **kw)) is LowPrecisionAdamW
     with pytest.raises(ValueError, match="optim.update must be one of auto, fused, got 'x'"):
         RunConfig.from_dict({"optim": {"update": "x"}})

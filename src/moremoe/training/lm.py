@@ -148,7 +148,8 @@ class LMTrainer:
         self.bank_sync = BankSync(self.model, self.in_place if skip else [], self.info)
         self.opt = make_optimizer(self.model, lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, router_lr=o.router_lr,
-                                  fused=self.dev.type == "cuda", moments=o.moments, update=o.update)
+                                  fused=self.dev.type == "cuda", moments=o.moments,
+                                  update=o.update, grads=o.grads)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, cosine_with_warmup(
             self.total, o.warmup_frac, o.min_lr_frac))
         if self._pending is not None:
@@ -158,8 +159,7 @@ class LMTrainer:
             fsdp.load_optim_state(self.model, self.opt, state)
             self.sched.load_state_dict(self._pending["scheduler"])
             self._pending = None
-        # after the load: torch's loader steps over fp32 zeros, which bf16 grad_dtype refuses
-        set_grad_dtype(self.model, o.grads, self.info.world)
+        set_grad_dtype(self.model, o.grads, self.info.world)  # after the load: see optim.py
         self.hidden_grads = HiddenGrads(self.model, active=t.compile)
         self._zero_grads()
 

@@ -57,19 +57,20 @@ def param_groups(model: torch.nn.Module, *, lr: float, weight_decay: float,
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
                    weight_decay: float = 0.01, router_lr: float | None = None,
                    fused: bool = False, moments: str = "fp32", capturable: bool = False,
-                   update: str = "auto") -> torch.optim.Optimizer:
+                   update: str = "auto", grads: str = "fp32") -> torch.optim.Optimizer:
     """AdamW over param_groups (fused: the one-kernel implementation; capturable: its step
-    may be captured in a CUDA graph); update="auto" with fused: SplitAdamW (the large
-    tensors by the one-pass update, their moments in `moments`; the small ones by torch's
-    fused AdamW, fp32 moments), "fused": torch's fused AdamW for every tensor; moments="bf16"
-    otherwise: LowPrecisionAdamW, every moment in bfloat16."""
+    may be captured in a CUDA graph); update="auto" with fused and fp32 gradients:
+    SplitAdamW (the large tensors by the one-pass update, their moments in `moments`; the
+    small ones by torch's fused AdamW, fp32 moments), "fused": torch's fused AdamW for every
+    tensor; moments="bf16" otherwise (bf16 gradients among them, which torch's fused AdamW
+    does not read beside fp32 weights): LowPrecisionAdamW, every moment in bfloat16."""
     groups = param_groups(model, lr=lr, weight_decay=weight_decay, router_lr=router_lr)
     if moments not in ("fp32", "bf16"):
         raise ValueError(f"moments must be fp32 or bf16, got {moments!r}")
     if update not in UPDATES:
         raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
     big = torch.bfloat16 if moments == "bf16" else torch.float32
-    if fused and not capturable and update == "auto":
+    if fused and not capturable and update == "auto" and grads == "fp32":
         return SplitAdamW(groups, lr=lr, betas=tuple(betas), eps=eps, big_moments=big)
     if moments == "bf16":
         return LowPrecisionAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
@@ -81,7 +82,9 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, betas=(0.9, 0.95), eps:
 def set_grad_dtype(model: torch.nn.Module, grads: str, world: int) -> None:
     """optim.grads: "bf16" makes autograd produce and accumulate every trainable parameter's
     .grad in bfloat16 (Tensor.grad_dtype; the fp32 weights stay the master copy), one
-    process only: DDP's buckets and FSDP2's reduce-scatter hold the parameters' dtype."""
+    process only: DDP's buckets and FSDP2's reduce-scatter hold the parameters' dtype.
+    Called after an optimizer state is loaded: torch's loader makes the state by a step
+    over fp32 zero gradients, which a bf16 grad_dtype refuses."""
     if grads == "fp32":
         return
     if world > 1:
