@@ -14,15 +14,16 @@ micro-step (the same tokens and gradient; the Switch balance loss is then over 6
 tokens, not the mean of four over 16,384), with the head and the loss in chunks
 (train.fused_loss): the expert weights are read and their fp32 gradients written once a
 step instead of four times. On one H200 MoRE-1792's step fell from 181.8 ms (7452ebd) to
-135.8 (46d51d2) and MoE-256's from 127.4 to 106.8, peaks 59 and 36 GiB (benchmarks/NOTES.md; 31 of
-them the final evaluation's whole-batch fp32 logits, which the validation loss now takes in
-chunks: eval/perplexity.py). A GPU too small for that passes --set train.batch_size=16 --set train.grad_accum=4. The MoRE
-presets keep AdamW's moments in bf16 (optim.moments=bf16: 7 GiB less for MoRE-1792; over
-300 steps of a whole schedule its loss moved 0.014 on average from fp32 moments', where two
-seeds moved 0.053; the step time did not change: 136.8 against 135.8 ms), and so does the
-same-shape h512-s56-moe1792, which differs from MoRE-1792 only in its router. The matched
-MoE presets keep fp32 moments (--set optim.moments=fp32 gives any preset the paper's
-optimiser exactly).
+135.8 (46d51d2) and MoE-256's from 127.4 to 106.8, peaks 59 and 36 GiB (benchmarks/NOTES.md;
+31 of them the final evaluation's whole-batch fp32 logits, which the validation loss now
+takes in chunks: eval/perplexity.py). A GPU too small for that passes --set
+train.batch_size=16 --set train.grad_accum=4. The MoRE presets keep AdamW's moments in bf16
+(optim.moments=bf16: 7 GiB less for MoRE-1792; over 300 steps of a whole schedule its loss
+moved 0.014 on average from fp32 moments', where two seeds moved 0.053; with one update
+launch a tensor the step was no faster, 136.8 against 135.8 ms; they now take the split
+update, not yet timed), and so does the same-shape h512-s56-moe1792, which differs from
+MoRE-1792 only in its router. The matched MoE presets keep fp32 moments (--set
+optim.moments=fp32 gives any preset the paper's optimiser exactly).
 The paper presets torch.compile the whole model (train.compile, compile_scope=model) with
 CUDA graphs on one GPU (compile_mode=auto): eager, MoE-256's step on an H100 was host-bound
 (305 ms a step for 170 ms of kernels); so compiled it takes 166 ms (3de2414), GPU-bound.
