@@ -149,17 +149,23 @@ class SplitAdamW(torch.optim.AdamW):
         big_moments and moved to their device one by one (no fp32 copy of them all)."""
         if self.big_moments == torch.float32:
             return super().load_state_dict(state_dict)
-        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        big = {i: p for i, p in zip(ids, params) if self._big(p)}
-        saved = state_dict["state"]
-        super().load_state_dict({**state_dict, "state": {i: v for i, v in saved.items()
-                                                         if i not in big}})
-        for i, p in big.items():
-            if i in saved:
-                self.state[p] = {k: v if k == "step" else
-                                 v.to(device=p.device, dtype=self.big_moments)
-                                 for k, v in saved[i].items()}
+        _load_moments_apart(self, state_dict, self._big, self.big_moments)
+
+
+def _load_moments_apart(opt: torch.optim.Optimizer, state_dict: dict, apart, dtype) -> None:
+    """torch's load of state_dict into opt, except the states of the parameters p with
+    apart(p): their moments cast to dtype and moved to p's device one by one (torch's
+    loader casts every state tensor to its parameter's dtype, all at once)."""
+    ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    own = {i: p for i, p in zip(ids, params) if apart(p)}
+    saved = state_dict["state"]
+    torch.optim.Optimizer.load_state_dict(
+        opt, {**state_dict, "state": {i: v for i, v in saved.items() if i not in own}})
+    for i, p in own.items():
+        if i in saved:
+            opt.state[p] = {k: v if k == "step" else v.to(device=p.device, dtype=dtype)
+                            for k, v in saved[i].items()}
 
 
 def _one_pass(state: dict, p: torch.Tensor, group: dict, coef: torch.Tensor | None,
@@ -215,15 +221,7 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
         """torch's load casts every state tensor to its parameter's dtype (fp32 here, and all
         of them at once: 8 bytes a parameter more at a resume); the moments stay in
         moment_dtype, moved to their parameter's device one by one."""
-        saved = state_dict["state"]
-        super().load_state_dict({**state_dict, "state": {}})
-        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(ids, params):
-            if i in saved:
-                self.state[p] = {k: v if k == "step" else
-                                 v.to(device=p.device, dtype=self.moment_dtype)
-                                 for k, v in saved[i].items()}
+        _load_moments_apart(self, state_dict, lambda p: True, self.moment_dtype)
 
 
 def _fused_banks(model: torch.nn.Module) -> list[SwiGLUExperts]:
