@@ -130,8 +130,9 @@ def memory_plan(cfg, model_config: TransformerConfig, device: torch.device, *,
         buffers, row = 2 * reduced, ("DDP bf16 buckets", "every bucket's bf16 copy")
     step = tokens * activation_bytes(model_config, a, E, cfg.train.activation_checkpointing,
                                      fused_loss=cfg.train.fused_loss)
-    return MemoryPlan(tuple(parts), cfg.optim.moments, buffers,
-                      max(step, evaluation_bytes(model_config, a, tokens)), tokens, cfg.train.activation_checkpointing,
+    acts = max(step, evaluation_bytes(model_config, a, tokens))
+    return MemoryPlan(tuple(parts), cfg.optim.moments, buffers, acts, tokens,
+                      cfg.train.activation_checkpointing,
                       memory_bytes(device) if have is None else have, where, cfg.optim.grads,
                       row)
 
