@@ -21,17 +21,17 @@ from moremoe.training.compose import build_run_config
 from moremoe.training.lm import train
 
 
-def _finished(out: Path) -> bool:
+def _events(out: Path) -> list[dict]:
     log = out / "log.jsonl"
-    return log.is_file() and any(json.loads(line)["event"] == "end"
-                                 for line in log.read_text().splitlines())
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
 
 
 def _run(out: Path, preset: str, data: str, sets: list[str], reuse: bool = False) -> dict:
-    if not (reuse and _finished(out)):
+    events = _events(out) if reuse else []
+    if not any(e["event"] == "end" for e in events):       # not a run that ended: train it
         cfg = build_run_config(preset=preset, overrides=sets, data=data, out=str(out))
         train(cfg, force=True, echo=lambda text: None)
-    events = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        events = _events(out)
     return {"train": [(e["step"], e["loss"]) for e in events if e["event"] == "train"],
             "val": [(e["step"], e["val_loss"]) for e in events if e["event"] == "eval"]}
 
@@ -43,7 +43,9 @@ def _gap(a: list, b: list) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="?", help="the runs, moments_loss.json and .png")
+    ap.add_argument("--replot", metavar="JSON",
+                    help="draw the plot again from a moments_loss.json (no training)")
     ap.add_argument("--preset", default="tiny-more")
     ap.add_argument("--data")
     ap.add_argument("--set", action="append", default=[])
@@ -58,6 +60,11 @@ def main() -> None:
                     help="read a run whose OUT/<run>/log.jsonl ended instead of training it "
                          "again (the runs split over several calls)")
     a = ap.parse_args()
+    if a.replot:
+        replot(Path(a.replot))
+        return
+    if a.out is None:
+        ap.error("give OUT_DIR (or --replot JSON)")
     out = Path(a.out)
     data = a.data
     if data is None:
@@ -129,8 +136,4 @@ def replot(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-    if len(sys.argv) == 3 and sys.argv[1] == "--replot":
-        replot(Path(sys.argv[2]))
-    else:
-        main()
+    main()
