@@ -202,6 +202,30 @@ def test_resume_refuses_a_changed_config(text_data, tmp_path):
     assert done["step"] == 4 and done["steps_this_run"] == 2
 
 
+def test_a_run_records_its_data_and_resumes_only_on_it(text_data, tmp_path):
+    import json
+    import shutil
+    sets = ["model.seq_len=64", "train.batch_size=2", "train.eval_batches=1",
+            "train.max_steps=4", "train.ckpt_every=2"]
+    data = tmp_path / "data"
+    shutil.copytree(text_data, data)
+    meta = json.loads((data / "meta.json").read_text())
+    meta["sha256"] = {"train.bin": "a" * 64, "val.bin": "b" * 64}
+    meta["corpus"] = {"fingerprint": "c" * 64, "folder": "/corpus"}
+    (data / "meta.json").write_text(json.dumps(meta))
+    kw = dict(preset="tiny-moe", data=str(data), out=str(tmp_path / "run"), device="cpu")
+    s = train(build_run_config(overrides=sets, stop_step=2, **kw), echo=lambda t: None)
+    train_tokens = meta["train_sequences"] * meta["seq_len"]
+    assert s["data"]["corpus"] == "c" * 64 and s["data"]["train_tokens"] == train_tokens
+    assert s["epochs"] == s["tokens"] / train_tokens and s["tokens"] == 2 * 2 * 64
+    assert s["tokens_per_param"] == s["tokens"] / s["params"]
+    meta["sha256"]["val.bin"] = "d" * 64        # the same folder, other sequences
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"trained on data of fingerprint "
+                                         rf"{s['data']['fingerprint']}"):
+        train(build_run_config(overrides=sets, **kw), resume=True, echo=lambda t: None)
+
+
 def test_run_log_truncation_drops_later_steps_and_a_cut_line(tmp_path):
     import json
 

@@ -87,6 +87,22 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _open_fraction(text: str) -> float:
+    """A share strictly between 0 and 1, such as the part of a corpus held out."""
+    v = _finite(text)
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return v
+
+
+def _unit_or_zero(text: str) -> float:
+    """A threshold in (0, 1], or 0 for off."""
+    v = _finite(text)
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1] (0: off), got {text!r}")
+    return v
+
+
 def _int_list(text: str) -> list[int]:
     values = [_integer(t) for t in text.replace(" ", "").split(",") if t]
     if not values or None in values:

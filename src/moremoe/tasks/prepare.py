@@ -16,6 +16,13 @@
    train.bin and val.bin are written in .partial and renamed into DIR, meta.json is written
    last, then .partial is removed.
 
+Validation held out by input (``val_inputs``, e.g. a corpus's val.jsonl from `moremoe data
+corpus --packages`): those inputs are tokenised in shards of their own after the training
+inputs' and cut into sequences of their own; validation is all of their sequences, or a seeded
+draw of ``val_sequences`` of them (stream order kept), and train is every sequence of the
+other inputs. Where the inputs lie in a corpus folder (its corpus.json), meta.json records the
+corpus's fingerprint.
+
 Resume: .partial/manifest.json records the sources (path, size, mtime), the text field, the
 tokenizer and the shard plan. A rerun with the same ones keeps the finished shards (their
 sha256 checked again) and redoes the rest; seq_len, val_sequences and seed act only in step 4,
@@ -37,6 +44,7 @@ import numpy as np
 
 from ..report import check_output_dir, write_json
 from ..runtime import __version__, progress_bar
+from .corpus import read_corpus
 from .sources import Source, check_text_field, discover_sources, documents, encode, plan_shards
 from .text import DTYPE, FORMAT, SPLITS, VERSION, check_replace, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
@@ -57,7 +65,8 @@ class PrepareConfig:
     inputs: tuple[str, ...]
     out: str
     seq_len: int = 1024
-    val_sequences: int = 5000
+    val_sequences: int | None = 5000    # None: every sequence of val_inputs
+    val_inputs: tuple[str, ...] = ()    # validation held out by input (module docstring)
     seed: int = 0
     workers: int = field(default_factory=default_workers)
     text_field: str = "text"
@@ -69,8 +78,11 @@ class PrepareConfig:
     def __post_init__(self):
         if not self.inputs:
             raise ValueError("inputs: give at least one file, folder or glob")
-        for name, low in (("seq_len", 2), ("val_sequences", 0), ("workers", 1)):
-            if getattr(self, name) < low:
+        if self.val_sequences is None and not self.val_inputs:
+            raise ValueError("val_sequences=None (all of them) needs val_inputs")
+        for name, low in (("seq_len", 2), ("val_sequences", 1 if self.val_inputs else 0),
+                          ("workers", 1)):
+            if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if not self.shard_mb >= MIN_SHARD_MB:    # each shard is two files in DIR/.partial
             raise ValueError(f"--shard-mb must be at least {MIN_SHARD_MB} (10 KB), got "
@@ -153,11 +165,21 @@ def _shard_results(jobs, context: tuple, workers: int):
 
 # ---------------------------------------------------------------- the run
 
-def _manifest(config: PrepareConfig, sources: list[Source], shards) -> dict:
+def _manifest(config: PrepareConfig, sources: list[Source], shards, val_shards: int) -> dict:
     return json.loads(json.dumps({
         "format": "moremoe-prepare-state", "version": 1, "tokenizer_sha256": RANKS_SHA256,
         "text_field": config.text_field, "sources": [asdict(s) for s in sources],
-        "shards": shards}))
+        "shards": shards, "val_shards": val_shards}))
+
+
+def _plan(config: PrepareConfig, sources: list[Source], n_train: int):
+    """The shards: the training inputs', then (held out by input) the validation inputs',
+    each part naming its source's index in ``sources``; and how many are validation's."""
+    shard_bytes = max(1, int(config.shard_mb * 2 ** 20))
+    train = plan_shards(sources[:n_train], shard_bytes)
+    val = [[(i + n_train, a, b) for i, a, b in shard]
+           for shard in plan_shards(sources[n_train:], shard_bytes)]
+    return train + val, len(val)
 
 
 def _open_state(partial: Path, manifest: dict, *, restart: bool) -> None:
@@ -210,16 +232,24 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
     check_output_dir(out, "--out")                # as a bad ranks file: before any work
     gpt2_encoding(config.tokenizer_ranks)
     sources = discover_sources(config.inputs)
-    check_text_field(sources, config.text_field)
-    _check_enough_text(config, sources)       # sizes these bytes can never fill: before work
-    shards = plan_shards(sources, max(1, int(config.shard_mb * 2 ** 20)))
+    val_sources = discover_sources(config.val_inputs) if config.val_inputs else []
+    both = [s.path for s in sources if s in val_sources]
+    if both:
+        raise ValueError(f"{both[0]} is both an INPUT and a --val-input: validation held out "
+                         f"by input must not be trained on; give it once")
+    check_text_field(sources + val_sources, config.text_field)
+    _check_enough_text(config, sources, val_sources)   # sizes bytes can never fill: now
+    shards, val_shards = _plan(config, sources + val_sources, len(sources))
     out.mkdir(parents=True, exist_ok=True)
     partial = out / ".partial"
     with locked(out):
-        _open_state(partial, _manifest(config, sources, shards), restart=config.restart)
+        _open_state(partial, _manifest(config, sources + val_sources, shards, val_shards),
+                    restart=config.restart)
         records, new_shards, new_tokens = _tokenise(
-            config, sources, shards, partial / "shards", progress=progress, on_shard=on_shard)
-        summary = _assemble(config, sources, records, partial, progress=progress)
+            config, sources + val_sources, shards, partial / "shards", progress=progress,
+            on_shard=on_shard)
+        summary = _assemble(config, sources + val_sources, records, partial,
+                            val_shards=val_shards, progress=progress)
     seconds = time.perf_counter() - t0
     summary.update(shards=len(shards), shards_reused=len(shards) - new_shards,
                    workers=config.workers, seconds=seconds,
@@ -251,48 +281,76 @@ def _tokenise(config, sources, shards, shard_dir: Path, *, progress, on_shard):
     return records, len(jobs), new_tokens
 
 
-def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
+def _assemble(config, sources, records, partial: Path, *, val_shards: int, progress) -> dict:
     """Shards -> train.bin, val.bin (in .partial, then renamed into DIR) -> meta.json."""
-    T, v = config.seq_len, config.val_sequences
-    tokens = sum(r["tokens"] for r in records)
-    n_seq = tokens // T
+    T, tokens = config.seq_len, sum(r["tokens"] for r in records)
     if tokens == 0:
         raise ValueError(_no_text(sources, config.text_field))
-    if v >= n_seq:
-        raise ValueError(f"too few sequences: the inputs give {tokens:,} tokens = {n_seq:,} "
-                         f"sequences of --seq-len {T}, and --val-sequences {v:,} leaves none "
-                         f"for training; {seq_len_fixes([tokens], T, v)} (the tokenised text "
-                         f"stays in {partial}: the next run reuses it)")
-    is_val = np.zeros(n_seq, dtype=bool)
-    is_val[np.random.default_rng(config.seed).choice(n_seq, size=v, replace=False)] = True
+    rng = np.random.default_rng(config.seed)
+    cut = len(records) - val_shards
+    if config.val_inputs:     # held out by input: two streams, validation from its own
+        n_train = sum(r["tokens"] for r in records[:cut]) // T
+        n_val = sum(r["tokens"] for r in records[cut:]) // T
+        v = n_val if config.val_sequences is None else config.val_sequences
+        _check_held_out(n_train, n_val, v, T, partial)
+        keep = np.zeros(n_val, dtype=bool)
+        keep[rng.choice(n_val, size=v, replace=False)] = True
+        streams = [(range(cut), n_train, np.ones(n_train, bool), None),
+                   (range(cut, len(records)), n_val, None, keep)]
+        how = (f"held out by input: {'all' if v == n_val else f'a seeded draw of {v:,} of the'}"
+               f" {n_val:,} sequences of the --val-input texts (numpy default_rng(seed).choice), "
+               f"in a seeded random order (default_rng(seed).permutation after the draw), so "
+               f"every prefix is a uniform sample; train is every sequence of the other inputs, "
+               f"in stream order")
+    else:
+        n_seq, v = tokens // T, config.val_sequences
+        if v >= n_seq:
+            raise ValueError(f"too few sequences: the inputs give {tokens:,} tokens = "
+                             f"{n_seq:,} sequences of --seq-len {T}, and --val-sequences {v:,} "
+                             f"leaves none for training; {seq_len_fixes([tokens], T, v)} (the "
+                             f"tokenised text stays in {partial}: the next run reuses it)")
+        is_val = np.zeros(n_seq, dtype=bool)
+        is_val[rng.choice(n_seq, size=v, replace=False)] = True
+        n_train, streams = n_seq - v, [(range(len(records)), n_seq, ~is_val, is_val)]
+        how = ("seeded draw without replacement, numpy default_rng(seed).choice; train is "
+               "the rest; both in stream order")
     paths = {s: partial / f"{s}.bin" for s in SPLITS}
     hashes = {s: hashlib.sha256() for s in SPLITS}
     bar = progress_bar(len(records), desc="writing", enabled=progress)
+    held_out = []               # validation's own rows, written in a seeded order at the end
     with open(paths["train"], "wb") as f_train, open(paths["val"], "wb") as f_val:
-        row = 0
-        for rows in stream_rows(partial / "shards", len(records), T, n_seq, bar):
-            mask = is_val[row:row + len(rows)]
-            for split, f, part in (("train", f_train, rows[~mask]), ("val", f_val, rows[mask])):
-                data = part.tobytes()
-                f.write(data)
-                hashes[split].update(data)
-            row += len(rows)
+        for shards, n, to_train, to_val in streams:
+            row = 0
+            for rows in stream_rows(partial / "shards", shards, T, n, bar):
+                here = slice(row, row + len(rows))
+                if to_train is None:                 # validation's own stream
+                    held_out.append(rows[to_val[here]])
+                else:
+                    _append(f_train, hashes["train"], rows[to_train[here]])
+                    if to_val is not None:
+                        _append(f_val, hashes["val"], rows[to_val[here]])
+                row += len(rows)
+        if held_out:
+            _append(f_val, hashes["val"], np.concatenate(held_out)[rng.permutation(v)])
         for f in (f_train, f_val):
             f.flush()
             os.fsync(f.fileno())
     bar.close()
     out = Path(config.out)
     meta = {"format": FORMAT, "version": VERSION, "tokenizer": NAME, "vocab_size": VOCAB_SIZE,
-            "eot_id": EOT_ID, "seq_len": T, "dtype": "uint16", "train_sequences": n_seq - v,
+            "eot_id": EOT_ID, "seq_len": T, "dtype": "uint16", "train_sequences": n_train,
             "val_sequences": v, "seed": config.seed,
-            "sources": [os.path.abspath(os.path.expanduser(a)) for a in config.inputs],
+            "sources": [_absolute(a) for a in config.inputs],
             "input_files": len(sources), "documents": sum(r["documents"] for r in records),
-            "tokens": tokens, "dropped_tokens": tokens - n_seq * T,
+            "tokens": tokens, "dropped_tokens": tokens - (n_train + v) * T,
             "text_field": config.text_field, "tokenizer_sha256": RANKS_SHA256,
-            "val_split": "seeded draw without replacement, numpy default_rng(seed).choice; "
-                         "train is the rest; both in stream order",
-            "sha256": {f"{s}.bin": hashes[s].hexdigest() for s in SPLITS},
+            "val_split": how, "sha256": {f"{s}.bin": hashes[s].hexdigest() for s in SPLITS},
             "moremoe_version": __version__}
+    if config.val_inputs:
+        meta["val_sources"] = [_absolute(a) for a in config.val_inputs]
+    corpus = corpus_of(config.inputs + config.val_inputs)
+    if corpus is not None:
+        meta["corpus"] = corpus
     # from here the old output (--force) is gone; until meta.json lands, DIR is unfinished
     (out / "meta.json").unlink(missing_ok=True)
     for s in SPLITS:
@@ -301,28 +359,82 @@ def _assemble(config, sources, records, partial: Path, *, progress) -> dict:
     shutil.rmtree(partial)
     return {"out": str(out), **{k: meta[k] for k in (
         "documents", "tokens", "train_sequences", "val_sequences", "dropped_tokens",
-        "seq_len", "input_files")},
+        "seq_len", "input_files")}, "corpus": corpus,
         "files": {s: str(out / f"{s}.bin") for s in SPLITS} | {"meta": str(out / "meta.json")}}
 
 
-def _check_enough_text(config: PrepareConfig, sources) -> None:
+def _append(f, digest, rows: np.ndarray) -> None:
+    data = rows.tobytes()
+    f.write(data)
+    digest.update(data)
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _check_held_out(n_train: int, n_val: int, v: int, T: int, partial: Path) -> None:
+    kept = f"(the tokenised text stays in {partial}: the next run reuses it)"
+    if n_train < 1:
+        raise ValueError(f"too few sequences: the training inputs give no sequence of "
+                         f"--seq-len {T}; give more text or a shorter --seq-len {kept}")
+    if v > n_val or n_val == 0:
+        raise ValueError(f"too few validation sequences: the --val-input texts give {n_val:,} "
+                         f"sequences of --seq-len {T} and --val-sequences asks for {v:,}; "
+                         f"leave --val-sequences out (all of them) or give at most {n_val:,} "
+                         f"{kept}")
+
+
+def corpus_of(inputs) -> dict | None:
+    """{"fingerprint", "folder"} of the corpus (`moremoe data corpus --packages`) whose
+    folder holds every input, or None when they are not all of one corpus."""
+    found = set()
+    for arg in inputs:
+        path = Path(arg).expanduser()
+        folder = path if path.is_dir() else path.parent
+        meta = read_corpus(folder)
+        if meta is None:
+            return None
+        found.add((meta["fingerprint"], str(folder.resolve())))
+    if len(found) != 1:
+        return None
+    fingerprint, folder = found.pop()
+    return {"fingerprint": fingerprint, "folder": folder}
+
+
+def _check_enough_text(config: PrepareConfig, sources, val_sources) -> None:
     """Refuse, before any work, a --seq-len and --val-sequences that the inputs cannot fill
     at any tokenisation: a GPT-2 token is one byte of UTF-8 text or more, and a document adds
     one end-of-text, so .txt files give at most their bytes + 1 tokens each and .jsonl files
     (quotes and keys around the text) at most their bytes. The sizes of .jsonl.gz files and
     saved datasets say nothing of their text: those are checked once tokenised."""
-    if any(s.kind not in ("txt", "jsonl") for s in sources):
+    if any(s.kind not in ("txt", "jsonl") for s in sources + val_sources):
         return
     nbytes = sum(s.size for s in sources)
     if nbytes == 0:
         raise ValueError(_no_text(sources, config.text_field))
-    bound = nbytes + sum(s.kind == "txt" and s.size > 0 for s in sources)
+    bound = _token_bound(sources)
     T, v = config.seq_len, config.val_sequences
-    if bound // T <= v:
+    if val_sources:
+        val_bound = _token_bound(val_sources)
+        if bound // T < 1:
+            raise ValueError(f"too few sequences: the training INPUTs hold at most {bound:,} "
+                             f"tokens, not one sequence of --seq-len {T}; give more text or a "
+                             f"shorter --seq-len")
+        if val_bound // T < (v or 1):
+            raise ValueError(f"too few validation sequences: the --val-input texts hold at "
+                             f"most {val_bound:,} tokens = {val_bound // T:,} sequences of "
+                             f"--seq-len {T}, and {v or 1:,} are asked for; give more text, a "
+                             f"shorter --seq-len or fewer --val-sequences")
+    elif bound // T <= v:
         raise ValueError(f"too few sequences: the inputs hold {nbytes:,} bytes of text, at "
                          f"most {bound:,} tokens = {bound // T:,} sequences of --seq-len {T}, "
                          f"and --val-sequences {v:,} leaves none for training; "
                          f"{seq_len_fixes([bound], T, v, upper=True)}")
+
+
+def _token_bound(sources) -> int:
+    return sum(s.size for s in sources) + sum(s.kind == "txt" and s.size > 0 for s in sources)
 
 
 def longest_seq_len(taken: list[int], need: int) -> int:
@@ -367,10 +479,11 @@ def _no_text(sources, text_field: str) -> str:
             f"{text_field!r}); check the INPUT arguments")
 
 
-def stream_rows(shard_dir: Path, n_shards: int, T: int, n_seq: int, bar):
-    """The token stream of the shards, in order, as (rows, T) blocks; the tail is dropped."""
+def stream_rows(shard_dir: Path, shards, T: int, n_seq: int, bar):
+    """The token stream of the shards (their indices, or their count from 0), in order, as
+    (rows, T) blocks; the tail is dropped."""
     carry, left = np.zeros(0, DTYPE), n_seq
-    for k in range(n_shards):
+    for k in (range(shards) if isinstance(shards, int) else shards):
         data = np.concatenate([carry, np.fromfile(shard_dir / f"{k:06d}.bin", dtype=DTYPE)])
         n = min(len(data) // T, left)
         if n:

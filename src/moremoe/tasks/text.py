@@ -84,6 +84,15 @@ def read_meta(dir: str | Path) -> dict:
     return meta
 
 
+def data_fingerprint(meta: dict) -> str:
+    """A prepared folder's identity, from its meta.json alone (no file is read): the first 16
+    hex digits of the sha256 of its seq_len and its two token files' sha256. Two folders
+    with equal fingerprints hold the same sequences in the same splits."""
+    sha = meta["sha256"]
+    text = json.dumps([meta["seq_len"], sha.get("train.bin"), sha.get("val.bin")])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _is_digest(v) -> bool:
     return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 

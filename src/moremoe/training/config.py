@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import math
 import types
+from pathlib import Path
 from dataclasses import asdict, dataclass, field, fields
 from typing import Union, get_args, get_origin, get_type_hints
 
@@ -439,3 +440,16 @@ def _as_int(value, bad) -> int:
     if not f.is_integer():
         raise bad
     return int(f)
+
+
+def planned_steps(cfg: RunConfig, global_batch: int) -> int:
+    t = cfg.train
+    if t.max_steps is not None:
+        return t.max_steps
+    if t.max_tokens is not None:
+        return max(1, math.ceil(t.max_tokens / (global_batch * cfg.model.seq_len)))
+    raise ValueError("set train.max_steps or train.max_tokens (the schedule's length)")
+
+
+def default_out(cfg: RunConfig) -> str:
+    return str(Path("runs") / "train" / (cfg.preset or "run"))

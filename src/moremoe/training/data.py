@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tasks.text import data_fingerprint
+
 
 def rows_of(seqs_NL: np.ndarray, seq_len: int) -> np.ndarray:
     """The (n, L) rows as (n L / T, T) rows of the model's seq_len T (a view, no copy)."""
@@ -90,3 +92,23 @@ class Batches:
                                  f"this run's is {mine[key]} (the global batch is batch_size × "
                                  f"world × grad_accum and must not change)")
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+
+
+def data_record(meta: dict, folder: str, train_tokens: int, val_tokens: int) -> dict:
+    """What a run's summary says of its data: the folder, its fingerprint (tasks/text.py),
+    the corpus it was prepared from (where meta.json names one) and the tokens of the two
+    splits at the model's sequence length."""
+    return {"dir": str(folder), "fingerprint": data_fingerprint(meta),
+            "corpus": (meta.get("corpus") or {}).get("fingerprint"),
+            "train_tokens": int(train_tokens), "val_tokens": int(val_tokens)}
+
+
+def check_same_data(saved: str | None, data: dict, checkpoint) -> None:
+    """A checkpoint continues only on the data it was trained on: ValueError when the data's
+    fingerprint differs from the one the checkpoint recorded (older checkpoints recorded
+    none and are not checked)."""
+    if saved is not None and saved != data["fingerprint"]:
+        raise ValueError(f"cannot resume {checkpoint}: it was trained on data of fingerprint "
+                         f"{saved}, and --data {data['dir']} has {data['fingerprint']} (other "
+                         f"sequences: the corpus or its preparation changed); resume with the "
+                         f"run's data, or start a new run with another --out")

@@ -36,27 +36,14 @@ from ..model import checkpoint as stored
 from . import checkpoint as ckpt
 from . import footprint
 from . import run_plot
-from .config import RunConfig
-from .data import Batches, check_ids, rows_of
+from .config import RunConfig, default_out, planned_steps
+from .data import Batches, check_ids, check_same_data, data_record, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
 from .bank_sync import BankSync, in_place_plan
 from .optim import (HiddenGrads, clipped_step, cosine_with_warmup, in_place_expert_banks,
                     make_optimizer, set_grad_dtype, zero_grads)
 from .signals import StopSignals, exit_status
-
-def planned_steps(cfg: RunConfig, global_batch: int) -> int:
-    t = cfg.train
-    if t.max_steps is not None:
-        return t.max_steps
-    if t.max_tokens is not None:
-        return max(1, math.ceil(t.max_tokens / (global_batch * cfg.model.seq_len)))
-    raise ValueError("set train.max_steps or train.max_tokens (the schedule's length)")
-
-
-def default_out(cfg: RunConfig) -> str:
-    return str(Path("runs") / "train" / (cfg.preset or "run"))
-
 
 class NonFiniteStep(UserError):
     """A training step whose loss or gradient norm is NaN or infinite (train.nan_policy)."""
@@ -113,6 +100,7 @@ class LMTrainer:
         check_ids(np.asarray(self.val_rows), self.vocab, str(Path(t.data) / "val.bin"))
         self.total = planned_steps(self.cfg, self.batches.global_batch)
         self.tokens_per_step = self.batches.global_batch * m.seq_len
+        self.data = data_record(self.meta, t.data, train_rows.size, val.size)
 
     def _build(self) -> None:
         cfg = self.cfg
@@ -207,6 +195,7 @@ class LMTrainer:
         saved = ckpt.check_resumable(path, self.cfg, self.vocab, self.meta["vocab_size"])
         stored.load_weights(self.model, path)
         state = ckpt.load_state(path)
+        check_same_data(state.get("data_fingerprint"), self.data, path)
         self._pending = state           # loaded into the optimizer once it is built
         self.batches.load_state_dict(state["data"])
         self.step, self.tokens = state["step"], state["tokens"]
@@ -365,7 +354,8 @@ class LMTrainer:
             state = {"step": self.step, "tokens": self.tokens,
                      "optimizer": optim, "scheduler": self.sched.state_dict(),
                      "data": self.batches.state_dict(), "rng": rngs,
-                     "world": self.info.world, "coverage": coverage}
+                     "world": self.info.world, "coverage": coverage,
+                     "data_fingerprint": self.data["fingerprint"]}
             path = ckpt.save_checkpoint(self.out, self.step, weights,
                                         model_config=self.model_config,
                                         run_config=self.cfg.to_dict(), state=state,
@@ -461,6 +451,8 @@ class LMTrainer:
             "compile": (f"{self.cfg.train.compile_scope}, {self.compile_mode}"
                         if self.cfg.train.compile else None),
             "params": self.model_config.total_params(),
+            "tokens_per_param": self.tokens / self.model_config.total_params(),
+            "epochs": self.tokens / self.data["train_tokens"], "data": self.data,
             "global_batch": self.batches.global_batch, "seq_len": self.cfg.model.seq_len,
             "val_loss": last_eval["val_loss"] if last_eval else None,
             "val_ppl": last_eval["val_ppl"] if last_eval else None,
