@@ -2,7 +2,7 @@
 
 Every command prints a readable table by default and strict JSON with ``--json``; long work
 shows a progress bar on stderr. One module per command group (plan, phonebook, bench, data,
-train, eval, generate, hf, demo) adds its parser; ``main`` runs the command and turns an
+train, study, eval, generate, hf, demo) adds its parser; ``main`` runs the command and turns an
 error the user can act on into one line (exit status 2), anything else into one line that
 says it is a bug (exit status 1); ``--debug`` or MOREMOE_DEBUG=1 shows the traceback
 instead. Running out of memory is the sizing asked for, not a bug: one line, exit status 2.
@@ -27,6 +27,7 @@ from .hf import add_hf_parser
 from .memory import out_of_memory
 from .phonebook import add_phonebook_parser
 from .plan import add_plan_parsers
+from .study import add_study_parser
 from .theory import add_theory_parser
 from .train import add_plot_parser, add_train_parser
 
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_plan_parsers, add_phonebook_parser, add_bench_parser, add_data_parser,
                 add_train_parser, add_eval_parser, add_generate_parser, add_hf_parser,
-                add_demo_parser, add_theory_parser, add_convert_parser, add_plot_parser):
+                add_demo_parser, add_theory_parser, add_convert_parser, add_plot_parser,
+                add_study_parser):
         add(sub)
     return parser
 

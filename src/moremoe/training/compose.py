@@ -82,10 +82,15 @@ def build_run_config(*, preset: str | None = None, config_file: str | None = Non
     base = get_preset(name).to_dict() if name is not None else RunConfig().to_dict()
     d = merge(base, file_d)
     d["preset"] = name
+    flags = {k: v for k, v in train_flags.items() if v is not None}
+    return apply_overrides(d, overrides, train_flags=flags)
+
+
+def apply_overrides(d: dict, overrides=(), *, train_flags: dict | None = None) -> RunConfig:
+    """A run's config dict with --set section.key=value overrides, then train flags."""
     for text in overrides:
         (section, key), value = parse_override(text)
         d = merge(d, {section: {key: value}})
-    flags = {k: v for k, v in train_flags.items() if v is not None}
-    if flags:
-        d = merge(d, {"train": flags})
+    if train_flags:
+        d = merge(d, {"train": train_flags})
     return RunConfig.from_dict(d)

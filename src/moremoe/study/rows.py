@@ -1,0 +1,98 @@
+"""A study's results: OUT/rows.jsonl, one row per finished run, and the learning rates the
+selection runs chose.
+
+A row is everything the report and a reader need, so it outlives the run's folder (whose
+checkpoints do not leave a GPU machine): the model, its parameters and FLOPs, the learning
+rates, the seed, the tokens, tokens per parameter and epochs, the validation loss at every
+fixed mark (each eval_every steps, and the end), H_norm per layer, the time, the device,
+versions and commit, and the data's and corpus's fingerprints. Rows are appended one line at
+a time (the last row of a run wins), so a study killed between runs loses none.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..report import dumps
+from ..training.run_plot import read_events
+
+ROWS = "rows.jsonl"
+
+
+def read_rows(out: str | Path) -> dict[str, dict]:
+    """The rows of a study by run name (a later row of a run replaces an earlier one); a
+    last line cut short by a kill is skipped. ValueError naming the line otherwise."""
+    path = Path(out) / ROWS
+    if not path.is_file():
+        return {}
+    lines = path.read_text().splitlines()
+    rows = {}
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue
+            raise ValueError(f"{path}, line {n}: not JSON; the file is corrupt (restore it "
+                             f"from where it was committed)") from None
+        if not isinstance(row, dict) or not isinstance(row.get("run"), str):
+            raise ValueError(f"{path}, line {n}: not a study row (no run name)")
+        rows[row["run"]] = row
+    return rows
+
+
+def append_row(out: str | Path, row: dict) -> None:
+    path = Path(out) / ROWS
+    with open(path, "a") as f:
+        f.write(dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def finished_summary(run_dir: Path) -> dict | None:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("finished") else None
+
+
+def run_row(run, run_dir: Path, summary: dict, *, lr: float, router_lr: float,
+            eval_every: int, val_sequences: int, layer_flops: int) -> dict:
+    """The row of a finished run from its summary and log (module docstring)."""
+    events = read_events(run_dir)
+    per_step = summary["global_batch"] * summary["seq_len"]
+    evals = {}
+    for e in events:            # the fixed marks, and the end (a stop between marks: not)
+        if e.get("event") == "eval" and (e["step"] % eval_every == 0
+                                         or e["step"] == summary["step"]):
+            evals[e["step"]] = {"step": e["step"], "tokens": e["step"] * per_step,
+                                "val_loss": e["val_loss"], "val_ppl": e["val_ppl"]}
+    ends = [e for e in events if e.get("event") == "end"]
+    return {
+        "run": run.name, "kind": run.kind, "config": run.config, "model": run.model,
+        "name": summary["name"], "seed": run.seed, "lr": lr, "router_lr": router_lr,
+        "router_lr_factor": run.router_lr_factor, "budget": run.tokens,
+        "tokens": summary["tokens"], "steps": summary["step"], "params": summary["params"],
+        "layer_flops_inference": layer_flops, "train_flops_per_token":
+            summary["flops_per_token"], "tokens_per_param": summary["tokens_per_param"],
+        "epochs": summary["epochs"], "val_loss": summary["val_loss"],
+        "val_ppl": summary["val_ppl"], "val_sequences": val_sequences,
+        "evals": [evals[k] for k in sorted(evals)], "hnorm": summary["hnorm"],
+        "expert_coverage": summary["expert_coverage"],
+        "wall_s": sum(e.get("wall_s") or 0 for e in ends), "processes": len(ends),
+        "tokens_per_s": summary["tokens_per_s"], "mean_step_ms": summary["mean_step_ms"],
+        "mfu": summary["mfu"], "peak_memory_gib": summary["peak_memory_gib"],
+        "data": summary["data"],
+        **{k: summary.get(f"env_{k}") for k in ("device", "torch", "triton", "commit",
+                                                "date")}}
+
+
+def chosen_lr(rows: dict[str, dict], runs, config: str) -> float | None:
+    """The rate the selection runs of `config` chose (lowest final validation loss), once
+    every one of them has its row; None before."""
+    mine = [r for r in runs if r.kind == "lr" and r.uses[0][1] == config]
+    if not mine or any(r.name not in rows for r in mine):
+        return None
+    return min(mine, key=lambda r: rows[r.name]["val_loss"]).lr
