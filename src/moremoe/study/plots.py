@@ -91,7 +91,7 @@ def plot_ablations(report: dict, path: Path) -> Path | None:
             _band(ax, ranks, [r["b_ppl"] for r in e["ranks"]], "ppl", "tab:red",
                   "variance-matched")
             ax.set(xscale="log", xlabel="rank r", ylabel="validation PPL", title="init")
-            ax.set_xticks(ranks, [str(r) for r in ranks])
+            _ticks(ax, ranks)
         else:
             xs = [p["x"] for p in e["points"]]
             key = "loss" if exp == "router-lr" else "ppl"
@@ -100,7 +100,7 @@ def plot_ablations(report: dict, path: Path) -> Path | None:
                      "router-lr": "router lr / lr"}[exp]
             ax.set(xscale="log", xlabel=label, title=exp,
                    ylabel="validation loss" if key == "loss" else "validation PPL")
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])
+            _ticks(ax, xs)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(_subtitle(report), fontsize=9)
@@ -121,6 +121,13 @@ def plot_paper(report: dict, arms: dict, path: Path) -> Path | None:
     ax.legend(fontsize=7)
     fig.suptitle(_subtitle(report), fontsize=9)
     return save_figure(fig, path)
+
+
+def _ticks(ax, xs) -> None:
+    """A log axis labelled at the points only."""
+    from matplotlib.ticker import NullFormatter
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _tokens_axis(ax) -> None:

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The language-model study (issue 51) in one device call, continued over the calls of a
+# window and over windows: the corpus of the machine's installed packages (`moremoe data
+# corpus --packages`, then `data prepare --val-input`), then `moremoe study lm` until the
+# call's time is spent, its runs checkpointed on the machine's disk (WORK) for the next call
+# of the same window. A fresh machine starts the study from the committed study.json and
+# rows.jsonl (RESULTS), so no finished run is trained again; a run cut by the end of a window
+# starts over in the next (its checkpoints do not leave the machine). $OUT gets one tar of the
+# study's rows, report, figures, logs and the corpus's and data's records: extract it into
+# RESULTS and commit.
+#
+#   OUT=/tmp/o bash benchmarks/study_lm_gpu.sh                       # the pair (3a)
+#   EXPERIMENTS=experts,rank OUT=/tmp/o bash benchmarks/study_lm_gpu.sh
+#   CALL_MINUTES=9.3 ...   the whole call's budget (the device's limit is 10 minutes)
+#   STUDY_ARGS="--seeds 0,1,2 --budgets 60e6,120e6" ...   anything `moremoe study lm` takes
+#   DEVICE=cpu WORK=/tmp/w RESULTS=/tmp/r STUDY_ARGS="--hidden 32 ..." ... checks it on a CPU
+#
+# Expected on one H200 (issue 51's measurements): the corpus about 30 s and its tokens 9 s
+# with 14 workers (181M GPT-2 tokens); the h = 256, L = 6 pair trains side by side at about
+# 657K + 617K tokens/s, 120M tokens each in about 3.5 minutes after a compile of about a
+# minute (less from a warm cache).
+set -euo pipefail
+START=$(date +%s)
+CALL_MINUTES=${CALL_MINUTES:-9.3}
+EXPERIMENTS=${EXPERIMENTS:-pair}
+STUDY_ARGS=${STUDY_ARGS:-}
+DEVICE=${DEVICE:-auto}
+WORK=${WORK:-/tmp/moremoe_study}
+RESULTS=${RESULTS:-benchmarks/results/nvidia-h200/study_lm}
+WORKERS=${WORKERS:-14}
+OUT=${OUT:-runs/study_lm_out}
+PY=${PYTHON:-python3}
+export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
+export MOREMOE_COMMIT=${MOREMOE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+
+mkdir -p "$WORK" "$OUT"
+if [ ! -f "$WORK/corpus/corpus.json" ]; then
+    $PY -m moremoe.cli data corpus "$WORK/corpus" --packages --workers "$WORKERS" --force \
+        --no-progress --json > "$WORK/corpus_report.json"
+fi
+if [ ! -f "$WORK/data/meta.json" ]; then
+    $PY -m moremoe.cli data prepare "$WORK/corpus/train.jsonl" --val-input \
+        "$WORK/corpus/val.jsonl" --out "$WORK/data" --workers "$WORKERS" --no-progress --json \
+        > "$WORK/prepare_report.json"
+fi
+mkdir -p "$WORK/study"
+if [ ! -f "$WORK/study/study.json" ] && [ -f "$RESULTS/study.json" ]; then
+    cp "$RESULTS/study.json" "$RESULTS/rows.jsonl" "$WORK/study/"    # a fresh machine
+fi
+left=$($PY -c "import time; print(max(0.5, $CALL_MINUTES - (time.time() - $START) / 60 - 0.4))")
+rc=0
+# shellcheck disable=SC2086
+$PY -m moremoe.cli study lm --data "$WORK/data" --out "$WORK/study" --experiments "$EXPERIMENTS" \
+    --device "$DEVICE" --max-minutes "$left" --no-progress $STUDY_ARGS \
+    > "$WORK/study/last_command.txt" 2> "$WORK/study/last_command.err" || rc=$?
+cp "$WORK/corpus/corpus.json" "$WORK/study/corpus.json"
+cp "$WORK/data/meta.json" "$WORK/study/data_meta.json"
+(cd "$WORK/study" && tar czf "$OUT/study_lm.tar.gz" --exclude=runs --exclude=specs --exclude=.lock .)
+tail -n 40 "$WORK/study/last_command.err"
+cat "$WORK/study/last_command.txt"
+echo "study_lm_gpu.sh: moremoe study lm exited $rc after $(( $(date +%s) - START )) s"
+[ "$rc" = 0 ] || [ "$rc" = 75 ]
