@@ -158,3 +158,40 @@ def test_an_empty_batch_routes():
     x, R1, R2, W = _inputs(N=0, h=32, M=40, r=8)
     assert ref.router_lowrank_ref(x, R1, R2, 3)[1].shape == (0, 3)
     assert ref.router_linear_ref(x, W, 3)[1].shape == (0, 3)
+
+
+@pytest.mark.parametrize("router", ["lowrank", "linear"])
+def test_blocks_of_rows_route_as_the_whole_batch(router, monkeypatch):
+    """Eager inference takes the rows a block of logits at a time; with blocks of 3 rows
+    (and a tied pair of experts on most rows, so the fp64 decision runs in every block) it
+    routes as the whole batch does, which training's autograd path computes at once."""
+    x, W, R1, R2 = _tied_inputs(N=100)
+    route = ((lambda x: ref.router_lowrank_ref(x, R1, R2, 2)) if router == "lowrank" else
+             (lambda x: ref.router_linear_ref(x, W, 2)))
+    whole = route(x.clone().requires_grad_())            # autograd: one (N, M) tensor
+    monkeypatch.setattr(ref, "BLOCK_BYTES", 3 * 4 * W.shape[0])
+    blocks = route(x)
+    assert torch.equal(blocks[1], whole[1])
+    torch.testing.assert_close(blocks[0], whole[0].detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_wide_doubt_is_decided_on_whole_rows(monkeypatch):
+    """A row doubtful among more experts than route_exact.CANDIDATES is summed whole in
+    fp64: the same experts as the candidates' way."""
+    import moremoe.ops.route_exact as exact
+    x, W, R1, R2 = _tied_inputs()
+    want = ref.router_linear_ref(x, W, 2)[1]
+    monkeypatch.setattr(exact, "CANDIDATES", 1)
+    assert torch.equal(ref.router_linear_ref(x, W, 2)[1], want)
+
+
+def test_fp32_z_is_the_exact_product_rounded_once():
+    """fp32 inputs: z is the fp64 product rounded once to fp32 (not the fp32 sum), so the
+    low-rank router routes as the exact top-k of those z, whatever the summation order."""
+    g = torch.Generator().manual_seed(3)
+    x, R2 = torch.randn(256, 64, generator=g), torch.randn(16, 64, generator=g) * 0.1
+    R1 = torch.randn(300, 16, generator=g) * 0.2
+    z = ref.lowrank_z(x, R2)
+    assert torch.equal(z, (x.double() @ R2.double().T).float())
+    want = ref.select_topk(z.double() @ R1.double().T, 4)[1]
+    assert torch.equal(ref.router_lowrank_ref(x, R1, R2, 4)[1], want)

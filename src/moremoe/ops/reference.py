@@ -48,11 +48,12 @@ def router_logits_lowrank(x_NH: torch.Tensor, R1_MR: torch.Tensor,
 
 
 def lowrank_z(x_NH: torch.Tensor, R2_RH: torch.Tensor) -> torch.Tensor:
-    """z = x R2ᵀ in x's dtype, rounded as the exact products round (eagerly; under
-    torch.compile or a capture, as the fp32 sums round); its gradient is the fp32 product's
-    (rounding passes gradients through unchanged)."""
+    """z = x R2ᵀ in x's dtype (bf16, fp16 or fp32), rounded once from the fp64 product, as
+    the exact products round (eagerly; under torch.compile or a capture, as the fp32 sums
+    round; fp64 stays its own sum); its gradient is the fp32 product's (rounding passes
+    gradients through unchanged)."""
     dt = _acc_dtype(x_NH.dtype)
-    if x_NH.dtype not in (torch.bfloat16, torch.float16) or in_graph():
+    if x_NH.dtype == torch.float64 or in_graph():
         return F.linear(x_NH.to(dt), R2_RH.to(dt)).to(x_NH.dtype)
     zr_NR = exact.round_z(x_NH, R2_RH)
     if not needs_grad(x_NH, R2_RH):
@@ -181,38 +182,69 @@ def _finite_or_neg_inf(t: torch.Tensor) -> torch.Tensor:
 
 def router_linear_ref(x_NH, W_MH, k: int, *, with_psum: bool = False):
     """Standard router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
-    logits_NM = router_logits_linear(x_NH, W_MH)
+    dt = _acc_dtype(x_NH.dtype)
+    W_dt = W_MH.to(dt)
+    w_max = _row_norm_max(W_MH)
 
-    def settle():          # the fp32 logits' error bound, and the rows' fp64 logits
-        return exact.settle_fp64(x_NH, W_MH, lambda rows: x_NH[rows].detach().double())
-    return _route(logits_NM, k, with_psum, settle)
+    def logits(rows):
+        return F.linear(x_NH[rows].to(dt), W_dt)
+
+    def settle(rows):      # the fp32 logits' error bound, and the rows' fp64 logits
+        x = x_NH[rows]
+        return exact.settle_fp64(x, W_MH, lambda r: x[r].detach().double(), w_max=w_max)
+    return _route(logits, x_NH, W_MH.shape[0], k, with_psum, settle,
+                  whole=needs_grad(x_NH, W_MH))
 
 
 def router_lowrank_ref(x_NH, R1_MR, R2_RH, k: int, *, with_psum: bool = False):
     """Low-rank router: (topk_val (N,k) fp32, topk_idx (N,k) int32, psum (M,) or None)."""
     z_NR = lowrank_z(x_NH, R2_RH)
     dt = _acc_dtype(x_NH.dtype)
-    logits_NM = F.linear(z_NR.to(dt), R1_MR.to(dt))
+    R1_dt = R1_MR.to(dt)
+    w_max = _row_norm_max(R1_MR)
 
-    def settle():
-        if x_NH.dtype != torch.float32:         # z rounded to x's dtype: exact as it is
-            return exact.settle_fp64(z_NR, R1_MR, lambda rows: z_NR[rows].detach().double())
-        with torch.no_grad():                   # z is itself an fp32 sum, kept unrounded
-            err_N = exact.dot_bound(x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm())
-        return exact.settle_fp64(z_NR, R1_MR, lambda rows: (x_NH[rows].detach().double()
-                                                            @ R2_RH.detach().double().T),
-                                 err_N)
-    return _route(logits_NM, k, with_psum, settle)
+    def logits(rows):
+        return F.linear(z_NR[rows].to(dt), R1_dt)
+
+    def settle(rows):                           # z rounded once to x's dtype: exact
+        z = z_NR[rows]
+        return exact.settle_fp64(z, R1_MR, lambda r: z[r].detach().double(), w_max=w_max)
+    return _route(logits, x_NH, R1_MR.shape[0], k, with_psum, settle,
+                  whole=needs_grad(x_NH, R1_MR, R2_RH))
 
 
-def _route(logits_NM: torch.Tensor, k: int, with_psum: bool, settle):
+def _row_norm_max(w_MR: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return w_MR.detach().float().norm(dim=1).max() if w_MR.numel() else w_MR.new_zeros(())
+
+
+BLOCK_BYTES = 1 << 23       # eager inference: the fp32 logits of a block of rows at a time
+
+
+def _route(logits_of, x_NH, M: int, k: int, with_psum: bool, settle_of, *, whole: bool):
     """The exact selection on the float32 (float64) logits, the rows fp32 cannot decide
-    decided again on fp64 ones (eagerly; settle() gives the bound and those logits);
-    psum's softmax in the logits' dtype."""
-    decide = None if logits_NM.dtype == torch.float64 or in_graph() else settle
-    topk_val_NK, topk_idx_NK = select_topk(logits_NM, k, settle=decide)
-    psum_M = softmax_colsum(logits_NM) if with_psum else None
-    return topk_val_NK, topk_idx_NK, psum_M
+    decided again on fp64 ones (eagerly; settle_of(rows) gives those rows' bound and fp64
+    logits); psum's softmax in the logits' dtype. logits_of(rows): the logits of a slice of
+    rows. Eager inference (no autograd, no psum, fp32 sums) takes the rows a block at a
+    time (BLOCK_BYTES of logits), each selected while it is in cache, which costs less
+    than one (N, M) tensor written and read back; each row's selection is its own, so the
+    blocks route as the whole batch does."""
+    N = x_NH.shape[0]
+    fp64 = x_NH.dtype == torch.float64
+    if whole or with_psum or fp64 or in_graph() or N == 0:
+        logits_NM = logits_of(slice(None))
+        decide = None if fp64 or in_graph() else (lambda: settle_of(slice(None)))
+        topk_val_NK, topk_idx_NK = select_topk(logits_NM, k, settle=decide)
+        psum_M = softmax_colsum(logits_NM) if with_psum else None
+        return topk_val_NK, topk_idx_NK, psum_M
+    rows = max(1, BLOCK_BYTES // (4 * max(M, 1)))
+    vals, idxs = [], []
+    for start in range(0, N, rows):
+        block = slice(start, min(start + rows, N))
+        val, idx = select_topk(logits_of(block), k, settle=lambda b=block: settle_of(b))
+        vals.append(val)
+        idxs.append(idx)
+    return torch.cat(vals), torch.cat(idxs), None
 
 
 def swiglu_experts_ref(x_NH, gates_NK, topk_idx_NK, w_gate_MSH, w_up_MSH, w_down_MHS, *,

@@ -34,7 +34,7 @@ def dot_bound(n: int, a_norm_N: torch.Tensor, w_norm: torch.Tensor | float) -> t
 
 
 def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor) -> torch.Tensor:
-    """z = x R2ᵀ in x's dtype (bf16 / fp16) as the exact products round: the fp64 product
+    """z = x R2ᵀ in x's dtype (bf16 / fp16 / fp32) as the exact products round: the fp64 product
     rounded once (round_once), without autograd. One (N, h) x (h, r) product in fp64 and a
     few elementwise operations, whatever the data: no data-dependent work."""
     with torch.no_grad():
@@ -42,11 +42,13 @@ def round_z(x_NH: torch.Tensor, R2_RH: torch.Tensor) -> torch.Tensor:
 
 
 def round_once(z64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp64 values rounded to dtype (bf16 / fp16) once, to nearest, ties to even. Rounding
+    """fp64 values rounded to dtype (bf16 / fp16 / fp32) once, to nearest, ties to even. Rounding
     through fp32 (what .to(dtype) does) errs only where the fp32 value lands exactly on a
     midpoint of dtype that the fp64 value is not on: those go to the neighbour on the fp64
     value's side."""
     z32 = z64.float()
+    if dtype == torch.float32:
+        return z32                          # one rounding: fp64 to fp32
     a = z32.to(dtype).float()
     b = (2 * z32 - a).to(dtype).float()     # the other neighbour, when z32 is their midpoint
     back = z32.double()
@@ -55,17 +57,27 @@ def round_once(z64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(mid, side, a).to(dtype)
 
 
-def settle_fp64(a_NR: torch.Tensor, w_MR: torch.Tensor, a64_rows, err_N=None):
-    """(bound, rows -> fp64 logits) for select_topk's settle, for logits a wᵀ summed in
-    fp32: the per-row bound R 2^-22 ‖a_n‖ max‖w_m‖, plus err_N max‖w_m‖ where a is itself
-    an fp32 sum within err_N (‖a_n − exact a_n‖₂) of the exact one; a64_rows(rows) gives
-    those rows of a in fp64 (the exact one's)."""
+def settle_fp64(a_NR: torch.Tensor, w_MR: torch.Tensor, a64_rows, err_N=None, *,
+                w_max: torch.Tensor | None = None):
+    """(bound, exact) for select_topk's settle, for logits a wᵀ summed in fp32: the per-row
+    bound R 2^-22 ‖a_n‖ max‖w_m‖, plus err_N max‖w_m‖ where a is itself an fp32 sum within
+    err_N (‖a_n − exact a_n‖₂) of the exact one; exact(rows, cols) gives fp64 logits of those
+    rows (of a: a64_rows(rows) gives them in fp64, the exact one's) at the columns cols (R, C),
+    or at every column when cols is None. w_max: max‖w_m‖ when the caller has it."""
     with torch.no_grad():
-        w_max = w_MR.detach().float().norm(dim=1).max()
+        if w_max is None:
+            w_max = w_MR.detach().float().norm(dim=1).max()
         bound = dot_bound(a_NR.shape[1], a_NR.detach().float().norm(dim=1), w_max)
         if err_N is not None:
             bound = bound + err_N * w_max
-    return bound, lambda rows: a64_rows(rows) @ w_MR.detach().double().T
+
+    def exact(rows, cols=None):
+        a64_RR = a64_rows(rows)
+        if cols is None:
+            return a64_RR @ w_MR.detach().double().T
+        w64_RCR = w_MR.detach()[cols].double()               # only the candidates' rows
+        return torch.bmm(w64_RCR, a64_RR[:, :, None])[..., 0]
+    return bound, exact
 
 
 def doubtful_rows(key_NK1: torch.Tensor, bound) -> torch.Tensor:
@@ -78,20 +90,39 @@ def doubtful_rows(key_NK1: torch.Tensor, bound) -> torch.Tensor:
     return (gap_N <= 2 * bound) & (bound > 0)
 
 
-def settle_rows(logits_NM, idx_NK, key_NK1, k: int, bound, exact_rows):
+CANDIDATES = 256    # the most experts a doubtful row is decided among; a wider one: its row
+
+
+def settle_rows(logits_NM, idx_NK, key_NK1, k: int, bound, exact):
     """(idx, value correction or None): the doubtful rows' experts decided again on fp64
-    logits (exact_rows(rows) -> (R, M) fp64) by a stable sort (ties to the lower index,
-    non-finite logits last); the correction, added to logits.gather(idx) without gradient,
-    makes their values the fp64 ones rounded (so they stay in the exact order)."""
+    logits, ties to the lower index, non-finite fp32 logits never taken; the correction,
+    added to logits.gather(idx) without gradient, makes their values the fp64 ones rounded
+    (so they stay in the exact order). Only candidates are summed in fp64: an expert whose
+    fp32 logit is below the k-th key less twice the bound cannot reach the exact top k
+    (each logit is within the bound of the exact one); a row with more than CANDIDATES of
+    them is summed whole."""
     doubt_N = doubtful_rows(key_NK1.detach(), bound)
     if not doubt_N.any():
         return idx_NK, None
     rows = doubt_N.nonzero()[:, 0]
-    l64_RM = exact_rows(rows)
-    l64_RM = torch.where(torch.isfinite(l64_RM), l64_RM, float("-inf"))
-    v64_RK, i_RK = (t[:, :k] for t in torch.sort(l64_RM, dim=1, descending=True, stable=True))
+    l_RM = logits_NM.detach()[rows]
+    b = bound[rows, None] if torch.is_tensor(bound) and bound.dim() else bound
+    near_RM = torch.where(l_RM >= key_NK1[rows, k - 1:k] - 2 * b, l_RM, float("-inf"))
+    C = int((near_RM > float("-inf")).sum(1).max())          # NaN: not near; +inf: below
+    if C > CANDIDATES:
+        cols_RC = torch.arange(l_RM.shape[1], device=l_RM.device).expand_as(l_RM)
+        l64_RC, l32_RC = exact(rows), l_RM
+    else:
+        cols_RC = torch.topk(near_RM, C, dim=1).indices
+        l64_RC, l32_RC = exact(rows, cols_RC), near_RM.gather(1, cols_RC)
+    ok_RC = torch.isfinite(l32_RC) & torch.isfinite(l64_RC)
+    l64_RC = torch.where(ok_RC, l64_RC, float("-inf"))
+    cols_RC, by_id = torch.sort(cols_RC, dim=1)              # ties to the lower index:
+    l64_RC = l64_RC.gather(1, by_id)                         # by id, then stably by value
+    order = torch.sort(l64_RC, dim=1, descending=True, stable=True).indices[:, :k]
+    i_RK, v64_RK = cols_RC.gather(1, order), l64_RC.gather(1, order)
     idx_NK = idx_NK.clone()
     idx_NK[rows] = i_RK.to(idx_NK.dtype)
     fix_NK = torch.zeros(idx_NK.shape, dtype=logits_NM.dtype, device=logits_NM.device)
-    fix_NK[rows] = v64_RK.to(logits_NM.dtype) - logits_NM.detach()[rows].gather(1, i_RK)
+    fix_NK[rows] = v64_RK.to(logits_NM.dtype) - l_RM.gather(1, i_RK)
     return idx_NK, fix_NK

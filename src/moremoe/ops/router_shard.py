@@ -59,18 +59,15 @@ def _use_kernels(impl: str, a: Tensor, k: int, lowrank: bool) -> bool:
 
 def exact_inputs(x_NH: Tensor, R2_RH: Tensor | None):
     """(a, exact) for the reference path: a the matrix the shard's rows score (x, or z as
-    the one-process reference forms it: rounded once to x's dtype, or fp32), with its
-    autograd; exact = (a64, err) for ``shard_topk`` / ``shard_select``: a in fp64 from x
-    (z's exact product for fp32 inputs) and a bound on ‖a − a64‖₂ per row (fp32 z's own
-    sum) or None; exact is None for fp64 inputs (their sums decide as they are)."""
+    the one-process reference forms it: rounded once to x's dtype), with its autograd;
+    exact = (a64, err) for ``shard_topk`` / ``shard_select``: a in fp64 and err None (x, or
+    z rounded: exact as given); exact is None for fp64 inputs (their sums decide as they
+    are)."""
     a = x_NH if R2_RH is None else ref.lowrank_z(x_NH, R2_RH)
     if x_NH.dtype == torch.float64:
         return a, None
     with torch.no_grad():
-        if R2_RH is None or x_NH.dtype != torch.float32:    # x, or z rounded: exact as given
-            return a, (a.double(), None)
-        err_N = route_exact.dot_bound(x_NH.shape[1], x_NH.norm(dim=1), R2_RH.float().norm())
-        return a, (x_NH.double() @ R2_RH.double().T, err_N)
+        return a, (a.double(), None)
 
 
 def _select_ref(a_NR, w_MR, k: int, exact):
