@@ -12,7 +12,8 @@
 #   make lock         regenerate requirements/lock-cpu.txt from the newest allowed versions
 #   make test-demo    the demo's conclusion on 3 seeds at 1 and 2 threads (13-21 minutes)
 #   make test-gpu     on a machine with a CUDA GPU and torch installed (no .venv): every test
-#                     marked gpu that needs one GPU, in one pytest run (7 minutes on an H200)
+#                     marked gpu that needs one GPU: GPU_JOBS (4) processes share the GPU, then
+#                     the gpu_serial tests alone (timings, tens of GB) in a second pytest run
 #   make test-gpu-multi  the tests that need 2 or 4 GPUs (skipped with fewer), in one run; each
 #                     launches processes, bounded, and kills them (tests/procs.py).
 #   make test-gpu-kernels  every kernel test (tests/kernels, marked gpu or not) on the GPU:
@@ -46,8 +47,14 @@ test: setup
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 GPU_PYTEST = PYTHONPATH=src:tests $(GPU_PYTHON) -m pytest -v -p no:cacheprovider --durations=10
+# the GPU tests spread over GPU_JOBS processes on the one GPU (their kernels compile on as
+# many cores: on a fresh machine compiling is most of the time), file by file; then the
+# tests marked gpu_serial (timings, tens of GB) one at a time; GPU_JOBS=0: all serially
+GPU_JOBS ?= 4
+GPU_XDIST = $(if $(filter 0,$(GPU_JOBS)),,-n $(GPU_JOBS) --dist loadfile)
 test-gpu:
-	$(GPU_PYTEST) -m "gpu and not multi_gpu" $(PYTEST_ARGS) tests
+	$(GPU_PYTEST) -m "gpu and not multi_gpu and not gpu_serial" $(GPU_XDIST) $(PYTEST_ARGS) tests
+	$(GPU_PYTEST) -m "gpu and not multi_gpu and gpu_serial" $(PYTEST_ARGS) tests
 
 test-gpu-multi:
 	$(GPU_PYTEST) -m multi_gpu $(PYTEST_ARGS) tests

@@ -90,6 +90,7 @@ def test_layer_fused_path_equals_the_torch_path(monkeypatch):
     assert _rel(*ys) < 2e-2
 
 
+@pytest.mark.gpu_serial          # tens of GB: the GPU to itself
 def test_int64_offsets_beyond_2_pow_31_forward():
     """N k > 2^31 pairs and N h > 2^31 elements: the last tokens against the reference."""
     from moremoe.kernels import peer_experts as pk
@@ -103,6 +104,7 @@ def test_int64_offsets_beyond_2_pow_31_forward():
     assert _rel(y[tail], ref) < 1e-2
 
 
+@pytest.mark.gpu_serial          # tens of GB: the GPU to itself
 def test_int64_offsets_beyond_2_pow_31_backward():
     """N h > 2^31: the last 1,024 tokens alone use the last 64 experts, so their dx, dgates
     and those experts' du, dv are the reference's on the tail."""

@@ -77,6 +77,7 @@ def test_fp32_products_follow_torchs_matmul_precision(precision):
         torch.set_float32_matmul_precision(before)
 
 
+@pytest.mark.gpu_serial          # tens of GB: the GPU to itself
 def test_int64_offsets_beyond_2_pow_31():
     from moremoe.kernels import swiglu_experts as mg
     from moremoe.ops.reference import swiglu_experts_ref
@@ -89,6 +90,7 @@ def test_int64_offsets_beyond_2_pow_31():
     assert ((y[tail].float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.gpu_serial          # tens of GB: the GPU to itself
 @pytest.mark.parametrize("combine", ["pairs", "atomic"])
 def test_one_kernel_forward_full_size_and_beyond_2_pow_31(combine):
     """The fused inference forward (act on chip), with pair rows or fp32 atomics, at full

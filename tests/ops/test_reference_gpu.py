@@ -8,7 +8,7 @@ import torch
 from gpu_share import others_on_this_gpu, skip_timing_if_shared
 from moremoe.ops import reference as ref
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_serial,       # timings: the GPU alone
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 

@@ -200,7 +200,11 @@ def format_demo(result: dict) -> str:
             f"k={cfg['top_k']}, batch {cfg['batch_size']}, lr {cfg['lr']:g}, same data and "
             f"seed; each trains until exact match {THRESHOLD} or {_limit(result)}\n")
     files = f"\nreport: {result['files']['json']}\nplot:   {result['files']['png']}"
-    return (head + table(rows, ["", moe["name"], more["name"]]) + "\n\n" + verdict(result)
+    note = ("\nrouter time: the exact plain-torch routers of 16,384 tokens on this CPU; their "
+            "products cost alike (the FLOPs above),\nbut at h = 32 the top-k over each "
+            "router's M experts sets the time, and MoRE's M is larger"
+            if result["device"].startswith("cpu") else "")
+    return (head + table(rows, ["", moe["name"], more["name"]]) + note + "\n\n" + verdict(result)
             + capacity_table(result.get("capacities", [])) + files)
 
 
