@@ -190,8 +190,10 @@ def test_a_stop_request_on_the_cpu_ends_the_interval_at_once_and_resumes_exactly
     ckpt.mkdir()
     device = pool.DevicePool("cpu", 1, ckpt)
     asked = iter(range(100))
-    device.stop_requested = lambda: next(asked) >= 2           # a request after step 3
+    device.stop_requested = lambda: next(asked) >= 3   # poll asks once, then after each step:
+                                                       # a request after step 3
     device.add(task)
+    device.poll()                               # the first interval: cut after step 3
     (_, trainer, _), = device.active.values()
     assert trainer.step.steps == 3 and not trainer.run.history
     assert [e.kind for e in device.stop()] == ["stopped"]

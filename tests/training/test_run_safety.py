@@ -62,12 +62,28 @@ def test_a_run_of_only_incomplete_checkpoints_needs_force(text_data, tmp_path):
 
 
 def test_a_log_without_checkpoints_is_not_overwritten(text_data, tmp_path):
+    """Steps trained and logged, no checkpoint yet (a run killed early): kept."""
     out = tmp_path / "run"
     out.mkdir()
-    (out / "log.jsonl").write_text('{"event": "start", "step": 0}\n')
+    log = '{"event": "start", "step": 0}\n{"event": "train", "step": 10, "loss": 3.0}\n'
+    (out / "log.jsonl").write_text(log)
     with pytest.raises(FileExistsError, match="already holds the log of a run"):
         train(_cfg(text_data, out), echo=quiet)
-    assert (out / "log.jsonl").read_text() == '{"event": "start", "step": 0}\n'
+    assert (out / "log.jsonl").read_text() == log
+
+
+def test_a_run_that_failed_before_its_first_step_does_not_block_its_rerun(text_data,
+                                                                           tmp_path):
+    """What a run that failed at its start leaves (its config, a log of its start and its
+    end with the error, a summary) holds no work: the same command, fixed, runs there."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "log.jsonl").write_text('{"event": "start", "step": 0}\n{"event": "end", "step": '
+                                   '0, "stopped": "error: RuntimeError: boom"}\n')
+    (out / "config.json").write_text('{"model": {}, "optim": {}, "train": {}}')
+    (out / "summary.json").write_text('{"stopped": "error: RuntimeError: boom"}')
+    summary = train(_cfg(text_data, out), echo=quiet)
+    assert summary["finished"] and [e["step"] for e in events(out, "start")] == [0]
 
 
 def test_a_non_finite_step_stops_before_it_reaches_the_weights(text_data, tmp_path):

@@ -210,13 +210,24 @@ SWEEP_KEY = {"rank": "rank", "experts": "more_experts", "hidden": "hidden"}
 
 
 def _sweep_models(args):
-    """(value, arch, model config) for every run of the sweep: MoRE at each value and the
-    MoE once (rank, experts: the MoE does not change), or both at each value (hidden)."""
+    """(value, arch, model config) for every run of the sweep: MoRE at each value and, with
+    --arch both, the MoE once (rank, experts: the MoE does not change); --over hidden: the
+    models of --arch at each value."""
     import argparse
+    if args.arch == "peer" or (args.arch == "moe" and args.over != "hidden"):
+        raise ValueError(f"--arch {args.arch}: --over {args.over} sweeps "
+                         f"{'the MoRE' if args.over != 'hidden' else 'MoE and MoRE'}; give "
+                         f"--arch more, or both (the MoRE beside the MoE)")
+    if args.over == "experts" and args.more_experts is not None:
+        raise ValueError(f"--more-experts {args.more_experts}: --over experts sets M' to each "
+                         f"of --values; drop --more-experts")
     runs = []
     for i, v in enumerate(args.values):
         vargs = argparse.Namespace(**{**vars(args), SWEEP_KEY[args.over]: v})
-        arches = ["moe", "more"] if args.over == "hidden" or i == 0 else ["more"]
+        if args.over == "hidden":
+            arches = ["moe", "more"] if args.arch == "both" else [args.arch]
+        else:
+            arches = (["moe"] if args.arch == "both" and i == 0 else []) + ["more"]
         for arch in arches:
             vargs.arch = arch
             try:
@@ -343,7 +354,9 @@ def add_phonebook_parser(sub) -> None:
                          description="The paper's phonebook sweeps on one phonebook size: "
                          "--over rank (MoRE at each r, beside the MoE), experts (MoRE at each "
                          "M', beside the MoE) or hidden (the matched MoE/MoRE pair at each "
-                         "h); JSON report and a PNG of exact match against the value.")
+                         "h); --arch more leaves the MoE out (and with --over hidden, --arch "
+                         "moe the MoRE); JSON report and a PNG of exact match against the "
+                         "value.")
     ps.add_argument("--over", choices=sorted(SWEEP_KEY), required=True, help="what to sweep")
     ps.add_argument("--values", type=_int_list, required=True,
                     help="its values, e.g. 2,4,8,16,32 (rank) or 64,128,256,512 (hidden)")

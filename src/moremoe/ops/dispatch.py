@@ -35,9 +35,10 @@ def resolve_impl(impl: str, x: torch.Tensor, k: int = 1, *, rank: int | None = N
     limit = kernel_limit(x, k, rank)
     if impl == "triton":
         if not kernels.usable_on(x.device):
-            raise RuntimeError(f"impl='triton' needs Triton and a CUDA tensor (or "
-                               f"TRITON_INTERPRET=1 on CPU); x is on {x.device}, Triton "
-                               f"{'is' if kernels.HAS_TRITON else 'is not'} installed")
+            raise ValueError(f"impl='triton' needs Triton and a CUDA tensor (or "
+                             f"TRITON_INTERPRET=1 on CPU); x is on {x.device}, Triton "
+                             f"{'is' if kernels.HAS_TRITON else 'is not'} installed: use "
+                             f"impl='auto' or 'reference'")
         if limit is not None:
             raise ValueError(f"impl='triton': the kernels do not cover {limit}; use "
                              f"impl='auto' or 'reference'")

@@ -110,9 +110,23 @@ def clear_run(out: Path) -> None:
         shutil.rmtree(out / name, ignore_errors=True)
 
 
-def has_events(run_dir: Path) -> bool:
+def has_steps(run_dir: Path) -> bool:
+    """Whether the run's log records work: a step trained, an evaluation, a checkpoint or a
+    resume. A log of a run that failed before its first step (its start, and its end with
+    the error, a non-finite first step) holds nothing to keep, so a new run may take the
+    folder without --force."""
     log = Path(run_dir) / "log.jsonl"
-    return log.is_file() and log.stat().st_size > 0
+    if not log.is_file():
+        return False
+    with open(log, "rb") as f:
+        for line in f:
+            try:
+                event = json.loads(line).get("event")
+            except (ValueError, AttributeError):
+                return True             # not ours to read: keep it
+            if event in ("train", "eval", "checkpoint", "resume"):
+                return True
+    return False
 
 
 def run_writes(train) -> tuple[str, ...]:

@@ -453,3 +453,14 @@ def planned_steps(cfg: RunConfig, global_batch: int) -> int:
 
 def default_out(cfg: RunConfig) -> str:
     return str(Path("runs") / "train" / (cfg.preset or "run"))
+
+
+def check_impls(model: ModelSpec, device) -> None:
+    """model.router_impl / experts_impl = "triton" on a device the kernels cannot run on (a
+    CPU without TRITON_INTERPRET=1, or no Triton): ValueError naming the key."""
+    from .. import kernels
+    for key in ("router_impl", "experts_impl"):
+        if getattr(model, key) == "triton" and not kernels.usable_on(device):
+            raise ValueError(f"model.{key}=triton needs Triton and a CUDA GPU (or "
+                             f"TRITON_INTERPRET=1 on a CPU); this run's device is {device}: "
+                             f"use auto (the kernels where they run) or reference")

@@ -36,7 +36,7 @@ from ..model import checkpoint as stored
 from . import checkpoint as ckpt
 from . import footprint
 from . import run_plot
-from .config import RunConfig, default_out, planned_steps
+from .config import RunConfig, check_impls, default_out, planned_steps
 from .data import Batches, check_ids, check_same_data, data_record, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
                       printer)
@@ -62,6 +62,7 @@ class LMTrainer:
         expert_plan.check_layout(cfg.parallel.expert, experts=cfg.model.experts,
                                  kind=cfg.model.kind, world=self.info.world)
         self.dev, self.main = self.info.device, self.info.main
+        check_impls(cfg.model, self.dev)       # a kernel this device cannot run: no file yet
         self.compile_mode = plan.compile_mode(  # a mode that cannot run stops before any work
             t.compile_mode if t.compile else "default", self.dev, self.info.world,
             data=cfg.parallel.data)
@@ -161,7 +162,7 @@ class LMTrainer:
     def _resume_or_start(self, resume: bool) -> None:
         latest = stored.latest_checkpoint(self.out)
         broken = stored.incomplete_checkpoints(self.out)
-        held_by_run = latest is not None or broken or ckpt.has_events(self.out)
+        held_by_run = latest is not None or broken or ckpt.has_steps(self.out)
         if not resume and held_by_run and self.main:    # (the other ranks see rank 0's log)
             held = (f"checkpoints (latest {latest.name})" if latest is not None else
                     "incomplete checkpoints" if broken else "the log of a run")

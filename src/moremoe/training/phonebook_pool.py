@@ -36,7 +36,7 @@ from .phonebook_search import Task
 
 @dataclass
 class Event:
-    kind: str                   # "progress", "done", "stopped" or "error"
+    kind: str                   # "progress", "tick", "done", "stopped" or "error"
     key: str
     steps: int = 0
     total: int = 0
@@ -57,8 +57,12 @@ class DevicePool:
         self.device, self.slots = device, slots
         self.checkpoint_dir, self.every = checkpoint_dir, 60 * checkpoint_minutes
         self.active: dict[str, tuple[Task, PhonebookTrainer, list]] = {}
+        self.fresh: set[str] = set()        # added, its first interval not yet queued
         # a signal or --stop-after: a CPU interval ends after the step it is asked during
         self.stop_requested = lambda: False
+        # where steps run as they are called (a CPU), each one's "tick" Event goes here as
+        # it ends, so progress moves inside an interval; None: not reported
+        self.on_tick = None
 
     def free(self) -> int:
         return self.slots - len(self.active)
@@ -73,9 +77,9 @@ class DevicePool:
         trainer = PhonebookTrainer(task.model, cfg, cfg.lr, name=task.name,
                                    calibration=task.calibration, stream=stream, state=state)
         at = trainer.step.steps
-        trainer.advance(self.stop_requested)
         self.active[task.key] = (task, trainer, [time.monotonic()])
-        return Event("progress", task.key, at, trainer.total,
+        self.fresh.add(task.key)        # its first interval: at the next poll, so that its
+        return Event("progress", task.key, at, trainer.total,          # progress shows
                      message=f"resumed at step {at:,}" if state else "")
 
     def poll(self) -> list[Event]:
@@ -84,6 +88,10 @@ class DevicePool:
             return events           # step an interval was cut short at
         for key in list(self.active):
             task, trainer, saved = self.active[key]
+            if key in self.fresh:
+                self.fresh.discard(key)
+                trainer.advance(self._ticking(key, trainer))
+                continue
             done = trainer.settle()
             if done:
                 del self.active[key]
@@ -95,11 +103,24 @@ class DevicePool:
             if self.checkpoint_dir is not None and time.monotonic() - saved[0] > self.every:
                 self._save(key, trainer)
                 saved[0] = time.monotonic()
-            trainer.advance(self.stop_requested)
+            trainer.advance(self._ticking(key, trainer))
             last = trainer.run.history[-1]
             events.append(Event("progress", key, trainer.step.steps, trainer.total,
                                 last["exact_match"], loss=last["loss"]))
         return events
+
+    def _ticking(self, key: str, trainer: PhonebookTrainer):
+        """The stop() an interval asks after each step where steps run as they are called:
+        it reports the step (on_tick) and passes the stop request on."""
+        if self.on_tick is None:
+            return self.stop_requested
+        start, done = trainer.step.steps, [0]
+
+        def stop() -> bool:
+            done[0] += 1
+            self.on_tick(Event("tick", key, start + done[0], trainer.total))
+            return self.stop_requested()
+        return stop
 
     def stop(self) -> list[Event]:
         """Checkpoint every run and drop it: at its evaluation, or where a stop request cut
@@ -147,6 +168,7 @@ def _worker(slot: int, device: str, slots: int, checkpoint_dir, minutes: float, 
         signal.signal(sig, signal.SIG_IGN)
     parent = os.getppid()
     pool = DevicePool(device, slots, Path(checkpoint_dir) if checkpoint_dir else None, minutes)
+    pool.on_tick = lambda ev: outbox.put((slot, ev))
     try:
         while True:
             if os.getppid() != parent:              # the parent died without a word
@@ -215,6 +237,19 @@ class Workers:
         if ev.kind in ("done", "stopped") and ev.key:
             self.load[slot] -= 1
         return ev
+
+    def _ticking(self, key: str, trainer: PhonebookTrainer):
+        """The stop() an interval asks after each step where steps run as they are called:
+        it reports the step (on_tick) and passes the stop request on."""
+        if self.on_tick is None:
+            return self.stop_requested
+        start, done = trainer.step.steps, [0]
+
+        def stop() -> bool:
+            done[0] += 1
+            self.on_tick(Event("tick", key, start + done[0], trainer.total))
+            return self.stop_requested()
+        return stop
 
     def stop(self) -> list[Event]:
         for inbox in self.inboxes:
@@ -288,6 +323,8 @@ class Executor:
         from .signals import StopSignals
         ckpt = None if self.out is None else self.out / CHECKPOINTS
         self._t0 = time.monotonic()
+        made = [] if self.out is None else [p for p in (ckpt, self.out / JOURNAL)
+                                             if not p.exists()]
         if ckpt is not None:
             ckpt.mkdir(parents=True, exist_ok=True)
             (self.out / JOURNAL).touch()        # what --resume looks for
@@ -299,6 +336,9 @@ class Executor:
                 if isinstance(backend, DevicePool):
                     backend.stop_requested = lambda: self._stopping(signals)
                 return self._loop(plans, backend, signals, on_change)
+        except BaseException:
+            _drop_if_empty(self.out, made)      # a run that failed with nothing done
+            raise
         finally:
             if isinstance(backend, Workers):
                 backend.close()
@@ -306,6 +346,8 @@ class Executor:
     def _loop(self, plans: dict, backend, signals, on_change) -> dict:
         results, waiting, queue_, bars = self.results, {}, [], {}
         tasks: dict[str, Task] = {}
+        if isinstance(backend, DevicePool):     # steps in this process: ticks come here
+            backend.on_tick = lambda ev: self._on_event(ev, tasks, bars, finish)
 
         def ask(name, records=None):
             try:
@@ -371,7 +413,11 @@ class Executor:
         if ev.message.startswith("resumed"):
             self.report.resumed.append([task.name, ev.steps])
             progress_note(f"{task.name}: {ev.message}", enabled=self.progress)
-        if ev.kind in ("progress", "done") and ev.steps > bar[1]:
+        if ev.kind == "tick":
+            bar[0].update(max(0, ev.steps - bar[1]))
+            bar[1] = max(bar[1], ev.steps)
+            return
+        if ev.kind in ("progress", "done") and ev.loss == ev.loss:      # evaluated
             bar[0].set_postfix(loss=f"{ev.loss:.3f}", em=f"{ev.exact_match:.3f}")
         bar[0].update(ev.steps - bar[1])
         bar[1] = ev.steps
@@ -389,3 +435,16 @@ class Executor:
         self.stopped = True
         for ev in backend.stop():
             self._on_event(ev, tasks, bars, finish)
+
+
+def _drop_if_empty(out: Path | None, made: list[Path]) -> None:
+    """Remove what a run made (the checkpoint folder, the journal) while still empty: a
+    command that failed before any run ended leaves nothing behind."""
+    for path in made:
+        try:
+            if path.is_dir():
+                path.rmdir()                    # only when empty
+            elif path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
