@@ -17,8 +17,8 @@ import torch
 
 from moremoe.nn import MoEConfig
 from moremoe.runtime import environment
-from moremoe.training.phonebook import PhonebookTrainConfig, phonebook_model_config
-from moremoe.training.phonebook_step import PhonebookStep
+from moremoe.phonebook.trainer import PhonebookTrainConfig, phonebook_model_config
+from moremoe.phonebook.step import PhonebookStep
 
 PAIR = {"MoE-32": phonebook_model_config(MoEConfig.moe(32, 4, 64, 8), layers=2),
         "MoRE-96": phonebook_model_config(MoEConfig.more(96, 4, 64, 8, 16), layers=2)}

@@ -28,8 +28,8 @@ part() {   # part NAME LIMIT_S LOG COMMAND...: run bounded, log it, remember a f
   [ "$rc" -eq 0 ] || [ "$rc" -eq 75 ] || status=1     # 75: stopped by --stop-after
 }
 part "GPU tests" "${LIMIT_TESTS:-200}" "$OUT/gpu_tests.log" \
-  $PY -m pytest -q -m "gpu or not gpu" -p no:cacheprovider tests/training/test_phonebook_gpu.py \
-  tests/training/test_phonebook_step.py
+  $PY -m pytest -q -m "gpu or not gpu" -p no:cacheprovider tests/phonebook/test_phonebook_gpu.py \
+  tests/phonebook/test_step.py
 part "bench phonebook" "${LIMIT_BENCH:-270}" "$OUT/bench.txt" \
   $PY -m moremoe.cli bench phonebook --modes "$MODES" --out "$OUT/phonebook.jsonl"
 part "demo" "${LIMIT_DEMO:-90}" "$OUT/demo.txt" \

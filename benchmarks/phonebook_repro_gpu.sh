@@ -86,7 +86,7 @@ case "$ACTION" in
     done
     if [ "${TESTS:-1}" = 1 ]; then
       timeout -k 10 300 $PY -m pytest -q -m "gpu or not gpu" -p no:cacheprovider \
-        tests/training/test_phonebook_gpu.py tests/training/test_phonebook_step.py \
+        tests/phonebook/test_phonebook_gpu.py tests/phonebook/test_step.py \
         > "$OUT/gpu_tests.log" 2>&1
       tail -3 "$OUT/gpu_tests.log"
       timeout -k 10 120 $PY -m moremoe.cli demo --out /tmp/pb-demo --force --no-progress \

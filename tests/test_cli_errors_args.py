@@ -49,8 +49,8 @@ def test_integers_that_are_not_are_named_with_the_flag(capsys, argv, match):
 @pytest.fixture
 def no_training(monkeypatch):
     """A command that gets past its checks fails its test at once instead of training."""
-    import moremoe.training.phonebook as trainer
-    import moremoe.training.phonebook_pool as pool
+    import moremoe.phonebook.trainer as trainer
+    import moremoe.phonebook.pool as pool
 
     def refuse(*args, **kwargs):
         raise AssertionError("training started: the arguments were accepted")

@@ -37,8 +37,8 @@ WRITERS = [
 @pytest.mark.parametrize("argv, files", WRITERS)
 def test_an_earlier_report_and_plot_are_kept_without_force(capsys, tmp_path, monkeypatch,
                                                            argv, files):
-    import moremoe.training.phonebook as trainer
-    import moremoe.training.phonebook_pool as pool
+    import moremoe.phonebook.trainer as trainer
+    import moremoe.phonebook.pool as pool
 
     def no_training(*args, **kwargs):
         raise AssertionError("training started before the outputs were checked")
@@ -58,8 +58,8 @@ def test_an_earlier_report_and_plot_are_kept_without_force(capsys, tmp_path, mon
 
 def test_sweep_with_force_replaces_the_earlier_sweep(capsys, tmp_path, monkeypatch):
     from dataclasses import asdict
-    import moremoe.training.phonebook as trainer
-    import moremoe.training.phonebook_pool as pool
+    import moremoe.phonebook.trainer as trainer
+    import moremoe.phonebook.pool as pool
 
     class Quick:                                  # the sweep's files, not its training
         def __init__(self, model_cfg, cfg, lr, *, name, **kwargs):
@@ -227,7 +227,7 @@ def _demo_result(size: int) -> dict:
     from dataclasses import asdict
     from moremoe.cli.demo import DemoConfig
     from moremoe.nn import MoEConfig
-    from moremoe.training.phonebook import (PhonebookRun, PhonebookTrainConfig,
+    from moremoe.phonebook.trainer import (PhonebookRun, PhonebookTrainConfig,
                                             phonebook_model_config)
     runs = []
     for moe in (MoEConfig.moe(32, 4, 64, 8), MoEConfig.more(96, 4, 64, 8, 16)):

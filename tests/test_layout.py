@@ -7,10 +7,10 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "moremoe"
 
 # Lower layers never import higher ones. Within the application layer: tasks <- hf,
-# parallel <- eval, bench <- training (<- study); cli is on top. runtime imports nothing of moremoe.
+# parallel <- eval, bench <- training (<- phonebook, study); cli is on top. runtime imports nothing of moremoe.
 LAYER = {"runtime": 0, "checks": 1, "accounting": 1, "report": 1,
          "kernels": 2, "ops": 3, "nn": 4, "model": 5,
-         "tasks": 6, "hf": 7, "parallel": 7, "eval": 8, "bench": 8, "training": 9, "study": 9,
+         "tasks": 6, "hf": 7, "parallel": 7, "eval": 8, "bench": 8, "training": 9, "phonebook": 9, "study": 9,
          "cli": 10, "__init__": 11, "__main__": 11}
 MAX_LINES = 500
 

@@ -277,7 +277,7 @@ def cmd_bench(args) -> int:
         args.runner_kwargs = {**quick, "tokens": args.tokens}
         return _run_bench(args, "peer", peer.run_peer, peer_plots.render_peer)
     if args.bench_command == "phonebook":
-        from ..training import phonebook_bench as pb
+        from ..phonebook import bench as pb
         args.table, args.summarize = pb.phonebook_table, None
         args.runner_kwargs = {**quick, "modes": args.modes}
         return _run_bench(args, "phonebook", pb.run_phonebook, None)

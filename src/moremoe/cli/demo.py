@@ -27,7 +27,7 @@ from ..nn.moe import MoEConfig
 from ..report import check_new_output, emit, human, table, write_json
 from ..runtime import __version__, resolve_device
 from .args import _add_json, _positive_float, _positive_int, _seed
-from .plots import plot_phonebook_runs
+from ..phonebook.plots import plot_phonebook_runs
 
 THRESHOLD = 0.9
 
@@ -56,7 +56,7 @@ DEFAULT_SIZE = 1024
 
 
 def _models(cfg: DemoConfig):
-    from ..training.phonebook import phonebook_model_config
+    from ..phonebook.trainer import phonebook_model_config
     plan = accounting.plan_matched(hidden=cfg.hidden, width=cfg.width, top_k=cfg.top_k,
                                    rank=cfg.rank, round_width=8, refit=False)
     moes = [MoEConfig.moe(plan.moe.experts, cfg.top_k, cfg.hidden, plan.moe.width),
@@ -68,9 +68,9 @@ def _models(cfg: DemoConfig):
 def run_demo(cfg: DemoConfig, *, out_dir: Path, progress: bool = True) -> dict:
     from ..bench.harness import router_seconds_per_token
     from ..nn.moe import MoELayer
-    from ..training.phonebook import PhonebookTrainConfig
-    from ..training.phonebook_pool import Executor
-    from ..training.phonebook_search import trial
+    from ..phonebook.trainer import PhonebookTrainConfig
+    from ..phonebook.pool import Executor
+    from ..phonebook.search import trial
     cfg = cfg.resolved()
     dev = resolve_device(cfg.device)
     plan, models = _models(cfg)
@@ -209,7 +209,7 @@ def format_demo(result: dict) -> str:
 
 
 def cmd_demo(args) -> int:
-    from ..tasks.phonebook import NAME_SPACE
+    from ..phonebook.task import NAME_SPACE
     if args.steps is not None and args.max_epochs is not None:
         raise ValueError(f"--steps {args.steps} replaces the epoch limit, so --max-epochs "
                          f"{args.max_epochs:g} would not be read; give one of them")

@@ -1,11 +1,8 @@
 """``moremoe phonebook train``, ``capacity`` and ``sweep``: the phonebook memorisation
-experiment (moremoe.training.phonebook*) from the command line; ``reproduce`` is in
+experiment (moremoe.phonebook) from the command line; ``reproduce`` is in
 phonebook_paper.py, the execution options they share in phonebook_run.py."""
 from __future__ import annotations
 
-import math
-
-from .. import accounting
 from ..checks import UserError
 from ..report import human, table
 from .args import (EPILOG, _add_json, _float_list, _fraction, _int_list, _positive_float,
@@ -16,7 +13,7 @@ from .phonebook_run import add_execution_args, capacity_text, execute, finish, o
 
 def _check_phonebook_args(args) -> None:
     """The arguments the model and the phonebook cannot take, named as the user gave them."""
-    from ..tasks.phonebook import NAME_SPACE
+    from ..phonebook.task import NAME_SPACE
     h = args.hidden
     _check_heads(h, args.heads)
     _check_top_k(args)
@@ -36,7 +33,7 @@ def _check_phonebook_args(args) -> None:
 def _check_heads(h: int, heads: int | None) -> None:
     """The attention heads split h evenly into an even head dim (rotary positions rotate
     pairs); named as --hidden and --heads, with the default heads when none are given."""
-    from ..training.phonebook import default_heads
+    from ..phonebook.trainer import default_heads
     if heads is not None:
         if h % heads:
             raise ValueError(f"--heads {heads} must divide --hidden {h}")
@@ -77,26 +74,19 @@ def _check_top_k(args) -> None:
 
 
 def _phonebook_models(args):
-    """The model configs to train, from --arch and the planner (paper convention)."""
-    from ..nn.moe import MoEConfig
-    from ..training.phonebook import check_fits_phonebook, phonebook_model_config
+    """The model configs to train, from --arch and the planner (paper convention), each
+    checked to fit before any output or training."""
+    from ..phonebook.models import plan_models
+    from ..phonebook.trainer import check_fits_phonebook
     _check_phonebook_args(args)
-    plan = accounting.plan_matched(hidden=args.hidden, top_k=args.top_k, rank=args.rank,
-                                   width=args.width, round_width=args.round_width,
-                                   refit=args.refit)
-    configs = []
-    if args.arch == "peer":
-        configs.append(_peer_config(args, plan))
-    if args.arch in ("moe", "both"):
-        M = args.moe_experts or plan.moe.experts
-        configs.append(MoEConfig.moe(M, args.top_k, args.hidden, args.width))
-    if args.arch in ("more", "both"):
-        M = args.more_experts or plan.more.experts
-        s = args.more_width or plan.more.width
-        configs.append(MoEConfig.more(M, args.top_k, args.hidden, s, args.rank,
-                                      router_init=args.router_init))
-    models = [phonebook_model_config(c, layers=args.layers, heads=args.heads) for c in configs]
-    for model in models:         # before any output or training: every run must fit
+    plan, models = plan_models(
+        arch=args.arch, hidden=args.hidden, top_k=args.top_k, rank=args.rank,
+        width=args.width, round_width=args.round_width, refit=args.refit,
+        moe_experts=args.moe_experts, more_experts=args.more_experts,
+        more_width=args.more_width, router_init=args.router_init, layers=args.layers,
+        heads=args.heads, peer_heads=args.peer_heads, peer_dq=args.peer_dq,
+        peer_reading=args.peer_reading)
+    for model in models:
         check_fits_phonebook(model, _train_config(args, max(_sizes(args))))
     return plan, models
 
@@ -105,21 +95,8 @@ def _sizes(args) -> list[int]:
     return [args.size] if hasattr(args, "size") else args.sizes
 
 
-def _peer_config(args, plan):
-    """PEER matched to the plan's MoRE layer (expert parameters, active FLOPs in the chosen
-    reading; accounting.peer_match), with the heads and query size given."""
-    from ..nn.peer import PEERConfig
-    more = plan.more
-    match = accounting.peer_match(more.experts, args.top_k, args.hidden, more.width, more.rank,
-                                  heads=args.peer_heads, d_q=args.peer_dq)
-    root = math.isqrt(match["experts"])
-    kappa = min(root, match[args.peer_reading]["topk_per_head"])
-    return PEERConfig(experts=match["experts"], hidden=args.hidden, heads=args.peer_heads,
-                      d_q=args.peer_dq, kappa=kappa)
-
-
 def _train_config(args, size: int):
-    from ..training.phonebook import PhonebookTrainConfig
+    from ..phonebook.trainer import PhonebookTrainConfig
     return PhonebookTrainConfig(
         size=size, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
         lr_grid=tuple(args.lr_grid), calibration_steps=args.calibration_steps,
@@ -151,7 +128,7 @@ def _label(model_cfg) -> str:
 
 
 def cmd_phonebook_train(args) -> int:
-    from ..training.phonebook_search import trial
+    from ..phonebook.search import trial
     _check_arch_flags(args)
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-train", "phonebook_train")
@@ -160,7 +137,7 @@ def cmd_phonebook_train(args) -> int:
     plans = {_label(m): trial(m, _train_config(args, args.size), _label(m)) for m in models}
 
     def render(results, in_round):
-        from .plots import plot_phonebook_runs
+        from ..phonebook.plots import plot_phonebook_runs
         report["runs"] = [results[k] for k in plans if k in results]
         plot_phonebook_runs(report["runs"], png_path,
                             title=f"phonebook, {args.size:,} entries")
@@ -175,7 +152,7 @@ def cmd_phonebook_train(args) -> int:
 
 
 def cmd_phonebook_capacity(args) -> int:
-    from ..training.phonebook_search import capacity, unfinished
+    from ..phonebook.search import capacity, unfinished
     _check_arch_flags(args)
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-capacity", "capacity")
@@ -191,7 +168,7 @@ def cmd_phonebook_capacity(args) -> int:
              for m in models}
 
     def render(results, in_round):
-        from .plots import plot_capacity
+        from ..phonebook.plots import plot_capacity
         report["results"] = [results[k].to_dict() if k in results else
                              unfinished(k, partial.get(k), in_round.get(k, []))
                              for k in plans if k in results or k in partial or k in in_round]
@@ -239,7 +216,7 @@ def _sweep_models(args):
 
 
 def cmd_phonebook_sweep(args) -> int:
-    from ..training.phonebook_search import trial
+    from ..phonebook.search import trial
     runs = _sweep_models(args)             # every config checked before any training
     json_path, png_path = _outputs(args, "phonebook-sweep", "sweep")
     report = {"command": "phonebook sweep", "over": args.over, "values": args.values,
@@ -250,7 +227,7 @@ def cmd_phonebook_sweep(args) -> int:
              for name, (_, _, m) in zip(names, runs)}
 
     def render(results, in_round):
-        from .plots import plot_sweep
+        from ..phonebook.plots import plot_sweep
         report["runs"] = [{"value": names[k][0], "arch": names[k][1], **results[k]}
                           for k in plans if k in results]
         plot_sweep(report, png_path)

@@ -1,5 +1,5 @@
 """``moremoe phonebook reproduce``: the paper's phonebook capacity experiments with the paper's
-protocol (moremoe.training.phonebook_paper), every search at once over the GPUs given, the
+protocol (moremoe.phonebook.paper), every search at once over the GPUs given, the
 rows and the figures in the paper's layout with the paper's values beside ours."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROWS = "phonebook_capacity.jsonl"
 
 def _points(text: str) -> list[str]:
     import argparse
-    from ..training.phonebook_paper import POINTS
+    from ..phonebook.paper import POINTS
     known = [*POINTS, "rank"]
     keys = [k.strip() for k in text.split(",") if k.strip()]
     bad = [k for k in keys if k not in known]
@@ -29,7 +29,7 @@ def _points(text: str) -> list[str]:
 
 def _ranks(text: str) -> list:
     import argparse
-    from ..training.phonebook_paper import RANKS
+    from ..phonebook.paper import RANKS
     known = ["moe", *map(str, RANKS)]
     keys = [k.strip().lower() for k in text.split(",") if k.strip()]
     bad = [k for k in keys if k not in known]
@@ -40,7 +40,7 @@ def _ranks(text: str) -> list:
 
 
 def _train_config(args):
-    from ..training.phonebook import PhonebookTrainConfig
+    from ..phonebook.trainer import PhonebookTrainConfig
     return PhonebookTrainConfig(size=args.grid[0], seed=args.seed, max_epochs=args.max_epochs,
                                 threshold=args.threshold, eval_every=args.eval_every,
                                 calibration_steps=args.calibration_steps, device=args.device,
@@ -115,7 +115,7 @@ def _check_first_trials_fit(found: list, args, cfg) -> None:
     from dataclasses import replace
 
     from ..runtime import resolve_device
-    from ..training.phonebook import check_fits_phonebook
+    from ..phonebook.trainer import check_fits_phonebook
     for dev in {str(resolve_device(d)) for d in devices(args)}:
         for s in found:
             for size in [n for n in args.grid if n >= s.start][:1 + args.ahead]:
@@ -124,9 +124,9 @@ def _check_first_trials_fit(found: list, args, cfg) -> None:
 
 def cmd_phonebook_reproduce(args) -> int:
     from ..runtime import environment, resolve_device
-    from ..training import phonebook_paper as paper
-    from ..training.phonebook_search import unfinished
-    from .phonebook_plots import plot_rank_figure, plot_reproduction
+    from ..phonebook import paper
+    from ..phonebook.search import unfinished
+    from ..phonebook.paper_plots import plot_rank_figure, plot_reproduction
     if args.ranks is not None and "rank" not in args.points:
         raise ValueError("--ranks chooses among the rank point's searches: add rank to "
                          "--points, or drop --ranks")
@@ -187,7 +187,7 @@ def cmd_phonebook_reproduce(args) -> int:
 
 
 def add_reproduce_parser(psub) -> None:
-    from ..training.phonebook_paper import DEFAULT_POINTS, PAPER_GRID, POINTS
+    from ..phonebook.paper import DEFAULT_POINTS, PAPER_GRID, POINTS
     p = psub.add_parser(
         "reproduce", epilog=EPILOG, help="the paper's phonebook capacities, measured",
         description="The paper's phonebook capacity experiments with its protocol (learning "

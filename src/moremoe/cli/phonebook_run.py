@@ -17,7 +17,7 @@ EXIT_STOPPED = 75           # as `moremoe train`'s budget stop: checkpointed, --
 
 
 def add_execution_args(p) -> None:
-    from ..training.phonebook_step import STEP_MODES
+    from ..phonebook.step import STEP_MODES
     e = p.add_argument_group("execution")
     e.add_argument("--device", default="auto",
                    help="auto (every visible GPU, else the CPU), cpu, cuda or cuda:N")
@@ -80,7 +80,7 @@ def outputs(args, command: str, stem: str, writes=()) -> tuple[Path, Path]:
     other files it `writes`, journal, checkpoints) are kept unless --force (which clears
     them once the work starts: execute) or --resume (which continues the same experiment)."""
     from ..model.checkpoint import check_not_a_run
-    from ..training.phonebook_step import check_mode
+    from ..phonebook.step import check_mode
     out = Path(args.out) if args.out else \
         Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_not_a_run(out, "--out")          # --force would delete its checkpoints folder
@@ -98,7 +98,7 @@ def outputs(args, command: str, stem: str, writes=()) -> tuple[Path, Path]:
 def _work(out: Path) -> list[str]:
     """The journal and checkpoints folder in out when they hold an earlier run's work (an
     empty journal, which a refused command of an older version left, holds none)."""
-    from ..training.phonebook_journal import CHECKPOINTS, JOURNAL
+    from ..phonebook.journal import CHECKPOINTS, JOURNAL
     ckpts = out / CHECKPOINTS
     held = ckpts.is_dir() and any(ckpts.glob("*.pt"))
     journal = (out / JOURNAL).is_file() and (out / JOURNAL).stat().st_size > 0
@@ -108,7 +108,7 @@ def _work(out: Path) -> list[str]:
 def _check_resumable(args, out: Path, stem: str) -> None:
     """--resume continues this command's work in out with the settings its report records
     (a report without them, from an older version, is taken as it is)."""
-    from ..training.phonebook_journal import JOURNAL
+    from ..phonebook.journal import JOURNAL
     if args.out is None:
         raise ValueError("--resume continues the work in --out: give --out")
     if not (out / JOURNAL).exists():
@@ -168,7 +168,7 @@ def execute(args, plans: dict, json_path: Path, report: dict, render):
     """Run the plans; render(results, in_round) fills the report and draws the plot after
     every finished run and at the end (the report is written each time). in_round: plan
     name -> the finished training runs of the round an unfinished plan still waits on."""
-    from ..training.phonebook_pool import CHECKPOINTS, JOURNAL, Executor
+    from ..phonebook.pool import CHECKPOINTS, JOURNAL, Executor
     devs = devices(args)
     slots = args.concurrent or (1 if devs == ["cpu"] else DEFAULT_CONCURRENT)
     if args.force and not args.resume:      # every check passed (outputs): the work starts
@@ -203,7 +203,7 @@ def capacity_text(result: dict) -> str:
 def finish(args, ex, report: dict, text: str) -> int:
     """Print the report (a table, or JSON); a stopped command says how to continue and
     exits 75."""
-    from ..training.phonebook_journal import CHECKPOINTS
+    from ..phonebook.journal import CHECKPOINTS
     emit(args, report, text)
     if not ex.stopped:
         return 0

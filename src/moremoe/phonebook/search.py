@@ -1,6 +1,6 @@
 """What the phonebook experiments ask to train, as plans: generators that yield the runs they
 need next (a list of Tasks, run at the same time) and receive their records, so that one
-executor (phonebook_pool.py) can run the tasks of many plans at once, on several GPUs, and a
+executor (pool.py) can run the tasks of many plans at once, on several GPUs, and a
 resumed search replays its plans against the records it already has.
 
 - trial: the paper's protocol at one phonebook size: the learning-rate calibration (one
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Generator
 
 from ..model import TransformerConfig
-from .phonebook import PhonebookTrainConfig, calibration_config
+from .trainer import PhonebookTrainConfig, calibration_config
 
 Plan = Generator[list, list, object]      # yields [Task], receives [record dict], returns
 
@@ -96,7 +96,7 @@ def best_rate(cfg: PhonebookTrainConfig, records: list) -> float:
     the accuracies differ by sampling noise alone: rates within two standard errors of the
     best (binomial, over the evaluated digits) are tied, and the tie goes to the rate whose
     run reached the lower training loss."""
-    from ..tasks.phonebook import NUMBER_LEN
+    from .task import NUMBER_LEN
     accs = [rec["char_accuracy"] for rec in records]
     top = max(accs)
     digits = min(cfg.size, cfg.eval_entries) * NUMBER_LEN

@@ -1,4 +1,4 @@
-"""The phonebook step (training/phonebook_step.py) on the CPU: the batch order, the schedule,
+"""The phonebook step (phonebook/step.py) on the CPU: the batch order, the schedule,
 the accumulators read at evaluations, a non-finite loss, and an exact resume."""
 import math
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from moremoe.nn import MoEConfig
-from moremoe.training.phonebook import (PhonebookTrainConfig, PhonebookTrainer,
+from moremoe.phonebook.trainer import (PhonebookTrainConfig, PhonebookTrainer,
                                         phonebook_model_config, train_phonebook)
-from moremoe.training.phonebook_step import BatchOrder, PhonebookStep
+from moremoe.phonebook.step import BatchOrder, PhonebookStep
 from moremoe.checks import UserError
 
 CPU = torch.device("cpu")

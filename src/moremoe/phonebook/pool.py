@@ -6,12 +6,12 @@ One GPU is shared by runs on CUDA streams of their own in one process (DevicePoo
 run's steps are replays of its own CUDA graph, and graphs on different streams overlap on
 the device, filling the gaps that one small model's kernels leave (separate processes only
 time-slice the GPU). Several GPUs get one worker process each (Workers). The Executor drives
-the plans of phonebook_search.py: it hands their tasks to free slots, journals every
+the plans of search.py: it hands their tasks to free slots, journals every
 finished run (OUT/trials.jsonl, one record a line) and answers a task it has already
 journaled at once, so a resumed search replays its plans without training them again. A
 running task is checkpointed every `checkpoint_minutes` and when the command is asked to
 stop (a signal, --stop-after), into OUT/trial_checkpoints/<key>.pt, and continues from
-there (the journal and the checkpoints as files: phonebook_journal.py).
+there (the journal and the checkpoints as files: journal.py).
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ import torch
 
 from ..report import write_atomic
 from ..runtime import progress_bar, progress_note
-from .phonebook import PhonebookTrainer
-from .phonebook_journal import (CHECKPOINTS, JOURNAL, append_journal, check_checkpoints,
+from .trainer import PhonebookTrainer
+from .journal import (CHECKPOINTS, JOURNAL, append_journal, check_checkpoints,
                                 load_checkpoint, read_journal)
-from .phonebook_search import Task
+from .search import Task
 
 
 @dataclass
@@ -285,7 +285,7 @@ class ExecutorReport:
 
 
 class Executor:
-    """Runs plans (phonebook_search.py) to their results on `devices` ("cpu", or one or more
+    """Runs plans (search.py) to their results on `devices` ("cpu", or one or more
     "cuda:N"), `slots` tasks at a time on each. out: the folder of the journal and the
     checkpoints (None: neither). stop_after: seconds, after which every running task is
     checkpointed and run() returns with stopped True; so does a SIGINT / SIGTERM."""
@@ -320,7 +320,7 @@ class Executor:
     def run(self, plans: dict, *, on_change=None) -> dict:
         """{name: plan} -> {name: result} (results of plans that finished; with stopped,
         the others are missing). on_change(results so far) after every finished task."""
-        from .signals import StopSignals
+        from ..training.signals import StopSignals
         ckpt = None if self.out is None else self.out / CHECKPOINTS
         self._t0 = time.monotonic()
         made = [] if self.out is None else [p for p in (ckpt, self.out / JOURNAL)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tasks import phonebook as pb
+from . import task as pb
 
 
 @dataclass

@@ -16,7 +16,7 @@ NAMES = {"moe": "MoE", "more": "MoRE"}
 def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
     """Largest phonebook memorised against h (s = 8) and s (h = 64): ours filled and solid,
     the paper's hollow and dotted; log-log as the paper draws it."""
-    from ..training.phonebook_paper import POINTS
+    from .paper import POINTS
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ours = {(r["point"], r["arch"]): r for r in rows if r["point"] != "rank"}
@@ -57,7 +57,7 @@ def plot_rank_figure(rows: list[dict], path: str | Path, below: list[dict] = ())
     below: ranks that did not memorise their search's start, each {"rank", "size",
     "exact_match", "epoch", "stopped"} (a failed trial, or one stopped short of its epochs),
     drawn as a down-triangle at that size with its exact match."""
-    from ..training.phonebook_paper import RANK_START, RANKS
+    from .paper import RANK_START, RANKS
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     # a stopped search's row is a lower bound (up-triangle); a finished one replaces it

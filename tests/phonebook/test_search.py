@@ -1,5 +1,5 @@
-"""The phonebook plans (training/phonebook_search.py) and the executor that runs many at once
-(training/phonebook_pool.py): the calibration, the capacity searches, the journal, a resume
+"""The phonebook plans (phonebook/search.py) and the executor that runs many at once
+(phonebook/pool.py): the calibration, the capacity searches, the journal, a resume
 from checkpoints, and worker processes."""
 import json
 import pickle
@@ -7,10 +7,10 @@ import pickle
 import pytest
 
 from moremoe.nn import MoEConfig
-from moremoe.training import phonebook_pool as pool
-from moremoe.training.phonebook import PhonebookTrainConfig, phonebook_model_config
-from moremoe.training.phonebook_pool import Executor
-from moremoe.training.phonebook_search import Task, best_rate, capacity, parallel, trial
+from moremoe.phonebook import pool
+from moremoe.phonebook.trainer import PhonebookTrainConfig, phonebook_model_config
+from moremoe.phonebook.pool import Executor
+from moremoe.phonebook.search import Task, best_rate, capacity, parallel, trial
 
 MODEL = phonebook_model_config(MoEConfig.moe(4, 2, 32, 8), layers=1)
 
@@ -228,7 +228,7 @@ def test_a_row_keeps_where_its_trials_ran_when_replayed_elsewhere():
     """A search finished by replaying its journal on a CPU (no training) keeps the GPU's tags
     that its trials recorded; only when no trial carries tags (older journals) does the row
     take the caller's."""
-    from moremoe.training.phonebook_paper import capacity_row, searches
+    from moremoe.phonebook.paper import capacity_row, searches
     [search] = searches(["rank"], ["moe"])
     cfg = PhonebookTrainConfig(size=1)
     gpu = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0",
@@ -262,7 +262,7 @@ def test_a_trial_checkpoint_that_cannot_be_read_is_one_error_naming_it(tmp_path,
     """Whole on the outside (its zip directory is there), bad within: whatever torch.load
     raises becomes one ValueError naming the file and what to do."""
     import torch
-    from moremoe.training.phonebook_journal import load_checkpoint
+    from moremoe.phonebook.journal import load_checkpoint
     path = tmp_path / "0123.pt"
     torch.save({"steps": 3}, path)
     assert load_checkpoint(path) == {"steps": 3}

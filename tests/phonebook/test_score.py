@@ -1,11 +1,11 @@
 """Exact match by one teacher-forced pass equals step-by-step greedy decoding."""
 import torch
 
-from moremoe.eval.phonebook import greedy_decode, score
+from moremoe.phonebook.score import greedy_decode, score
 from moremoe.model import Transformer
 from moremoe.nn import MoEConfig
-from moremoe.tasks import phonebook as pb
-from moremoe.training.phonebook import phonebook_model_config
+from moremoe.phonebook import task as pb
+from moremoe.phonebook.trainer import phonebook_model_config
 
 
 def test_score_agrees_with_greedy_decode():

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
-from .phonebook import PhonebookTrainConfig, phonebook_model_config
-from .phonebook_search import capacity
+from .trainer import PhonebookTrainConfig, phonebook_model_config
+from .search import capacity
 
 PAPER_GRID = (3_000, 10_000, 30_000, 100_000, 150_000, 200_000, 300_000, 400_000,
               500_000, 1_200_000)

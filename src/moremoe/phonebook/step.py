@@ -22,8 +22,8 @@ import torch
 
 from ..model import Transformer, TransformerConfig
 from ..runtime import autocast_dtype
-from ..tasks import phonebook as pb
-from .optim import make_optimizer
+from . import task as pb
+from ..training.optim import make_optimizer
 
 WARMUP_STEPS = 2        # eager steps before a capture (Triton compilation, AdamW's state)
 STEP_MODES = ("auto", "graph", "compiled", "eager")

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from moremoe.nn import MoEConfig
-from moremoe.training.phonebook import (PhonebookTrainConfig, PhonebookTrainer,
+from moremoe.phonebook.trainer import (PhonebookTrainConfig, PhonebookTrainer,
                                         phonebook_model_config)
-from moremoe.training.phonebook_pool import Executor
-from moremoe.training.phonebook_search import trial
-from moremoe.training.phonebook_step import PhonebookStep
+from moremoe.phonebook.pool import Executor
+from moremoe.phonebook.search import trial
+from moremoe.phonebook.step import PhonebookStep
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -12,8 +12,8 @@ import pytest
 from cli_checks import fails
 from moremoe.cli import main
 
-import moremoe.training.phonebook as trainer
-import moremoe.training.phonebook_pool as pool
+import moremoe.phonebook.trainer as trainer
+import moremoe.phonebook.pool as pool
 
 
 class Instant:
@@ -133,7 +133,7 @@ def test_rank_searches_chosen_and_the_start_alone_first(capsys, tmp_path, instan
     assert 100_000 in sizes and max(sizes) == 100_000 and 30_000 in sizes
     assert (out / "rank.png").stat().st_size > 0
     from moremoe.cli.phonebook_paper import _failed_starts
-    from moremoe.training.phonebook_paper import searches
+    from moremoe.phonebook.paper import searches
     below = _failed_starts(searches(["rank"], ["moe", 4]), report)
     r4 = report["searches"][1]
     if r4["capacity"] is None:          # nothing memorised: the figure draws it below 100K
@@ -144,7 +144,7 @@ def test_rank_searches_chosen_and_the_start_alone_first(capsys, tmp_path, instan
 
 
 def test_the_rank_figure_takes_the_h128_dot_for_r16_and_draws_lower_bounds(tmp_path):
-    from moremoe.cli.phonebook_plots import plot_rank_figure
+    from moremoe.phonebook.paper_plots import plot_rank_figure
     row = {"point": "h128-s8", "arch": "more", "experts": 192, "rank": 16, "capacity": 100_000,
            "unfinished": True, "history_at_capacity": []}
     moe = {**row, "point": "rank", "arch": "moe", "rank": None, "unfinished": False,
@@ -395,3 +395,30 @@ def test_stop_after_ends_a_cpu_interval_within_it(capsys, tmp_path):
     assert rc == 75
     stopped = json.loads(capsys.readouterr().out)["execution"]["stopped_at"]
     assert all(0 < at["steps"] < at["total"] == 3000 for at in stopped)
+
+
+def test_a_journal_of_an_earlier_version_still_resumes(capsys, tmp_path, monkeypatch):
+    """The h64-s16 MoRE search measured on an H200 at 83a675d (its journal and report as
+    committed) continues on this tree: every trial is answered from the journal, none is
+    trained, and the capacity is the one measured then."""
+    from pathlib import Path
+    import shutil
+    import moremoe.phonebook.pool as pool
+    import moremoe.phonebook.trainer as trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a trial was trained: the journal was not read")
+    for module in (trainer, pool):
+        monkeypatch.setattr(module, "PhonebookTrainer", refuse)
+    done = Path(__file__).resolve().parents[2] / "benchmarks/results/nvidia-h200/" \
+        "phonebook_reproduce"
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(done / "trials_83a675d_h64-s16-more.jsonl", out / "trials.jsonl")
+    shutil.copy(done / "reproduce_83a675d_h64-s16-more.json", out / "reproduce.json")
+    assert main(["phonebook", "reproduce", "--points", "h64-s16", "--arch", "more", "--out",
+                 str(out), "--resume", "--device", "cpu", "--json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    [search] = report["searches"]
+    assert search["name"] == "h64-s16 MoRE-224" and search["capacity"] == 100_000
+    assert not search.get("unfinished") and report["execution"]["reused"]

@@ -1,6 +1,6 @@
 """Training on the phonebook: one run from start to its stopping rule, and the learning-rate
 calibration (paper Section 3.2, Appendix C.1). The capacity search and the sweeps, which
-run many of these at once, are in phonebook_search.py and phonebook_pool.py.
+run many of these at once, are in search.py and pool.py.
 
 Optimiser: AdamW (β1 0.9, β2 0.95, weight decay 0.01 on matrices, none on norms), constant
 learning rate after a linear warmup over 5 % of the planned steps, batch 1,024. Training
@@ -20,14 +20,14 @@ from typing import Callable
 import torch
 
 from ..checks import UserError, check_fits, gib
-from ..eval.phonebook import score
+from .score import score
 from ..eval.routing import normalized_entropy, routing_hnorm
 from ..model import Transformer, TransformerConfig
 from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
-from ..tasks import phonebook as pb
+from . import task as pb
 from ..runtime import duration, environment, progress_bar, progress_note, resolve_device
-from .phonebook_step import STEP_MODES, PhonebookStep
+from .step import STEP_MODES, PhonebookStep
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class PhonebookTrainer:
     """One run (its record, its step, its stopping rule), moved on one evaluation interval
     at a time: advance() queues the interval's steps and returns at once, settle() waits for
     them, evaluates and says whether the run has ended. Several trainers on their own CUDA
-    streams share a GPU this way (phonebook_pool.py); train_phonebook alternates the two."""
+    streams share a GPU this way (pool.py); train_phonebook alternates the two."""
 
     def __init__(self, model_cfg: TransformerConfig, cfg: PhonebookTrainConfig, lr: float, *,
                  name: str, calibration: dict | None = None,

@@ -3,8 +3,8 @@ calibration of train_phonebook (the searches: test_phonebook_search.py)."""
 import pytest
 
 from moremoe.nn import MoEConfig
-from moremoe.training import phonebook as tp
-from moremoe.training.phonebook import (PhonebookTrainConfig, phonebook_model_config,
+from moremoe.phonebook import trainer as tp
+from moremoe.phonebook.trainer import (PhonebookTrainConfig, phonebook_model_config,
                                         train_phonebook)
 
 

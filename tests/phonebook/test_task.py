@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from moremoe.model import IGNORE_INDEX
-from moremoe.tasks import phonebook as pb
+from moremoe.phonebook import task as pb
 
 
 def test_vocabulary():

@@ -22,8 +22,8 @@ from ..bench.harness import ceilings, floor_ms
 from ..nn.moe import MoEConfig
 from ..report import table
 from ..runtime import environment
-from .phonebook import PhonebookTrainConfig, PhonebookTrainer, phonebook_model_config
-from .phonebook_step import PhonebookStep
+from .trainer import PhonebookTrainConfig, PhonebookTrainer, phonebook_model_config
+from .step import PhonebookStep
 
 SIZE = 100_000              # phonebook entries (98 steps an epoch)
 LR = 1e-3
