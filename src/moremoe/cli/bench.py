@@ -176,6 +176,11 @@ def _pair_names():
 
 
 _layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
+
+
+def _phonebook_points() -> list[str]:
+    from ..phonebook.paper import POINTS
+    return list(POINTS)
 _pairs_arg = _subset_arg("--pairs", _pair_names)
 MODEL_PAIRS = ("h512-s64", "h512-s128", "h512-s64-x8", "h1024-s32")   # --pairs' default
 # `bench model`'s phases and decode modes (moremoe.bench.model.PHASES, DECODE_MODES)
@@ -279,7 +284,10 @@ def cmd_bench(args) -> int:
     if args.bench_command == "phonebook":
         from ..phonebook import bench as pb
         args.table, args.summarize = pb.phonebook_table, None
-        args.runner_kwargs = {**quick, "modes": args.modes}
+        if args.quick and args.points:
+            raise UserError(f"--points {','.join(args.points)} would not be measured: "
+                            f"--quick times a tiny pair only; drop one of them")
+        args.runner_kwargs = {**quick, "modes": args.modes, "points": args.points}
         return _run_bench(args, "phonebook", pb.run_phonebook, None)
     if args.bench_command == "model":
         from ..bench import model, model_plots
@@ -396,6 +404,11 @@ def add_bench_parser(sub) -> None:
             pb.add_argument("--modes", type=_subset_arg("--modes", lambda: MODES),
                             default=list(MODES), help="step modes of the one-run rows "
                             "(default all; compiled compiles each model, tens of seconds)")
+            pb.add_argument("--points", type=_subset_arg("--points", _phonebook_points),
+                            default=None, help="time the MoE and the MoRE of these paper "
+                            "points (e.g. h128-s8,h256-s8,h64-s32), their loop rows with "
+                            "the time of a whole trial at the paper's capacity and the next "
+                            "size (default: the h64-s8 pair and MoRE-768)")
         if name == "peer":
             pb.add_argument("--tokens", type=_int_list, default=None, metavar="N,N,...",
                             help="tokens a step (default 4096,16384,65536,262144)")

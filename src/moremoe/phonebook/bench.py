@@ -64,7 +64,7 @@ def measure_step(name: str, mode: str, device, quick: bool) -> dict:
     """ms a step of one run in `mode` (eager, graph, compiled), after a warm-up window."""
     cfg = _config(device, quick)
     t0 = time.perf_counter()
-    step = PhonebookStep(_model(_models(quick)[name], quick), cfg, LR, device=device,
+    step = PhonebookStep(_model(_MODELS[name], quick), cfg, LR, device=device,
                          mode=mode)
     n = 2 if quick else WINDOW_STEPS[mode]
     _window_ms(step, n, device)                  # capture / compile, then warm
@@ -78,7 +78,7 @@ def measure_loop(name: str, device, quick: bool) -> dict:
     """The trainer's loop (advance / settle, an evaluation every 100 steps): host clock."""
     cfg = _config(device, quick)
     steps = 20 if quick else 500
-    trainer = PhonebookTrainer(_model(_models(quick)[name], quick), cfg, LR, name=name)
+    trainer = PhonebookTrainer(_model(_MODELS[name], quick), cfg, LR, name=name)
     trainer.advance()
     trainer.settle()                             # capture and the first interval
     t0, first = time.perf_counter(), trainer.step.steps
@@ -94,7 +94,7 @@ def measure_loop(name: str, device, quick: bool) -> dict:
 def measure_streams(name: str, k: int, device, quick: bool) -> dict:
     """Aggregate steps a second of k runs of one model on their own streams (one process)."""
     cfg = _config(device, quick)
-    runs = [PhonebookStep(_model(_models(quick)[name], quick), cfg, LR, device=device,
+    runs = [PhonebookStep(_model(_MODELS[name], quick), cfg, LR, device=device,
                           stream=torch.cuda.Stream(device)) for _ in range(k)]
     n = 4 if quick else 60
     for r in runs:
@@ -121,8 +121,8 @@ def measure_streams(name: str, k: int, device, quick: bool) -> dict:
             "steps_per_s": 1e3 * k * n / ms, "ms": ms / n, "steps_each": n}
 
 
-def _process_run(name, device, quick, n, barrier, out) -> None:
-    step = PhonebookStep(_model(_models(quick)[name], quick), _config(device, quick), LR,
+def _process_run(moe, device, quick, n, barrier, out) -> None:
+    step = PhonebookStep(_model(moe, quick), _config(device, quick), LR,
                          device=torch.device(device))
     step.run(2)
     torch.cuda.synchronize(device)
@@ -138,8 +138,8 @@ def measure_processes(name: str, k: int, device, quick: bool) -> dict:
     ctx = torch.multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(k), ctx.Queue()
     n = 4 if quick else 200
-    procs = [ctx.Process(target=_process_run, args=(name, str(device), quick, n, barrier, out))
-             for _ in range(k)]
+    procs = [ctx.Process(target=_process_run, args=(_MODELS[name], str(device), quick, n,
+                                                    barrier, out)) for _ in range(k)]
     for p in procs:
         p.start()
     spans = [out.get(timeout=600) for _ in procs]
@@ -156,7 +156,7 @@ def _floor(name: str, device, quick: bool, ceil: dict) -> dict:
     written, AdamW's weights and two moments read and written: 32 a parameter), and the
     time they take at the measured matmul rate and copy bandwidth."""
     cfg = _config(device, quick)
-    model = _model(_models(quick)[name], quick)
+    model = _model(_MODELS[name], quick)
     tokens = cfg.rows * (model.max_seq_len - 1)
     flops = model.training_flops_per_token(model.max_seq_len - 1) * tokens
     nbytes = 32 * model.total_params()
@@ -164,15 +164,51 @@ def _floor(name: str, device, quick: bool, ceil: dict) -> dict:
             "bytes_per_step": nbytes, "floor_ms": floor_ms(flops, nbytes, ceil)}
 
 
-def _models(quick: bool) -> dict:
-    return QUICK_MODELS if quick else MODELS
+def _models(quick: bool, points=None) -> dict:
+    """The models timed: the quick pair, the paper's points' pairs (their keys), or the
+    default h = 64 pair and MoRE-768."""
+    if quick:
+        return QUICK_MODELS
+    if not points:
+        return MODELS
+    from .paper import POINTS, RANK, TOP_K
+    out = {}
+    for key in points:
+        p = POINTS[key]
+        out[f"{key} MoE-{p.moe_experts}"] = MoEConfig.moe(p.moe_experts, TOP_K, p.hidden,
+                                                          p.width)
+        out[f"{key} MoRE-{p.more_experts}"] = MoEConfig.more(p.more_experts, TOP_K, p.hidden,
+                                                             p.width, RANK)
+    return out
+
+
+def trial_minutes(name: str, ms: float) -> dict:
+    """{size: minutes} of a whole trial (1,500 epochs, batch 1,024) at `ms` a step, for the
+    paper's capacity of a point's model and the grid's next size: what a search's long run
+    costs (the evaluations of the loop rows included)."""
+    from .paper import PAPER_GRID, POINTS
+    key, model = name.split(" ", 1) if " " in name else (None, name)
+    if key not in POINTS:
+        return {}
+    p = POINTS[key]
+    cap = p.paper_moe if model.startswith("MoE") else p.paper_more
+    sizes = [cap] + [g for g in PAPER_GRID if g > cap][:1]
+    return {str(n): ms * PhonebookTrainConfig(size=n).planned_steps() / 6e4 for n in sizes}
+
+
+_MODELS: dict = {}        # name -> MoEConfig of this run's models (run_phonebook sets it)
 
 
 def run_phonebook(device, *, quick: bool = False, progress=None, modes=("eager", "graph",
-                                                                        "compiled")):
-    """Every row: each model in each step mode, the loop, streams and processes."""
+                                                                        "compiled"),
+                  points=None):
+    """Every row: each model in each step mode, the loop, streams and processes (of the
+    first pair); with points, the pairs of those paper points (h64-s8, h256-s8, ...), their
+    loop rows with the minutes of a whole trial at the paper's capacity and the next size."""
     env = {**environment(device), **ceilings(device)}
-    names = list(_models(quick))
+    _MODELS.clear()
+    _MODELS.update(_models(quick, points))
+    names = list(_MODELS)
     pair = names[:2]
     cuda = device.type == "cuda"
     work = [(measure_step, (n, m)) for n in names for m in modes
@@ -188,6 +224,8 @@ def run_phonebook(device, *, quick: bool = False, progress=None, modes=("eager",
         except Exception as err:    # noqa: BLE001 - a variant that fails is a row that says so
             row = {"variant": fn.__name__.removeprefix("measure_"), "model": args[0],
                    "error": f"{type(err).__name__}: {err}"[:300]}
+        if row.get("variant") == "loop" and row.get("ms"):
+            row["trial_minutes"] = trial_minutes(args[0], row["ms"])
         row = {"bench": "phonebook", **row, **_floor(args[0], device, quick, env), **env}
         progress and progress(i, len(work), row)
         yield row
@@ -196,6 +234,9 @@ def run_phonebook(device, *, quick: bool = False, progress=None, modes=("eager",
 def phonebook_table(rows: list[dict]) -> str:
     out = [[r["model"], r["variant"], r.get("concurrent", 1),
             f"{r['ms']:.2f}" if r.get("ms") is not None else r.get("error", "-"),
-            f"{r['steps_per_s']:.1f}" if r.get("steps_per_s") else "-"] for r in rows]
+            f"{r['steps_per_s']:.1f}" if r.get("steps_per_s") else "-",
+            ", ".join(f"{int(n):,}: {m:,.0f} min" for n, m in r.get("trial_minutes",
+                                                                     {}).items()) or "-"]
+           for r in rows]
     return table(out, ["model", "variant", "runs at once", "ms a step (each)",
-                       "steps/s (all)"])
+                       "steps/s (all)", "a 1,500-epoch trial at (size: time)"])
