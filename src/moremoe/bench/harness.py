@@ -150,8 +150,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise ValueError(f"{path}: no such results file")
     rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for n, line in _lines(f, path):
             if not line.strip():
                 continue
             try:
@@ -164,11 +164,29 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+def _lines(f, path: Path):
+    """(number, line) of a text file; a byte that is not UTF-8 is named with its line."""
+    n = 0
+    while True:
+        try:
+            line = f.readline()
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}, line {n + 1}: not UTF-8 text (a binary file?); give a "
+                             f"results file of JSON lines") from None
+        if not line:
+            return
+        n += 1
+        yield n, line
+
+
 def read_rows_of(path: str | Path, bench: str, flag: str) -> list[dict]:
     """The rows of a results file of `moremoe bench <bench>` (each row's "bench" field);
     ValueError naming the file when it is empty or holds another benchmark's rows, so that
     no command draws, or appends to, another benchmark's file."""
-    rows = read_jsonl(path)
+    try:
+        rows = read_jsonl(path)
+    except ValueError as err:
+        raise ValueError(f"{flag} {err}") from None
     want = f"`moremoe bench {bench}`"
     if not rows:
         raise ValueError(f"{flag} {path}: the file holds no rows; expected rows of {want}")

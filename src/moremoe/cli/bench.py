@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..checks import UserError
-from .args import _add_json, _int_at_least, _int_list
+from .args import _add_json, _distinct, _int_at_least, _int_list
 from ..report import check_output_file, table
 from ..report import emit as _emit
 from ..runtime import eta_text
@@ -133,7 +133,7 @@ def _router_sweeps(text: str) -> list[str]:
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown sweep(s) {', '.join(bad) or repr(text)}; "
                                          f"expected a comma list of {', '.join(SWEEP_NAMES)}")
-    return names
+    return _distinct(names, text)
 
 
 def _config(r: dict) -> str:
@@ -165,7 +165,7 @@ def _subset_arg(flag: str, allowed, aliases: dict | None = None):
             also = "".join(f", or {a}" for a in aliases)
             raise argparse.ArgumentTypeError(f"{flag} got {text!r}, expected a comma-separated "
                                              f"subset of {', '.join(options)}{also}")
-        return names
+        return _distinct(names, text)
     return parse
 
 
@@ -175,12 +175,12 @@ def _pair_names():
     return [name for name in PAIRS if name != "tiny"]
 
 
-_layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
-
-
 def _phonebook_points() -> list[str]:
     from ..phonebook.paper import POINTS
     return list(POINTS)
+
+
+_layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
 _pairs_arg = _subset_arg("--pairs", _pair_names)
 MODEL_PAIRS = ("h512-s64", "h512-s128", "h512-s64-x8", "h1024-s32")   # --pairs' default
 # `bench model`'s phases and decode modes (moremoe.bench.model.PHASES, DECODE_MODES)
@@ -300,6 +300,13 @@ def cmd_bench(args) -> int:
                               "phases": args.phases, "modes": args.decode_modes,
                               "batches": args.batches, "new_tokens": args.new_tokens}
         return _run_bench(args, "model", model.run_model, model_plots.render_model)
+    if args.bench_command == "router":
+        unread = [w for w in args.sweeps or () if w != "tune"] if args.quick else []
+        if unread:                  # --quick runs one small sweep in their place (tune: its own)
+            raise UserError(f"--sweeps {','.join(unread)} would not be measured: --quick "
+                            f"runs a small sweep of its own (with tune, tune's); drop one "
+                            f"of them")
+        args.sweeps = args.sweeps or ["M", "r", "k", "B", "paper"]
     spec = {"router": (_router_runner(args), router_plots.render, _bench_table, None),
             "layer": (layer.run_layer, layer_plots.render_layer, _layer_table, _matched),
             "decode": (layer.run_decode, layer_plots.render_decode, _layer_table, _decode_summary),
@@ -374,12 +381,12 @@ def add_bench_parser(sub) -> None:
                              "(device, versions, commit, date, the measured ceilings); plots "
                              "are rendered beside it.")
         if name == "router":
-            pb.add_argument("--sweeps", type=_router_sweeps,
-                            default=["M", "r", "k", "B", "paper"],
+            pb.add_argument("--sweeps", type=_router_sweeps, default=None,
                             help="which sweeps: M (at h=512 and 2048), r, k, B, paper "
                                  "(h=2048, M=4096, r=16 over B) (default all of these); "
                                  "tune: the fused routers' block configurations beside "
-                                 "their defaults, inference (to rerun on a new GPU)")
+                                 "their defaults, inference (to rerun on a new GPU); with "
+                                 "--quick only tune (--quick runs a small sweep of its own)")
             pb.add_argument("--no-training", action="store_true", help="inference rows only")
         if name == "layer":
             pb.add_argument("--sweeps", type=_layer_sweeps, default=list(LAYER_SWEEPS),

@@ -6,7 +6,7 @@ import argparse
 import sys
 import textwrap
 
-from .args import (_add_json, _int_at_least, _open_fraction, _path, _positive_float,
+from .args import (_add_json, _distinct, _int_at_least, _open_fraction, _path, _positive_float,
                    _seed, _unit_or_zero)
 from ..report import check_output_dir, emit, human, table
 from ..tasks.recipe import PAPER, RECIPES, describe, nominal_tokens
@@ -168,7 +168,7 @@ def _name_path(text: str) -> tuple[str, str]:
 
 
 def _names(text: str) -> tuple[str, ...]:
-    return tuple(n for n in text.replace(" ", "").split(",") if n)
+    return tuple(_distinct([n for n in text.replace(" ", "").split(",") if n], text))
 
 
 def _recipe_help() -> str:

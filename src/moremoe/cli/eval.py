@@ -76,6 +76,9 @@ def _val_rows(data: str, config):
 def cmd_eval(args) -> int:
     from ..eval.zero_shot import offline_unless_hub_reachable, quiet_libraries, task_manager
     tasks = [t for t in args.tasks.replace(" ", "").split(",") if t and t != "none"]
+    twice = next((t for i, t in enumerate(tasks) if t in tasks[:i]), None)
+    if twice is not None:
+        raise ValueError(f"--tasks {args.tasks} lists {twice} twice; give each task once")
     if not tasks and not args.data:
         raise ValueError("nothing to evaluate: give --data DIR and/or --tasks")
     if args.out:

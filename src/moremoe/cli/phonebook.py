@@ -11,9 +11,19 @@ from .phonebook_paper import add_reproduce_parser
 from .phonebook_run import add_execution_args, capacity_text, execute, finish, outputs as _outputs
 
 
+MODEL_FLAGS = ("hidden", "width", "top_k", "rank", "layers", "heads", "moe_experts",
+               "more_experts", "more_width", "peer_heads", "peer_dq")
+MAX_DIM = 2 ** 31           # no model with a size past this fits any device's memory
+
+
 def _check_phonebook_args(args) -> None:
     """The arguments the model and the phonebook cannot take, named as the user gave them."""
     from ..phonebook.task import NAME_SPACE
+    for name in MODEL_FLAGS:
+        v = getattr(args, name, None)
+        if v is not None and v > MAX_DIM:
+            raise ValueError(f"--{name.replace('_', '-')} {v:.3g} is more than 2^31: no model "
+                             f"of that size fits in memory; give a smaller one")
     h = args.hidden
     _check_heads(h, args.heads)
     _check_top_k(args)
@@ -49,6 +59,34 @@ def _check_heads(h: int, heads: int | None) -> None:
                "give --heads so that --hidden / --heads is even")
         raise ValueError(f"--hidden {h} over {given} gives a head dim of {h // heads}: rotary "
                          f"positions need an even head dim; {fix}")
+
+
+# flags whose defaults stand for "not given" until _given() fills them in
+IMPLICIT = {"lr_grid": [1e-4, 3e-4, 1e-3], "calibration_steps": 200, "peer_heads": 2,
+            "peer_dq": 8, "peer_reading": "inference"}
+
+
+def _given(args) -> set[str]:
+    """The IMPLICIT flags the command line gave; the others get their defaults (the values
+    a report's settings record, as before these could be told apart)."""
+    given = {k for k in IMPLICIT if getattr(args, k) is not None}
+    for k, v in IMPLICIT.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return given
+
+
+def _check_unread(args, given: set[str]) -> None:
+    """A flag the run would not read is refused, not ignored: the calibration's with --lr,
+    PEER's without --arch peer."""
+    if args.lr is not None:
+        for k in sorted(given & {"lr_grid", "calibration_steps"}):
+            raise ValueError(f"--{k.replace('_', '-')} is not read: --lr {args.lr:g} skips the "
+                             f"learning-rate calibration; drop one of them")
+    if args.arch != "peer":
+        for k in sorted(given & {"peer_heads", "peer_dq", "peer_reading"}):
+            raise ValueError(f"--{k.replace('_', '-')} sets PEER, which --arch {args.arch} "
+                             f"does not train; drop it or give --arch peer")
 
 
 def _check_arch_flags(args) -> None:
@@ -129,6 +167,7 @@ def _label(model_cfg) -> str:
 
 def cmd_phonebook_train(args) -> int:
     from ..phonebook.search import trial
+    _check_unread(args, _given(args))
     _check_arch_flags(args)
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-train", "phonebook_train")
@@ -153,6 +192,7 @@ def cmd_phonebook_train(args) -> int:
 
 def cmd_phonebook_capacity(args) -> int:
     from ..phonebook.search import capacity, unfinished
+    _check_unread(args, _given(args))
     _check_arch_flags(args)
     plan, models = _phonebook_models(args)
     json_path, png_path = _outputs(args, "phonebook-capacity", "capacity")
@@ -210,13 +250,15 @@ def _sweep_models(args):
             try:
                 _, models = _phonebook_models(vargs)
             except (ValueError, UserError) as err:
-                raise type(err)(f"--over {args.over} --values {v}: {err}") from err
+                shown = v if v < 10 ** 15 else f"{v:.3g}"
+                raise type(err)(f"--over {args.over} --values {shown}: {err}") from err
             runs.append((v, arch, models[0]))
     return runs
 
 
 def cmd_phonebook_sweep(args) -> int:
     from ..phonebook.search import trial
+    _check_unread(args, _given(args))
     runs = _sweep_models(args)             # every config checked before any training
     json_path, png_path = _outputs(args, "phonebook-sweep", "sweep")
     report = {"command": "phonebook sweep", "over": args.over, "values": args.values,
@@ -262,11 +304,11 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
                    help="MoRE router init: variance_matched (R1, R2 entries sqrt(σ)/r^(1/4), "
                         "the logits' variance of a standard router; the default) or default "
                         "(every entry N(0, σ²)): the paper's init ablation")
-    m.add_argument("--peer-heads", type=_positive_int, default=2,
+    m.add_argument("--peer-heads", type=_positive_int, default=None,
                    help="PEER heads H of --arch peer (default 2 at phonebook sizes)")
-    m.add_argument("--peer-dq", type=_positive_int, default=8,
+    m.add_argument("--peer-dq", type=_positive_int, default=None,
                    help="PEER query size d_q (even; default 8)")
-    m.add_argument("--peer-reading", choices=("inference", "paper"), default="inference",
+    m.add_argument("--peer-reading", choices=("inference", "paper"), default=None,
                    help="match PEER to MoRE's inference FLOPs (default) or, as the paper, "
                         "PEER's formula to MoRE's training FLOPs")
     m.add_argument("--layers", type=_positive_int, default=6, help="L (default 6)")
@@ -289,9 +331,10 @@ def _add_phonebook_args(p, *, sizes: bool) -> None:
     t.add_argument("--batch-size", type=_positive_int, default=1024)
     t.add_argument("--lr", type=_positive_float, default=None,
                    help="learning rate (default: calibrate over --lr-grid by a short run)")
-    t.add_argument("--lr-grid", type=_float_list, default=[1e-4, 3e-4, 1e-3],
-                   help="calibration grid (default 1e-4,3e-4,1e-3)")
-    t.add_argument("--calibration-steps", type=_positive_int, default=200)
+    t.add_argument("--lr-grid", type=_float_list, default=None,
+                   help="calibration grid (default 1e-4,3e-4,1e-3; not with --lr)")
+    t.add_argument("--calibration-steps", type=_positive_int, default=None,
+                   help="steps of each calibration run (default 200; not with --lr)")
     t.add_argument("--max-epochs", type=_positive_float, default=1500.0)
     t.add_argument("--max-steps", type=_positive_int, default=None, help="overrides --max-epochs")
     t.add_argument("--max-minutes", type=_positive_float, default=None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import _add_json, _float_list, _path, _positive_float, _positive_int
+from .args import _add_json, _distinct, _float_list, _path, _positive_float, _positive_int
 from .memory import advise_on_memory
 from ..report import emit, human, table
 
@@ -225,6 +225,10 @@ def cmd_plot(args) -> int:
     runs, names = {}, args.names or []
     if names and len(names) != len(args.runs):
         raise ValueError(f"--names gives {len(names)} names for {len(args.runs)} runs")
+    real = [Path(r).resolve() for r in args.runs]
+    twice = next((r for i, r in enumerate(args.runs) if real[i] in real[:i]), None)
+    if twice is not None:
+        raise ValueError(f"RUN {twice} is given twice; give each run once")
     for i, run in enumerate(args.runs):      # every log read and checked before drawing
         name = names[i] if names else Path(run).name
         runs[name if name not in runs else f"{name} ({i})"] = read_events(run)
@@ -244,7 +248,8 @@ def add_plot_parser(sub) -> None:
     p.add_argument("runs", type=_path, metavar="RUN", nargs="+",
                    help="run directories (with log.jsonl)")
     p.add_argument("--out", type=_path, required=True, metavar="PNG", help="figure to write")
-    p.add_argument("--names", type=lambda t: [s for s in t.split(",") if s], default=None,
+    p.add_argument("--names", type=lambda t: _distinct([s for s in t.split(",") if s], t),
+                   default=None,
                    help="comma list of legend names, one per run (default: folder names)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     _add_json(p)

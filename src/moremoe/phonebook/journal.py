@@ -48,8 +48,49 @@ def read_journal(path: Path) -> tuple[dict, int | None]:
         if not (isinstance(row, dict) and isinstance(row.get("key"), str)
                 and isinstance(row.get("record"), dict)):
             raise _damaged(path, n, 'not a journal record (an object with "key" and "record")')
+        problem = record_problem(row["record"])
+        if problem:
+            raise _damaged(path, n, f"its record {problem} (edited, or not a record of "
+                                    f"this version)")
         done[row["key"]] = row["record"]
     return done, None
+
+
+_NUMBER = (int, float)
+# what the commands read of a finished run's record (PhonebookRun.to_dict), and of each of
+# its evaluations; a loss is null where it was not finite
+RECORD = {"name": str, "model": dict, "train": dict, "lr": _NUMBER, "params_total": int,
+          "flops_inference": int, "history": list, "reached": bool, "steps": int,
+          "exact_match": _NUMBER, "char_accuracy": _NUMBER, "hnorm": list}
+EVALUATION = {"step": int, "epoch": _NUMBER, "loss": (*_NUMBER, type(None)),
+              "exact_match": _NUMBER, "char_accuracy": _NUMBER, "hnorm": list}
+
+
+def record_problem(record: dict, *, fields=RECORD) -> str | None:
+    """What is missing or of the wrong type in a run's record (None when it reads)."""
+    for key, types in fields.items():
+        if key not in record:
+            return f"lacks {key!r}"
+        v = record[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in
+                                        (types if isinstance(types, tuple) else (types,))):
+            return f"has {key!r} = {json.dumps(v)[:40]}, not {_type_names(types)}"
+    if fields is RECORD:
+        if not isinstance(record["model"].get("moe"), dict):
+            return "lacks model.moe"
+        for i, ev in enumerate(record["history"]):
+            problem = record_problem(ev, fields=EVALUATION) if isinstance(ev, dict) else \
+                "is not an object"
+            if problem:
+                return f"history[{i}] {problem}"
+    return None
+
+
+def _type_names(types) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true/false",
+             list: "a list", dict: "an object", type(None): "null"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
 def _why(err: ValueError) -> str:
@@ -106,15 +147,40 @@ def check_checkpoints(folder: Path) -> None:
                 raise _unreadable(path, why)
 
 
+STEP_STATE = {"model": dict, "optimizer": dict, "order": dict, "buffers": (list, tuple),
+              "steps": int}
+
+
 def load_checkpoint(path: Path) -> dict:
     """The state a stopped run continues from; ValueError naming the file when it cannot be
-    read."""
+    read or does not hold a trial's state (a run's record and its step's state)."""
     why = checkpoint_problem(path)
     if why is None:
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            state = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as err:  # noqa: BLE001 - bad bytes fail in their own way: EOFError,
             # the zip reader's RuntimeError, pickle's UnpicklingError, a missing class
             text = str(err).splitlines()[0] if str(err) else ""
             why = f"cannot be read ({type(err).__name__}: {text})"
+        else:
+            why = _state_problem(state)
+            if why is None:
+                return state
     raise _unreadable(path, why)
+
+
+def _state_problem(state) -> str | None:
+    if not (isinstance(state, dict) and isinstance(state.get("step"), dict)
+            and isinstance(state.get("run"), dict)):
+        return 'holds no trial state (an object with "step" and "run")'
+    problem = (record_problem(state["step"], fields=STEP_STATE)
+               or record_problem(state["run"], fields={k: RECORD[k] for k in (
+                   "name", "model", "train", "lr", "history", "steps")}))
+    return f"holds a trial state that {problem} (edited, or not of this version)" \
+        if problem else None
+
+
+def unusable(path: Path, err: Exception) -> ValueError:
+    """A checkpoint whose state a run cannot take (its shapes are another model's)."""
+    text = " ".join(str(err).split())[:200]
+    return _unreadable(path, f"does not fit this trial ({type(err).__name__}: {text})")

@@ -30,7 +30,7 @@ from ..report import write_atomic
 from ..runtime import progress_bar, progress_note
 from .trainer import PhonebookTrainer
 from .journal import (CHECKPOINTS, JOURNAL, append_journal, check_checkpoints,
-                                load_checkpoint, read_journal)
+                      load_checkpoint, read_journal, unusable)
 from .search import Task
 
 
@@ -74,8 +74,14 @@ class DevicePool:
             state = load_checkpoint(path)
         cfg = replace(task.train, device=self.device)
         stream = torch.cuda.Stream(cfg.device) if cfg.device.startswith("cuda") else None
-        trainer = PhonebookTrainer(task.model, cfg, cfg.lr, name=task.name,
-                                   calibration=task.calibration, stream=stream, state=state)
+        try:
+            trainer = PhonebookTrainer(task.model, cfg, cfg.lr, name=task.name,
+                                       calibration=task.calibration, stream=stream,
+                                       state=state)
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            if state is None:
+                raise
+            raise unusable(path, err) from None
         at = trainer.step.steps
         self.active[task.key] = (task, trainer, [time.monotonic()])
         self.fresh.add(task.key)        # its first interval: at the next poll, so that its
@@ -323,7 +329,7 @@ class Executor:
         from ..training.signals import StopSignals
         ckpt = None if self.out is None else self.out / CHECKPOINTS
         self._t0 = time.monotonic()
-        made = [] if self.out is None else [p for p in (ckpt, self.out / JOURNAL)
+        made = [] if self.out is None else [p for p in (ckpt, self.out / JOURNAL, self.out)
                                              if not p.exists()]
         if ckpt is not None:
             ckpt.mkdir(parents=True, exist_ok=True)
@@ -438,8 +444,8 @@ class Executor:
 
 
 def _drop_if_empty(out: Path | None, made: list[Path]) -> None:
-    """Remove what a run made (the checkpoint folder, the journal) while still empty: a
-    command that failed before any run ended leaves nothing behind."""
+    """Remove what a run made (the checkpoint folder, the journal, --out itself) while still
+    empty: a command that failed before any run ended leaves nothing behind."""
     for path in made:
         try:
             if path.is_dir():

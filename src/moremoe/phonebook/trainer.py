@@ -30,6 +30,9 @@ from ..runtime import duration, environment, progress_bar, progress_note, resolv
 from .step import STEP_MODES, PhonebookStep
 
 
+MAX_STEPS = 2 ** 53          # steps a schedule counts exactly (a float64 holds them)
+
+
 @dataclass(frozen=True)
 class PhonebookTrainConfig:
     size: int                               # phonebook entries
@@ -61,6 +64,17 @@ class PhonebookTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.calibration_steps > MAX_STEPS:
+            raise ValueError(f"--calibration-steps {self.calibration_steps:,} is more than "
+                             f"{MAX_STEPS:,} (2^53), the most steps a schedule counts exactly; "
+                             f"give fewer")
+        if self.planned_steps() > MAX_STEPS:
+            how = ("--max-steps" if self.max_steps is not None else
+                   f"--max-epochs {self.max_epochs:g} of {self.size:,} entries in batches of "
+                   f"{self.rows:,}")
+            raise ValueError(f"the run would last {self.planned_steps():.3g} steps ({how}), "
+                             f"more than {MAX_STEPS:,} (2^53), the most a schedule counts "
+                             f"exactly; give fewer")
 
     @property
     def rows(self) -> int:

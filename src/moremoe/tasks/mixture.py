@@ -46,7 +46,8 @@ import numpy as np
 from ..report import check_output_dir, write_atomic, write_json
 from ..runtime import __version__, progress_bar
 from .formats import render
-from .prepare import default_workers, locked, seq_len_fixes, stream_rows
+from .fill import seq_len_fixes
+from .prepare import default_workers, locked, stream_rows
 from .recipe import RECIPES, describe, nominal_tokens, scale_for, scaled, select
 from .sources import encode
 from .streams import local_origin, open_sources, quiet_datasets, read_failure

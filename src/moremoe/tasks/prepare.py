@@ -45,6 +45,7 @@ import numpy as np
 from ..report import check_output_dir, write_json
 from ..runtime import __version__, progress_bar
 from .corpus import read_corpus
+from .fill import check_enough_text, check_held_out, no_text, seq_len_fixes
 from .sources import Source, check_text_field, discover_sources, documents, encode, plan_shards
 from .text import DTYPE, FORMAT, SPLITS, VERSION, check_replace, file_sha256
 from .tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
@@ -238,23 +239,39 @@ def prepare(config: PrepareConfig, *, progress: bool = True, on_shard=None) -> d
         raise ValueError(f"{both[0]} is both an INPUT and a --val-input: validation held out "
                          f"by input must not be trained on; give it once")
     check_text_field(sources + val_sources, config.text_field)
-    _check_enough_text(config, sources, val_sources)   # sizes bytes can never fill: now
+    check_enough_text(config, sources, val_sources)   # sizes bytes can never fill: now
     shards, val_shards = _plan(config, sources + val_sources, len(sources))
+    made_out = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     partial = out / ".partial"
     with locked(out):
+        fresh = not partial.exists()
         _open_state(partial, _manifest(config, sources + val_sources, shards, val_shards),
                     restart=config.restart)
-        records, new_shards, new_tokens = _tokenise(
-            config, sources + val_sources, shards, partial / "shards", progress=progress,
-            on_shard=on_shard)
-        summary = _assemble(config, sources + val_sources, records, partial,
-                            val_shards=val_shards, progress=progress)
+        try:
+            records, new_shards, new_tokens = _tokenise(
+                config, sources + val_sources, shards, partial / "shards",
+                progress=progress, on_shard=on_shard)
+            summary = _assemble(config, sources + val_sources, records, partial,
+                                val_shards=val_shards, progress=progress)
+        except BaseException:
+            _drop_unfinished(out, partial, fresh, made_out)
+            raise
     seconds = time.perf_counter() - t0
     summary.update(shards=len(shards), shards_reused=len(shards) - new_shards,
                    workers=config.workers, seconds=seconds,
                    tokens_per_second=new_tokens / seconds if seconds > 0 else 0.0)
     return summary
+
+
+def _drop_unfinished(out: Path, partial: Path, fresh: bool, made_out: bool) -> None:
+    """A run that failed before any shard was finished leaves nothing (an interrupted one
+    with finished shards keeps them for its resume): its state, and the folder it made."""
+    if fresh and not any((partial / "shards").glob("*.json")):
+        shutil.rmtree(partial, ignore_errors=True)
+        if made_out:
+            with contextlib.suppress(OSError):
+                out.rmdir()
 
 
 def _tokenise(config, sources, shards, shard_dir: Path, *, progress, on_shard):
@@ -285,14 +302,14 @@ def _assemble(config, sources, records, partial: Path, *, val_shards: int, progr
     """Shards -> train.bin, val.bin (in .partial, then renamed into DIR) -> meta.json."""
     T, tokens = config.seq_len, sum(r["tokens"] for r in records)
     if tokens == 0:
-        raise ValueError(_no_text(sources, config.text_field))
+        raise ValueError(no_text(sources, config.text_field))
     rng = np.random.default_rng(config.seed)
     cut = len(records) - val_shards
     if config.val_inputs:     # held out by input: two streams, validation from its own
         n_train = sum(r["tokens"] for r in records[:cut]) // T
         n_val = sum(r["tokens"] for r in records[cut:]) // T
         v = n_val if config.val_sequences is None else config.val_sequences
-        _check_held_out(n_train, n_val, v, T, partial)
+        check_held_out(n_train, n_val, v, T, partial)
         keep = np.zeros(n_val, dtype=bool)
         keep[rng.choice(n_val, size=v, replace=False)] = True
         streams = [(range(cut), n_train, np.ones(n_train, bool), None),
@@ -373,18 +390,6 @@ def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def _check_held_out(n_train: int, n_val: int, v: int, T: int, partial: Path) -> None:
-    kept = f"(the tokenised text stays in {partial}: the next run reuses it)"
-    if n_train < 1:
-        raise ValueError(f"too few sequences: the training inputs give no sequence of "
-                         f"--seq-len {T}; give more text or a shorter --seq-len {kept}")
-    if v > n_val or n_val == 0:
-        raise ValueError(f"too few validation sequences: the --val-input texts give {n_val:,} "
-                         f"sequences of --seq-len {T} and --val-sequences asks for {v:,}; "
-                         f"leave --val-sequences out (all of them) or give at most {n_val:,} "
-                         f"{kept}")
-
-
 def corpus_of(inputs) -> dict | None:
     """{"fingerprint", "folder"} of the corpus (`moremoe data corpus --packages`) whose
     folder holds every input, or None when they are not all of one corpus."""
@@ -400,83 +405,6 @@ def corpus_of(inputs) -> dict | None:
         return None
     fingerprint, folder = found.pop()
     return {"fingerprint": fingerprint, "folder": folder}
-
-
-def _check_enough_text(config: PrepareConfig, sources, val_sources) -> None:
-    """Refuse, before any work, a --seq-len and --val-sequences that the inputs cannot fill
-    at any tokenisation: a GPT-2 token is one byte of UTF-8 text or more, and a document adds
-    one end-of-text, so .txt files give at most their bytes + 1 tokens each and .jsonl files
-    (quotes and keys around the text) at most their bytes. The sizes of .jsonl.gz files and
-    saved datasets say nothing of their text: those are checked once tokenised."""
-    if any(s.kind not in ("txt", "jsonl") for s in sources + val_sources):
-        return
-    nbytes = sum(s.size for s in sources)
-    if nbytes == 0:
-        raise ValueError(_no_text(sources, config.text_field))
-    bound = _token_bound(sources)
-    T, v = config.seq_len, config.val_sequences
-    if val_sources:
-        val_bound = _token_bound(val_sources)
-        if bound // T < 1:
-            raise ValueError(f"too few sequences: the training INPUTs hold at most {bound:,} "
-                             f"tokens, not one sequence of --seq-len {T}; give more text or a "
-                             f"shorter --seq-len")
-        if val_bound // T < (v or 1):
-            raise ValueError(f"too few validation sequences: the --val-input texts hold at "
-                             f"most {val_bound:,} tokens = {val_bound // T:,} sequences of "
-                             f"--seq-len {T}, and {v or 1:,} are asked for; give more text, a "
-                             f"shorter --seq-len or fewer --val-sequences")
-    elif bound // T <= v:
-        raise ValueError(f"too few sequences: the inputs hold {nbytes:,} bytes of text, at "
-                         f"most {bound:,} tokens = {bound // T:,} sequences of --seq-len {T}, "
-                         f"and --val-sequences {v:,} leaves none for training; "
-                         f"{seq_len_fixes([bound], T, v, upper=True)}")
-
-
-def _token_bound(sources) -> int:
-    return sum(s.size for s in sources) + sum(s.kind == "txt" and s.size > 0 for s in sources)
-
-
-def longest_seq_len(taken: list[int], need: int) -> int:
-    """The longest sequence length at which sources of `taken` tokens give `need` sequences
-    in all (0 when even length 1 gives fewer); one source: taken[0] // need."""
-    lo, hi = 0, max(taken, default=0)
-    while lo < hi:                      # sum(t // T) falls as T grows
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if sum(t // mid for t in taken) >= need else (lo, mid - 1)
-    return lo
-
-
-def seq_len_fixes(taken: list[int], T: int, v: int, *, more: str = "more text",
-                  upper: bool = False) -> str:
-    """What leaves sources of `taken` tokens (upper: at most) a training sequence beside
-    the --val-sequences v: (v + 1) sequences of --seq-len T must fit, each within a
-    source."""
-    fixes = []
-    longest = longest_seq_len(taken, v + 1)
-    if longest >= 2:
-        fixes.append(f"a --seq-len of at most {longest:,}")
-    n_seq = sum(t // T for t in taken)
-    if n_seq >= 1:
-        fixes.append(f"--val-sequences of at most {n_seq - 1:,}")
-    if not fixes and (pair := longest_seq_len(taken, 2)) >= 2:
-        fixes.append(f"--val-sequences 1 with a --seq-len of at most {pair:,}")
-    if not fixes:
-        return f"give {more}"
-    return (f"use {' or '.join(fixes)}"
-            + (" (upper limits: a token is usually several bytes)" if upper else "")
-            + f", or {more}")
-
-
-def _no_text(sources, text_field: str) -> str:
-    empty = [s.path for s in sources if s.size == 0]
-    if len(sources) == 1:
-        what = "is empty" if empty else f"holds no text (no document with text in " \
-                                        f"{text_field!r})"
-        return f"the input {sources[0].path} {what}; give a file with text"
-    some = f" ({len(empty):,} empty, e.g. {empty[0]})" if empty else ""
-    return (f"the {len(sources):,} input files{some} hold no text (no document with text in "
-            f"{text_field!r}); check the INPUT arguments")
 
 
 def stream_rows(shard_dir: Path, shards, T: int, n_seq: int, bar):

@@ -61,7 +61,10 @@ def read_meta(dir: str | Path) -> dict:
                          f"{dir}` again to resume it)")
     try:
         meta = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}): the file is corrupt; "
+                         f"prepare the data again (--force)") from None
+    except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err}): the file is corrupt") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT!r} metadata file")

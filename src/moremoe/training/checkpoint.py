@@ -183,16 +183,28 @@ def _foreign_config(path: Path) -> str | None:
     return "a config.json that is not a run's"
 
 
-def check_resumable(path: Path, cfg, vocab: int, data_vocab: int):
+def check_resumable(path: Path, cfg, vocab: int, data_vocab: int, model: dict | None = None):
     """The RunConfig that checkpoint `path` was written by, when run config `cfg` (with a
-    model of `vocab` tokens, for data of `data_vocab`) may continue it; else ValueError."""
+    model of `vocab` tokens, for data of `data_vocab`, whose TransformerConfig is `model`)
+    may continue it; else ValueError naming the file."""
     config = read_config(path)
-    saved = RunConfig.from_dict(config["train"])
+    where = f"{resolve(path)}/{CONFIG_FILE}"
+    try:
+        saved = RunConfig.from_dict(config["train"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"cannot resume {path}: {where} holds no run config this version "
+                         f"reads ({' '.join(str(err).split())[:200]}): the file was edited; "
+                         f"restore it, or start a new run with another --out") from None
     changed = saved.differences(cfg)
     if changed:
         raise ValueError(f"cannot resume {path}: the config differs in "
                          f"{'; '.join(changed)} (only budget, logging, device and layout "
                          f"fields may change)")
+    if model is not None and _model_keys(config.get("model")) != _model_keys(model):
+        raise ValueError(f"cannot resume {path}: {where} describes another model than its run "
+                         f"config builds ({_first_difference(config.get('model'), model)}): "
+                         f"the file was edited; restore it, or start a new run with another "
+                         f"--out")
     if config["model"].get("vocab") != vocab:   # model.vocab: null, from the data
         raise ValueError(f"cannot resume {path}: the run's model has a vocabulary of "
                          f"{config['model'].get('vocab')} (from its data, "
@@ -205,3 +217,29 @@ def check_resumable(path: Path, cfg, vocab: int, data_vocab: int):
 def load_state(path: str | Path) -> dict:
     return read_file(resolve(path), STATE_FILE,
                  lambda p: torch.load(p, map_location="cpu", weights_only=False))
+
+
+_IMPLS = ("router_impl", "experts_impl")      # how a layer runs: a resume may change them
+
+
+def _model_keys(d) -> dict | None:
+    """A model config as a resume compares it: not how its layers run, not its vocabulary
+    (the data's, checked on its own)."""
+    if not isinstance(d, dict) or not isinstance(d.get("moe"), dict):
+        return None
+    return {**{k: v for k, v in d.items() if k != "vocab"},
+            "moe": {k: v for k, v in d["moe"].items() if k not in _IMPLS}}
+
+
+def _first_difference(saved, built: dict) -> str:
+    if not isinstance(saved, dict):
+        return "no model section"
+    for key in sorted((set(saved) | set(built)) - {"vocab"}):
+        a, b = saved.get(key, "missing"), built.get(key, "missing")
+        if key == "moe" and isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                if k not in _IMPLS and a.get(k, "missing") != b.get(k, "missing"):
+                    return f"model.moe.{k}: {a.get(k, 'missing')!r}, the run's {b.get(k)!r}"
+        elif a != b:
+            return f"model.{key}: {a!r}, the run's {b!r}"
+    return "its model section"

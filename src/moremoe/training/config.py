@@ -25,6 +25,8 @@ from ..parallel.plan import CUDA_GRAPH_MODES
 from ..tasks.tokenizer import VOCAB_SIZE
 
 KINDS = ("moe", "more", "peer")
+FP32_MAX = 3.4028234663852886e38      # the optimizer's rates and factors are fp32 on the device
+SEED_LIMIT = 2 ** 63 - 2              # torch's generators take 64-bit seeds; + 1 for a second
 MOMENTS = ("fp32", "bf16")
 UPDATES = ("auto", "fused")     # training/optim.py's choices
 EXPERT_GRADS = ("auto", "autograd", "in_place")
@@ -73,6 +75,12 @@ class ModelSpec:
         if self.router_init not in ROUTER_INITS:
             raise ValueError(f"model.router_init must be one of {ROUTER_INITS}, got "
                              f"{self.router_init!r}")
+        default = ModelSpec.__dataclass_fields__
+        for key, kind in (("peer_heads", "peer"), ("peer_dq", "peer"), ("peer_kappa", "peer"),
+                          ("router_init", "more")):
+            if self.kind != kind and getattr(self, key) != default[key].default:
+                raise ValueError(f"model.{key} is read by model.kind={kind} only, and this "
+                                 f"model is model.kind={self.kind}; drop it")
         if self.seq_len < 2:
             raise ValueError(f"model.seq_len must be >= 2, got {self.seq_len}")
         if not 0 <= self.balance_coef < math.inf:
@@ -174,6 +182,10 @@ class OptimSpec:
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"optim.{name} must be a finite number >= 0, got "
                                  f"{getattr(self, name)}")
+        for name in ("lr", "router_lr", "eps", "weight_decay", "clip"):
+            if (getattr(self, name) or 0) > FP32_MAX:      # the update's scalars are fp32
+                raise ValueError(f"optim.{name} must be at most fp32's largest number, "
+                                 f"3.4e38, got {getattr(self, name)}")
         if self.moments not in MOMENTS:
             raise ValueError(f"optim.moments must be one of {', '.join(MOMENTS)}, got "
                              f"{self.moments!r}")
@@ -261,6 +273,9 @@ class TrainSpec:
         for name in ("timing_warmup", "profile_steps", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.seed > SEED_LIMIT:
+            raise ValueError(f"train.seed must be at most 2^63 - 2 (torch's generators take "
+                             f"64-bit seeds), got {self.seed}")
         for name in ("max_minutes", "peak_tflops"):
             v = getattr(self, name)
             if v is not None and not 0 < v < math.inf:
@@ -419,7 +434,7 @@ def coerce(key: str, value, tp):
     if isinstance(value, bool):
         raise bad
     if tp is int:
-        return _as_int(value, bad)
+        return _as_int(key, value, bad)
     if tp is float:
         try:
             return float(value)
@@ -430,16 +445,23 @@ def coerce(key: str, value, tp):
     raise bad
 
 
-def _as_int(value, bad) -> int:
+INT_LIMIT = 2 ** 63 - 1        # every integer key is a 64-bit integer downstream (torch)
+
+
+def _as_int(key: str, value, bad) -> int:
     if isinstance(value, int):
-        return value
-    try:
-        f = float(value)                      # "40e9", 1e6
-    except (TypeError, ValueError):
-        raise bad from None
-    if not f.is_integer():
-        raise bad
-    return int(f)
+        v = value
+    else:
+        try:
+            f = float(value)                      # "40e9", 1e6
+        except (TypeError, ValueError):
+            raise bad from None
+        if not f.is_integer():
+            raise bad
+        v = int(f)
+    if abs(v) > INT_LIMIT:
+        raise TypeError(f"{key} must be a 64-bit integer (at most 2^63 - 1), got {value!r}")
+    return v
 
 
 def planned_steps(cfg: RunConfig, global_batch: int) -> int:

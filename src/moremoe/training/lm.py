@@ -193,7 +193,8 @@ class LMTrainer:
         self._wrapped()
 
     def _resume(self, path: Path) -> None:
-        saved = ckpt.check_resumable(path, self.cfg, self.vocab, self.meta["vocab_size"])
+        saved = ckpt.check_resumable(path, self.cfg, self.vocab, self.meta["vocab_size"],
+                                     self.model_config.to_dict())
         stored.load_weights(self.model, path)
         state = ckpt.load_state(path)
         check_same_data(state.get("data_fingerprint"), self.data, path)
