@@ -36,9 +36,11 @@ def refuses(capsys, tmp_path, argv, match):
     (["phonebook", "train", *PB, "--max-steps", "3", "--calibration-steps", "1e30", "--out",
       "OUT"], r"--calibration-steps 1,000,000,.* is more than .* \(2\^53\)"),
     (["phonebook", "train", *PB, "--lr", "1e-3", "--hidden", "1e300", "--out", "OUT"],
-     r"--hidden 1e\+300 is more than 2\^31: no model of that size fits"),
+     r"--hidden 1e\+300 is more than 2\^62: no model of that size fits"),
     (["phonebook", "sweep", "--over", "hidden", "--values", "16,1e300", *PB[2:], "--lr", "1e-3",
       "--size", "32", "--out", "OUT"], r"--values 1e\+300: --hidden 1e\+300 is more than"),
+    (["phonebook", "train", *PB, "--lr", "1e-3", "--hidden", "1e18", "--out", "OUT"],
+     r"needs at least [\d,.e+]+ GiB"),
 ])
 def test_phonebook_numbers_out_of_range_are_named(capsys, tmp_path, argv, match):
     refuses(capsys, tmp_path, argv, match)

@@ -123,10 +123,13 @@ class FakeTrainer:
         self.done = True
         reached = self.cfg.size <= self.CAP
         self.run.exact_match = float(reached)
-        self.run.history = [{"loss": 1.0, "exact_match": float(reached)}]
-        self.run.to_dict = lambda: {"name": self.name, "train": {"size": self.cfg.size},
-                                    "lr": self.cfg.lr, "reached": reached,
-                                    "char_accuracy": self.cfg.lr, "exact_match": float(reached)}
+        self.run.history = [{"step": self.total, "loss": 1.0, "exact_match": float(reached)}]
+        self.run.to_dict = lambda: {"name": self.name, "model": {"moe": {}},
+                                    "train": {"size": self.cfg.size}, "lr": self.cfg.lr,
+                                    "params_total": 1, "flops_inference": 1,
+                                    "history": self.run.history, "steps": self.total,
+                                    "reached": reached, "char_accuracy": self.cfg.lr,
+                                    "exact_match": float(reached), "hnorm": [1.0]}
         return True
 
 
@@ -264,8 +267,11 @@ def test_a_trial_checkpoint_that_cannot_be_read_is_one_error_naming_it(tmp_path,
     import torch
     from moremoe.phonebook.journal import load_checkpoint
     path = tmp_path / "0123.pt"
-    torch.save({"steps": 3}, path)
-    assert load_checkpoint(path) == {"steps": 3}
+    state = {"step": {"model": {}, "optimizer": {}, "order": {}, "buffers": [], "steps": 3},
+             "run": {"name": "m", "model": {"moe": {}}, "train": {}, "lr": 1e-3,
+                     "history": [], "steps": 3}}
+    torch.save(state, path)
+    assert load_checkpoint(path) == state
 
     def load(*args, **kwargs):
         raise error

@@ -147,3 +147,25 @@ def test_a_stopped_or_killed_study_continues_its_runs_exactly(text_data, tmp_pat
     for name, row in ours.items():       # the same operations in the same order: exact
         assert row["evals"] == theirs[name]["evals"] and row["hnorm"] == theirs[name]["hnorm"]
         assert row["processes"] >= 2
+
+
+def test_edited_study_files_are_named(capsys, tmp_path, text_data):
+    out = tmp_path / "study"
+    argv = ["--budgets", "512", "--seeds", "0", "--lr", "3e-3"]
+    code, _ = study(capsys, text_data, out, *argv)
+    assert code == 0
+    rows_path = out / "rows.jsonl"
+    good = rows_path.read_text()
+    row = json.loads(good.splitlines()[0])
+    del row["evals"][0]["tokens"]
+    rows_path.write_text(json.dumps(row) + "\n" + "".join(good.splitlines(True)[1:]))
+    fails(capsys, ["study", "report", str(out)],
+          rf"{rows_path}, line 1: not a study row of this version \(no 'tokens'\)")
+    rows_path.write_text(good)
+    meta = json.loads((out / "study.json").read_text())
+    meta["settings"]["budgets"] = "x"
+    (out / "study.json").write_text(json.dumps(meta))
+    fails(capsys, ["study", "report", str(out)], r"study\.json: its settings are not this "
+                                                 r"version's")
+    (out / "study.json").write_bytes(b"\x9f" * 10)
+    fails(capsys, ["study", "report", str(out)], r"study\.json is not JSON")

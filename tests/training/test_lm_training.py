@@ -38,7 +38,7 @@ def test_tiny_model_learns_prose(text_data, tmp_path):
     assert (tmp_path / "run" / "loss.png").stat().st_size > 30_000
     from moremoe.cli import main
     out = tmp_path / "pair.png"
-    assert main(["plot", str(tmp_path / "run"), str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert main(["plot", str(tmp_path / "run"), "--out", str(out)]) == 0
     assert out.stat().st_size > 30_000
 
 

@@ -13,7 +13,8 @@ from .phonebook_run import add_execution_args, capacity_text, execute, finish, o
 
 MODEL_FLAGS = ("hidden", "width", "top_k", "rank", "layers", "heads", "moe_experts",
                "more_experts", "more_width", "peer_heads", "peer_dq")
-MAX_DIM = 2 ** 31           # no model with a size past this fits any device's memory
+MAX_DIM = 2 ** 62           # beyond this the planner's floats overflow (below it the memory
+                            # check names what a size needs)
 
 
 def _check_phonebook_args(args) -> None:
@@ -22,7 +23,7 @@ def _check_phonebook_args(args) -> None:
     for name in MODEL_FLAGS:
         v = getattr(args, name, None)
         if v is not None and v > MAX_DIM:
-            raise ValueError(f"--{name.replace('_', '-')} {v:.3g} is more than 2^31: no model "
+            raise ValueError(f"--{name.replace('_', '-')} {v:.3g} is more than 2^62: no model "
                              f"of that size fits in memory; give a smaller one")
     h = args.hidden
     _check_heads(h, args.heads)

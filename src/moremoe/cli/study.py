@@ -125,7 +125,7 @@ def cmd_report(args) -> int:
     from ..study.rows import read_rows
     from ..study.runner import read_study, settings_of
     study = read_study(Path(args.out))
-    settings = settings_of(study)
+    settings = settings_of(study, Path(args.out) / "study.json")
     report = write_outputs(args.out, settings, plan_runs(settings), read_rows(args.out),
                            study["data"])
     emit(args, report, report_text(report))

@@ -62,8 +62,7 @@ _NUMBER = (int, float)
 RECORD = {"name": str, "model": dict, "train": dict, "lr": _NUMBER, "params_total": int,
           "flops_inference": int, "history": list, "reached": bool, "steps": int,
           "exact_match": _NUMBER, "char_accuracy": _NUMBER, "hnorm": list}
-EVALUATION = {"step": int, "epoch": _NUMBER, "loss": (*_NUMBER, type(None)),
-              "exact_match": _NUMBER, "char_accuracy": _NUMBER, "hnorm": list}
+EVALUATION = {"step": int, "loss": (*_NUMBER, type(None)), "exact_match": _NUMBER}
 
 
 def record_problem(record: dict, *, fields=RECORD) -> str | None:

@@ -72,6 +72,7 @@ class StudySettings:
     overrides: tuple[str, ...] = ()         # --set section.key=value, on every run
 
     def __post_init__(self):
+        _check_types(self)
         bad = [e for e in self.experiments if e not in EXPERIMENTS]
         if bad or not self.experiments:
             raise ValueError(f"--experiments must be a comma list of {', '.join(EXPERIMENTS)}, "
@@ -100,6 +101,34 @@ class StudySettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_types(settings: "StudySettings") -> None:
+    """Every setting of the type its field says (a study.json read back included): TypeError
+    naming the setting."""
+    import typing
+    hints = typing.get_type_hints(StudySettings)
+    for f in fields(StudySettings):
+        v, tp = getattr(settings, f.name), hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if v is None and type(None) in typing.get_args(tp):
+            continue
+        if typing.get_origin(tp) in (tuple,) or (args and typing.get_origin(args[0]) is tuple):
+            inner = typing.get_args(args[0] if args and typing.get_origin(args[0]) is tuple
+                                    else tp)[0]
+            ok = isinstance(v, tuple) and all(_is(x, inner) for x in v)
+        else:
+            ok = _is(v, args[0] if args else tp)
+        if not ok:
+            raise TypeError(f"setting {f.name} = {v!r} is not {tp}")
+
+
+def _is(v, tp) -> bool:
+    if tp is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, tp)
 
 
 # what a study's runs are: a study continues only with these unchanged (the others add runs)

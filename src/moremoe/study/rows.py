@@ -36,10 +36,38 @@ def read_rows(out: str | Path) -> dict[str, dict]:
                 continue
             raise ValueError(f"{path}, line {n}: not JSON; the file is corrupt (restore it "
                              f"from where it was committed)") from None
-        if not isinstance(row, dict) or not isinstance(row.get("run"), str):
-            raise ValueError(f"{path}, line {n}: not a study row (no run name)")
+        problem = row_problem(row)
+        if problem:
+            raise ValueError(f"{path}, line {n}: not a study row of this version ({problem}): "
+                             f"the file was edited; restore it from where it was committed, "
+                             f"or delete the line (its run trains again)")
         rows[row["run"]] = row
     return rows
+
+
+_NUMBER = (int, float)
+_MAYBE = (int, float, type(None))        # a loss that was not finite is null (strict JSON)
+# what the report and the next command read of a row, and of each of its evaluations
+ROW = {"run": str, "kind": str, "config": str, "model": dict, "seed": int, "lr": _NUMBER,
+       "budget": int, "tokens": int, "params": int, "val_loss": _MAYBE,
+       "val_ppl": _MAYBE, "evals": list, "tokens_per_param": _NUMBER, "epochs": _NUMBER,
+       "wall_s": _NUMBER, "data": dict}
+EVAL = {"step": int, "tokens": int, "val_loss": _MAYBE}
+
+
+def row_problem(row) -> str | None:
+    """What is missing or of the wrong type in a study row (None when it reads)."""
+    if not isinstance(row, dict):
+        return "not an object"
+    for fields, where in ((ROW, row), *((EVAL, e) for e in row.get("evals") or ())):
+        if not isinstance(where, dict):
+            return "an evaluation is not an object"
+        for key, types in fields.items():
+            if key not in where:
+                return f"no {key!r}"
+            if not isinstance(where[key], types) or isinstance(where[key], bool):
+                return f"{key!r} is {json.dumps(where[key])[:40]}"
+    return None
 
 
 def append_row(out: str | Path, row: dict) -> None:

@@ -99,19 +99,29 @@ def read_study(out: Path) -> dict:
     except OSError:
         raise ValueError(f"{out} holds no study ({STUDY} is missing); run `moremoe study lm "
                          f"--out {out}` first") from None
-    except ValueError:
+    except ValueError:          # not JSON, or not UTF-8 text
         raise ValueError(f"{path} is not JSON: the file is corrupt") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT or "settings" not in d:
-        raise ValueError(f"{path} is not a study's {STUDY}")
+    if not (isinstance(d, dict) and d.get("format") == FORMAT and isinstance(
+            d.get("settings"), dict) and isinstance(d.get("data"), dict)
+            and isinstance(d["data"].get("fingerprint"), str)):
+        raise ValueError(f"{path} is not a study's {STUDY} (format, settings and the data's "
+                         f"fingerprint): the file was edited; restore it from where it was "
+                         f"committed")
+    settings_of(d, path)
     return d
 
 
-def settings_of(study: dict) -> StudySettings:
+def settings_of(study: dict, path: Path | None = None) -> StudySettings:
     s = dict(study["settings"])
     for k, v in s.items():
         if isinstance(v, list):
             s[k] = tuple(v)
-    return StudySettings(**s)
+    try:
+        return StudySettings(**s)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path or STUDY}: its settings are not this version's "
+                         f"({' '.join(str(err).split())[:160]}): the file was edited; "
+                         f"restore it from where it was committed") from None
 
 
 class Study:
