@@ -423,3 +423,17 @@ def test_a_journal_of_an_earlier_version_still_resumes(capsys, tmp_path, monkeyp
     [search] = report["searches"]
     assert search["name"] == "h64-s16 MoRE-224" and search["capacity"] == 100_000
     assert not search.get("unfinished") and report["execution"]["reused"]
+
+
+def test_the_capacity_table_says_on_how_many_seeds_each_capacity_rests():
+    from moremoe.cli.demo import capacity_table
+
+    def row(seed, capacity, unfinished=False):
+        return {"name": "h64-s8 MoE-32", "paper_capacity": 10_000, "capacity": capacity,
+                "seed": seed, "unfinished": unfinished, "device": "NVIDIA H200",
+                "commit": "abcdef123456", "date": "2026-12-04"}
+    text = capacity_table([row(0, 10_000), row(1, 10_000), row(2, 30_000)])
+    line = next(ln for ln in text.splitlines() if ln.startswith("h64-s8 MoE-32"))
+    assert "10,000 (2 of 3 seeds); 30,000 (1 of 3 seeds)" in line and "2 of 3" in line
+    one = capacity_table([row(0, 10_000, unfinished=True)])
+    assert ">= 10,000 (1 of 1 seed)" in one and " 0 of 1 " in one

@@ -99,20 +99,22 @@ def run_demo(cfg: DemoConfig, *, out_dir: Path, progress: bool = True) -> dict:
 
 
 def measured_capacities() -> list[dict]:
-    """The newest row of each search in the source tree's committed capacity results
-    (benchmarks/results/*/phonebook_capacity.jsonl), when the demo runs from a checkout; a
-    finished search's row before any row of it stopped early."""
+    """The newest row of each search and seed in the source tree's committed capacity
+    results (benchmarks/results/*/phonebook_capacity.jsonl), when the demo runs from a
+    checkout; a finished search's row before any row of it stopped early."""
     root = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
     rows = {}
     for path in sorted(root.glob("*/phonebook_capacity.jsonl")):
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                had = rows.get((row["name"], row["device"]))
+                key = (row["name"], row["device"], row.get("seed", 0))
+                had = rows.get(key)
                 if had is None or had.get("unfinished") or not row.get("unfinished"):
-                    rows[(row["name"], row["device"])] = row
+                    rows[key] = row
     return sorted(rows.values(), key=lambda r: (r["hidden"], r["width"], r["rank"] or 0,
-                                                r["arch"] != "moe", r["name"]))
+                                                r["arch"] != "moe", r["name"],
+                                                r.get("seed", 0)))
 
 
 def _device_name(dev: torch.device) -> str:
@@ -162,19 +164,38 @@ def _limit(result: dict) -> str:
     return f"{cfg['steps']:,} steps" if cfg.get("steps") else f"{cfg['max_epochs']:g} epochs"
 
 
+def _capacity_text(row: dict) -> str:
+    return ((">= " if row.get("unfinished") else "")
+            + (f"{row['capacity']:,}" if row["capacity"] else "none on grid"))
+
+
 def capacity_table(rows: list[dict]) -> str:
+    """One line a search: its capacity on each seed measured ("k of n seeds" where they
+    differ), and on how many seeds it equals the paper's."""
     if not rows:
         return ("\nNo measured paper-scale capacities in this tree: `moremoe phonebook "
                 "reproduce` writes them (benchmarks/results/<device>/phonebook_capacity.jsonl).")
-    lines = [[r["name"], f"{r['paper_capacity']:,}" if r["paper_capacity"] else "-",
-              (">= " if r.get("unfinished") else "")
-              + (f"{r['capacity']:,}" if r["capacity"] else "none on grid"),
-              f"{r['device']}, {r['commit'][:8]}, {r['date'][:10]}"] for r in rows]
+    searches: dict[str, list[dict]] = {}
+    for r in rows:
+        searches.setdefault(r["name"], []).append(r)
+    lines = []
+    for name, seeds in searches.items():
+        n, paper = len(seeds), seeds[0]["paper_capacity"]
+        counts: dict[str, int] = {}
+        for r in seeds:
+            counts[_capacity_text(r)] = counts.get(_capacity_text(r), 0) + 1
+        ours = "; ".join(f"{text} ({k} of {n} seed{'s' if n > 1 else ''})"
+                         for text, k in counts.items())
+        same = sum(r["capacity"] == paper and not r.get("unfinished") for r in seeds)
+        where = ", ".join(dict.fromkeys(f"{r['device']}, {r['commit'][:8]}, {r['date'][:10]}"
+                                        for r in seeds))
+        lines.append([name, f"{paper:,}" if paper else "-", ours,
+                      f"{same} of {n}" if paper else "-", where])
     more = ("\n>= : the search is not finished; it reached this size, the next is still to "
             "run." if any(r.get("unfinished") for r in rows) else "")
     return ("\n\nThe paper's capacities (L = 6, up to 1,500 epochs, exact match 0.9), measured "
-            "by `moremoe phonebook reproduce`:\n"
-            + table(lines, ["search", "paper", "moremoe", "measured on"]) + more)
+            "by `moremoe phonebook reproduce` (--seed):\n"
+            + table(lines, ["search", "paper", "moremoe", "= paper", "measured on"]) + more)
 
 
 def format_demo(result: dict) -> str:
