@@ -244,19 +244,6 @@ class Workers:
             self.load[slot] -= 1
         return ev
 
-    def _ticking(self, key: str, trainer: PhonebookTrainer):
-        """The stop() an interval asks after each step where steps run as they are called:
-        it reports the step (on_tick) and passes the stop request on."""
-        if self.on_tick is None:
-            return self.stop_requested
-        start, done = trainer.step.steps, [0]
-
-        def stop() -> bool:
-            done[0] += 1
-            self.on_tick(Event("tick", key, start + done[0], trainer.total))
-            return self.stop_requested()
-        return stop
-
     def stop(self) -> list[Event]:
         for inbox in self.inboxes:
             inbox.put("stop")
