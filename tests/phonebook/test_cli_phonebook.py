@@ -134,14 +134,60 @@ def test_rank_searches_chosen_and_the_start_alone_first(capsys, tmp_path, instan
     assert 100_000 in sizes and max(sizes) == 100_000 and 30_000 in sizes
     assert (out / "rank.png").stat().st_size > 0
     from moremoe.cli.phonebook_paper import _failed_starts
-    from moremoe.phonebook.paper import searches
-    below = _failed_starts(searches(["rank"], ["moe", 4]), report)
+    from moremoe.phonebook.paper import searches, seeded
+    below = _failed_starts(seeded(searches(["rank"], ["moe", 4]),
+                                  trainer.PhonebookTrainConfig(size=100_000), [0]), report)
     r4 = report["searches"][1]
     if r4["capacity"] is None:          # nothing memorised: the figure draws it below 100K
         assert [(b["rank"], b["size"]) for b in below] == [(4, 100_000)]
         assert 0 <= below[0]["exact_match"] < 0.9 and below[0]["epoch"] >= 0
     else:
         assert below == []
+
+
+def test_several_seeds_run_at_once_and_their_rows_name_the_search_and_seed(
+        capsys, tmp_path, instant):
+    """--seed 1,2: every search on each seed in one run (the runs named by seed), the rows
+    named by the search alone with their seed, which the demo's table counts; a resume
+    reuses every run; a repeated seed is refused."""
+    out, rows = tmp_path / "r", tmp_path / "rows.jsonl"
+    argv = ["phonebook", "reproduce", "--points", "h64-s8", "--seed", "1,2", "--out", str(out),
+            "--device", "cpu", "--no-progress", "--rows", str(rows)]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(s["name"], s["seed"], s["capacity"]) for s in report["searches"]] == [
+        ("h64-s8 MoE-32 (seed 1)", 1, 10_000), ("h64-s8 MoRE-96 (seed 1)", 1, 30_000),
+        ("h64-s8 MoE-32 (seed 2)", 2, 10_000), ("h64-s8 MoRE-96 (seed 2)", 2, 30_000)]
+    assert len(Instant.built) == 32 and report["seeds"] == [1, 2]
+    written = [json.loads(line) for line in rows.open()]
+    assert [(r["name"], r["seed"]) for r in written] == [
+        ("h64-s8 MoE-32", 1), ("h64-s8 MoRE-96", 1), ("h64-s8 MoE-32", 2),
+        ("h64-s8 MoRE-96", 2)]
+    assert len({r["search"] for r in written}) == 4       # each seed its own search
+    from moremoe.cli.demo import capacity_table
+    assert "10,000 (2 of 2 seeds)" in capacity_table(written)
+    assert (out / "reproduce.png").stat().st_size > 0
+    Instant.built = []
+    assert main([*argv, "--resume"]) == 0 and Instant.built == []
+    capsys.readouterr()
+    fails(capsys, [*argv[:5], "1,1", *argv[6:]], r"--seed.*lists 1 twice")
+    fails(capsys, [*argv[:5], "1,x", *argv[6:]], r"--seed.*comma-separated seeds")
+
+
+def test_the_figures_draw_every_seed_and_the_median(tmp_path):
+    from moremoe.phonebook.paper_plots import _middle, _seeds, plot_rank_figure, \
+        plot_reproduction
+    rows = [{"point": "h64-s8", "arch": "more", "rank": 16, "seed": seed, "capacity": cap,
+             "unfinished": False, "history_at_capacity": []}
+            for seed, cap in ((0, 30_000), (1, 100_000), (2, 30_000))]
+    rows.append({**rows[1], "capacity": 10_000, "unfinished": True})   # an older lower bound
+    assert len(_seeds(rows)) == 3 and _middle(_seeds(rows))["capacity"] == 30_000
+    assert plot_reproduction(rows, tmp_path / "r.png").stat().st_size > 0
+    rank = [{**r, "point": "rank", "experts": 192, "rank": k} for k in (8, 16) for r in rows]
+    moe = [{**r, "point": "rank", "arch": "moe", "rank": None} for r in rows]
+    below = [{"rank": 4, "size": 100_000, "exact_match": em, "epoch": 1500.0, "seed": seed}
+             for seed, em in ((0, 0.35), (1, 0.4))]
+    assert plot_rank_figure(rank + moe, tmp_path / "k.png", below).stat().st_size > 0
 
 
 def test_the_rank_figure_takes_the_h128_dot_for_r16_and_draws_lower_bounds(tmp_path):

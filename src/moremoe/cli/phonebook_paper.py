@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from ..report import table
-from .args import (EPILOG, _add_json, _distinct, _fraction, _int_list, _positive_float,
-                   _positive_int, _seed)
+from .args import (EPILOG, SEED_MAX, _add_json, _distinct, _fraction, _int_list,
+                   _positive_float, _positive_int, _seed)
 from .phonebook_run import (add_execution_args, capacity_text, devices, execute, finish,
                             outputs)
 
@@ -39,9 +39,19 @@ def _ranks(text: str) -> list:
     return [k if k == "moe" else int(k) for k in _distinct(keys, text)]
 
 
+def _seeds(text: str) -> list[int]:
+    import argparse
+    try:
+        seeds = [_seed(t.strip()) for t in text.split(",") if t.strip()] or [_seed(text)]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a seed or comma-separated seeds in "
+                                         f"[0, {SEED_MAX}] like 1,2, got {text!r}") from None
+    return _distinct(seeds, text)
+
+
 def _train_config(args):
     from ..phonebook.trainer import PhonebookTrainConfig
-    return PhonebookTrainConfig(size=args.grid[0], seed=args.seed, max_epochs=args.max_epochs,
+    return PhonebookTrainConfig(size=args.grid[0], seed=args.seed[0], max_epochs=args.max_epochs,
                                 threshold=args.threshold, eval_every=args.eval_every,
                                 calibration_steps=args.calibration_steps, device=args.device,
                                 step=args.step)
@@ -74,15 +84,16 @@ def _append_rows(path: Path, rows: list[dict]) -> int:
     return len(new)
 
 
-def _failed_starts(found: list, report: dict) -> list[dict]:
-    """The rank searches that did not memorise their start: its trial ended below the
-    threshold (the rank figure draws them below that size)."""
+def _failed_starts(runs: list, report: dict) -> list[dict]:
+    """The rank searches (on each seed) that did not memorise their start: its trial ended
+    below the threshold (the rank figure draws them below that size)."""
     out = []
-    for s, got in zip(found, report["searches"]):
+    for run, got in zip(runs, report["searches"]):
+        s = run.search
         start = next((t for t in got["trials"] if t["train"]["size"] == s.start), None)
         if s.point == "rank" and s.arch == "more" and got["capacity"] is None \
                 and start is not None and not start["reached"]:
-            out.append({"rank": s.model.moe.rank, "size": s.start,
+            out.append({"rank": s.model.moe.rank, "size": s.start, "seed": run.cfg.seed,
                         "exact_match": start["exact_match"], "stopped": False,
                         "epoch": start["steps"] * start["train"]["batch_size"] / s.start})
     return out
@@ -140,13 +151,14 @@ def cmd_phonebook_reproduce(args) -> int:
     cfg = _train_config(args)
     found = [s for s in paper.searches(args.points, args.ranks)
              if args.arch in ("both", s.arch)]
+    runs = paper.seeded(found, cfg, args.seed)
     _check_first_trials_fit(found, args, cfg)     # before --force clears the earlier work
     json_path, png_path = outputs(args, "phonebook-reproduce", "reproduce", writes)
     rank_png, rows_path = json_path.parent / "rank.png", json_path.parent / ROWS
     partial = {}
     report = {"command": "phonebook reproduce", "points": args.points, "arch": args.arch,
               "grid": args.grid,
-              "train": cfg.experiment(), "searches": [], "rows": [],
+              "train": cfg.experiment(), "seeds": args.seed, "searches": [], "rows": [],
               "files": {"json": str(json_path), "png": str(png_path), "rank": str(rank_png),
                         "rows": str(rows_path)}}
     env = environment(resolve_device(args.device))
@@ -156,22 +168,24 @@ def cmd_phonebook_reproduce(args) -> int:
 
     def render(results, in_round):
         report["searches"] = [
-            {"name": s.name, "point": s.point, "arch": s.arch, "paper": s.paper,
-             **(results[s.name].to_dict() if s.name in results else
-                unfinished(s.name, partial.get(s.name), in_round.get(s.name, [])))}
-            for s in found]
+            {"name": r.label, "point": r.search.point, "arch": r.search.arch,
+             "paper": r.search.paper, "seed": r.cfg.seed,
+             **(results[r.label].to_dict() if r.label in results else
+                unfinished(r.label, partial.get(r.label), in_round.get(r.label, [])))}
+            for r in runs]
         # a stopped search that reached a size gives a row too: its capacity a lower bound
-        report["rows"] = [paper.capacity_row(s, got, args.grid, cfg, env) for s, got in
-                          ((s, results[s.name].to_dict() if s.name in results else
-                            report["searches"][i]) for i, s in enumerate(found))
-                          if got["capacity"] is not None or s.name in results]
+        report["rows"] = [paper.capacity_row(r.search, got, args.grid, r.cfg, env)
+                          for r, got in ((r, results[r.label].to_dict() if r.label in results
+                                          else report["searches"][i])
+                                         for i, r in enumerate(runs))
+                          if got["capacity"] is not None or r.label in results]
         if not own_rows:
             from ..report import dumps, write_atomic
             write_atomic(rows_path, "".join(dumps(r) + "\n" for r in report["rows"]).encode())
         plot_reproduction(report["rows"], png_path)
         if "rank" in args.points:
-            plot_rank_figure(report["rows"], rank_png, _failed_starts(found, report))
-    ex = execute(args, paper.plans(found, args.grid, cfg, noted, ahead=args.ahead), json_path,
+            plot_rank_figure(report["rows"], rank_png, _failed_starts(runs, report))
+    ex = execute(args, paper.plans(runs, args.grid, noted, ahead=args.ahead), json_path,
                  report, render)
     if args.rows is not None:
         report["rows_appended"] = _append_rows(Path(args.rows), report["rows"])
@@ -218,7 +232,10 @@ def add_reproduce_parser(psub) -> None:
                         "run more of the GPU when the device time is short)")
     p.add_argument("--grid", type=_int_list, default=list(PAPER_GRID),
                    help="phonebook sizes (default: the paper's reported capacities and 3,000)")
-    p.add_argument("--seed", type=_seed, default=0, help="phonebook, init and data-order seed")
+    p.add_argument("--seed", type=_seeds, default=[0],
+                   help="phonebook, init and data-order seed (default 0); several, like 1,2, "
+                        "run every search on each seed at once, sharing the GPUs' streams "
+                        "(each row records its seed; the demo's table counts them)")
     p.add_argument("--max-epochs", type=_positive_float, default=1500.0)
     p.add_argument("--threshold", type=_fraction, default=0.9,
                    help="the exact match a trial must reach, in (0, 1] (default 0.9, the "

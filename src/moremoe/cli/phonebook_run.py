@@ -70,7 +70,10 @@ def settings(args) -> dict:
     from ..report import dumps
     skip = {*HOW, "command", "phonebook_command", "func", "prog",
             *(SELECTION if args.phonebook_command == "reproduce" else ())}
-    return json.loads(dumps({k: v for k, v in vars(args).items() if k not in skip}))
+    got = {k: v for k, v in vars(args).items() if k not in skip}
+    if isinstance(got.get("seed"), list) and len(got["seed"]) == 1:
+        got["seed"] = got["seed"][0]    # reproduce's one seed, as its reports recorded it
+    return json.loads(dumps(got))
 
 
 def outputs(args, command: str, stem: str, writes=()) -> tuple[Path, Path]:

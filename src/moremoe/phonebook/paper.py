@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..model import TransformerConfig
 from ..nn.moe import MoEConfig
@@ -106,14 +106,29 @@ def searches(points, ranks=None) -> list[Search]:
     return out
 
 
-def plans(found: list[Search], grid, cfg: PhonebookTrainConfig, on_trial=None,
-          ahead: int = 1) -> dict:
-    """{search name: capacity plan} starting at the paper's value, with the `ahead` next
+@dataclass(frozen=True)
+class Run:
+    """One search on one seed, as the executor runs it under `label`."""
+    label: str
+    search: Search
+    cfg: PhonebookTrainConfig
+
+
+def seeded(found: list[Search], cfg: PhonebookTrainConfig, seeds) -> list[Run]:
+    """Each search on each seed, seed by seed. With one seed a run is labelled by its
+    search's name (as every journal and report before seeds were a list); with several,
+    "<name> (seed N)". The rows name the search alone and record the seed."""
+    return [Run(s.name if len(seeds) == 1 else f"{s.name} (seed {seed})", s,
+                replace(cfg, seed=seed)) for seed in seeds for s in found]
+
+
+def plans(runs: list[Run], grid, on_trial=None, ahead: int = 1) -> dict:
+    """{run label: capacity plan} starting at the paper's value, with the `ahead` next
     sizes up at once."""
-    return {s.name: capacity(s.model, grid, cfg, name=s.name, start=s.start,
-                             on_trial=None if on_trial is None else on_trial(s.name),
-                             ahead=ahead)
-            for s in found}
+    return {r.label: capacity(r.search.model, grid, r.cfg, name=r.label, start=r.search.start,
+                              on_trial=None if on_trial is None else on_trial(r.label),
+                              ahead=ahead)
+            for r in runs}
 
 
 def search_id(search: Search, grid, cfg: PhonebookTrainConfig) -> str:

@@ -5,6 +5,7 @@ layer against step for MoRE r = 32 and the MoE)."""
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import median_low
 
 from ..report import save_figure
 from .plots import _pyplot
@@ -13,13 +14,34 @@ COLORS = {"moe": "C3", "more": "C0"}
 NAMES = {"moe": "MoE", "more": "MoRE"}
 
 
+def _seeds(rows: list[dict]) -> list[dict]:
+    """A row per search and seed: a finished one where there is one, else the newest
+    lower bound (the rows of a search stopped and then finished)."""
+    by = {}
+    for r in rows:
+        key = (r["point"], r["arch"], r.get("rank"), r.get("seed", 0))
+        if key not in by or by[key].get("unfinished") or not r.get("unfinished"):
+            by[key] = r
+    return list(by.values())
+
+
+def _middle(rows: list[dict]) -> dict:
+    """The row of the seeds' median capacity (the lower of the two middle ones), where the
+    line goes; each seed is drawn as its own dot."""
+    return next(r for r in rows if r["capacity"] == median_low([r["capacity"] for r in rows]))
+
+
 def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
-    """Largest phonebook memorised against h (s = 8) and s (h = 64): ours filled and solid,
-    the paper's hollow and dotted; log-log as the paper draws it."""
+    """Largest phonebook memorised against h (s = 8) and s (h = 64): ours filled and solid
+    (a dot per seed, the line through their median), the paper's hollow and dotted; log-log
+    as the paper draws it."""
     from .paper import POINTS
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    ours = {(r["point"], r["arch"]): r for r in rows if r["point"] != "rank"}
+    ours = {}
+    for r in _seeds(rows):
+        if r["point"] != "rank" and r["capacity"]:
+            ours.setdefault((r["point"], r["arch"]), []).append(r)
     for ax, sweep, xkey, xlabel in ((axes[0], "h", "hidden", "hidden size h (s = 8)"),
                                     (axes[1], "s", "width", "expert width s (h = 64)")):
         pts = sorted((p for p in POINTS.values() if sweep in p.sweeps),
@@ -29,14 +51,17 @@ def plot_reproduction(rows: list[dict], path: str | Path) -> Path:
             paper = [p.paper_moe if arch == "moe" else p.paper_more for p in pts]
             ax.plot(xs, paper, linestyle=":", marker="o", markerfacecolor="none",
                     color=COLORS[arch], label=f"{NAMES[arch]}, paper")
-            got = [(getattr(p, xkey), ours.get((p.key, arch))) for p in pts]
-            got = [(x, r) for x, r in got if r and r["capacity"]]
+            got = [(getattr(p, xkey), ours[(p.key, arch)]) for p in pts
+                   if (p.key, arch) in ours]
             if got:
-                ax.plot([x for x, _ in got], [r["capacity"] for _, r in got], linestyle="-",
-                        color=COLORS[arch], label=f"{NAMES[arch]}, moremoe")
-                for x, r in got:    # a stopped search: at least this much (an up-triangle)
-                    ax.plot([x], [r["capacity"]], marker="^" if r.get("unfinished") else "o",
-                            color=COLORS[arch])
+                seeds = max(len(seeded) for _, seeded in got)
+                ax.plot([x for x, _ in got], [_middle(seeded)["capacity"] for _, seeded in got],
+                        linestyle="-", color=COLORS[arch], label=f"{NAMES[arch]}, moremoe"
+                        + (f" (median of up to {seeds} seeds)" if seeds > 1 else ""))
+                for x, seeded in got:   # a stopped search: at least this (an up-triangle)
+                    for r in seeded:
+                        ax.plot([x], [r["capacity"]], marker="^" if r.get("unfinished")
+                                else "o", color=COLORS[arch], alpha=0.6 if seeds > 1 else 1)
         ax.plot([], [], marker="^", linestyle="none", color="gray",
                 label="at least (search not finished)")
         ax.set_xscale("log", base=2)
@@ -64,15 +89,18 @@ def plot_rank_figure(rows: list[dict], path: str | Path, below: list[dict] = ())
     rank = [r for r in rows if r["point"] == "rank"]
     if not any(r["arch"] == "more" and r["rank"] == 16 for r in rank):
         # r = 16 is the h = 128, s = 8 dot's MoRE-192: the same model, protocol and start
-        rank += [r for r in rows if r["point"] == "h128-s8" and r["arch"] == "more"
-                 and r["experts"] == 192 and r["rank"] == 16]
-    done = {(r["arch"], r["rank"]) for r in rank if not r.get("unfinished")}
-    rank = [r for r in rank if not r.get("unfinished") or (r["arch"], r["rank"]) not in done]
+        rank += [{**r, "point": "rank"} for r in rows if r["point"] == "h128-s8"
+                 and r["arch"] == "more" and r["experts"] == 192 and r["rank"] == 16]
+    rank = _seeds(rank)
     more = sorted((r["rank"], r["capacity"], bool(r.get("unfinished"))) for r in rank
                   if r["arch"] == "more" and r["capacity"])
     if more:
-        axes[0].plot([m[0] for m in more], [m[1] for m in more], color=COLORS["more"],
-                     label="MoRE-192, moremoe")
+        line = {k: _middle([r for r in rank if r["arch"] == "more" and r["rank"] == k
+                            and r["capacity"]])["capacity"] for k in sorted({m[0] for m in more})}
+        seeds = max(sum(m[0] == k for m in more) for k in line)
+        axes[0].plot(list(line), list(line.values()), color=COLORS["more"],
+                     label="MoRE-192, moremoe" + (f" (median of up to {seeds} seeds)"
+                                                  if seeds > 1 else ""))
         for marker, low in (("o", False), ("^", True)):
             pts = [m[:2] for m in more if m[2] == low]
             if pts:
@@ -84,11 +112,14 @@ def plot_rank_figure(rows: list[dict], path: str | Path, below: list[dict] = ())
         axes[0].plot([b["rank"]], [b["size"]], marker="v", linestyle="none",
                      color=COLORS["more"],
                      label=None if i else "below this size (its exact match)")
+        line = sum(o["rank"] == b["rank"] for o in short[:i])     # a seed's line below
         axes[0].annotate(f"{b['exact_match']:.2f} at epoch {b['epoch']:,.0f}"
                          + (" (stopped)" if b.get("stopped") else ""),
-                         (b["rank"], b["size"]), textcoords="offset points", xytext=(-6, -14),
-                         ha="left", fontsize=7, color=COLORS["more"])
-    moe = next((r for r in rank if r["arch"] == "moe" and r["capacity"]), None)
+                         (b["rank"], b["size"]), textcoords="offset points",
+                         xytext=(-6, -14 - 9 * line), ha="left", fontsize=7,
+                         color=COLORS["more"])
+    moes = [r for r in rank if r["arch"] == "moe" and r["capacity"]]
+    moe = _middle(moes) if moes else None
     if moe is not None:
         axes[0].axhline(moe["capacity"], color=COLORS["moe"], linestyle="--",
                         label="MoE-192, moremoe" + (" (lower bound)" if moe.get("unfinished")
