@@ -1,5 +1,5 @@
 """How far the captured phonebook step drifts from the eager one (issue 34): the h = 64,
-s = 8 pair at L = 2 (tests/training/test_phonebook_gpu.py's models and settings) trained 60
+s = 8 pair at L = 2 (tests/phonebook/test_phonebook_gpu.py's models and settings) trained 60
 steps from one initialisation in each step mode, twice eagerly (is the eager step itself
 deterministic?), once from a CUDA graph and once from a graph of the compiled blocks. For
 each weight matrix: how far it moved from the start in each mode, and how far each mode's

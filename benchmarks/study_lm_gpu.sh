@@ -34,6 +34,7 @@ export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
 export MOREMOE_COMMIT=${MOREMOE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 
 mkdir -p "$WORK" "$OUT"
+OUT=$(cd "$OUT" && pwd)         # the tar is written from inside the study's folder
 if [ ! -f "$WORK/corpus/corpus.json" ]; then
     $PY -m moremoe.cli data corpus "$WORK/corpus" --packages --workers "$WORKERS" --force \
         --no-progress --json > "$WORK/corpus_report.json"
@@ -45,7 +46,8 @@ if [ ! -f "$WORK/data/meta.json" ]; then
 fi
 mkdir -p "$WORK/study"
 if [ ! -f "$WORK/study/study.json" ] && [ -f "$RESULTS/study.json" ]; then
-    cp "$RESULTS/study.json" "$RESULTS/rows.jsonl" "$WORK/study/"    # a fresh machine
+    cp "$RESULTS/study.json" "$WORK/study/"                         # a fresh machine
+    if [ -f "$RESULTS/rows.jsonl" ]; then cp "$RESULTS/rows.jsonl" "$WORK/study/"; fi
 fi
 left=$($PY -c "import time; print(max(0.5, $CALL_MINUTES - (time.time() - $START) / 60 - 0.4))")
 rc=0

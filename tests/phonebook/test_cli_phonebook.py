@@ -1,5 +1,5 @@
 """`moremoe phonebook reproduce` and the execution options the phonebook commands share, with
-a stand-in trainer (the training itself: tests/training/test_phonebook_*.py)."""
+a stand-in trainer (the training itself: tests/phonebook/test_trainer.py and test_step.py)."""
 import io
 import json
 import os

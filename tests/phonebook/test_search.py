@@ -208,6 +208,24 @@ def test_a_stop_request_on_the_cpu_ends_the_interval_at_once_and_resumes_exactly
     assert [h["loss"] for h in rec["history"]] == [h["loss"] for h in whole["history"]]
 
 
+def test_a_run_stopped_before_its_first_interval_is_neither_evaluated_nor_saved(tmp_path):
+    """A stop between add() and the poll that would queue the run's first interval: the
+    run is reported stopped at step 0, with no evaluation of an untrained model in its
+    history and no checkpoint."""
+    cfg = PhonebookTrainConfig(size=64, batch_size=32, lr=3e-3, max_steps=60,
+                               eval_every=20, eval_entries=32, device="cpu")
+    model = phonebook_model_config(MoEConfig.more(8, 2, 32, 8, 4), layers=1)
+    task = next(trial(model, cfg, "m"))[0]
+    ckpt = tmp_path / pool.CHECKPOINTS
+    ckpt.mkdir()
+    device = pool.DevicePool("cpu", 1, ckpt)
+    device.add(task)
+    (_, trainer, _), = device.active.values()
+    [event] = device.stop()
+    assert (event.kind, event.steps) == ("stopped", 0) and not trainer.run.history
+    assert not list(ckpt.glob("*.pt")) and not device.fresh
+
+
 def test_worker_processes_give_the_records_of_one_process(tmp_path):
     cfg = PhonebookTrainConfig(size=32, batch_size=32, lr=3e-3, max_steps=20, eval_every=10,
                                eval_entries=32, device="cpu")

@@ -3,6 +3,7 @@ report; continuing a study (again, on another machine from its rows, after SIGTE
 kill -9 mid-run, exactly as the uninterrupted study); refusing other data or other runs."""
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -169,3 +170,47 @@ def test_edited_study_files_are_named(capsys, tmp_path, text_data):
                                                  r"version's")
     (out / "study.json").write_bytes(b"\x9f" * 10)
     fails(capsys, ["study", "report", str(out)], r"study\.json is not JSON")
+
+
+def test_a_diverged_run_is_a_result_and_a_selection_without_a_rate_is_named(
+        text_data, tmp_path, capsys):
+    """A candidate rate that makes the loss non-finite gets a row saying where, loses the
+    selection and is not trained again; a configuration whose every candidate diverged
+    is refused in one line naming --lrs, not left waiting forever."""
+    out = tmp_path / "study"
+    args = ["--budgets", "1024", "--seeds", "0", "--lrs", "1e-3,1e30", "--lr-tokens", "1024",
+            "--eval-tokens", "512"]
+    code, r = study(capsys, text_data, out, *args)
+    assert code == 0 and r["result"]["failed"] == [] and r["result"]["blocked"] == []
+    got = {row["run"]: row for row in rows(out)}
+    wild = [row for row in got.values() if row["lr"] == 1e30]
+    assert len(wild) == 2 and all(row["diverged"] >= 1 and row["val_loss"] is None
+                                  for row in wild)
+    assert all(sel["chosen"] == 1e-3 for sel in r["report"]["lr"].values())
+    assert {d["run"] for d in r["report"]["diverged"]} == {row["run"] for row in wild}
+    assert all(row["val_loss"] is not None for row in got.values() if row["kind"] == "main")
+    code, again = study(capsys, text_data, out, *args)      # nothing trains again
+    assert code == 0 and again["result"]["finished"] == []
+    import fcntl                # --force while another command holds the study: refused
+    held = os.open(out / ".lock", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        fails(capsys, ["study", "lm", "--data", str(text_data), "--out", str(out), *TINY,
+                       *args[:4], "--lrs", "1e-3", *args[6:], "--force"],
+              r"another `moremoe study` command.*is training in")
+    finally:
+        os.close(held)
+    assert {row["run"] for row in rows(out)} == set(got) and (out / "runs").is_dir()
+    assert main(["study", "lm", "--data", str(text_data), "--out", str(tmp_path / "b"),
+                 *TINY, *args[:4], "--lrs", "1e30", *args[6:]]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.match(r"moremoe study lm: error: 2 run\(s\) have no learning rate, every "
+                    r"candidate of their selection having diverged.*lower --lrs", last), last
+
+
+def test_a_row_after_a_line_cut_short_stays_a_line_of_its_own(tmp_path):
+    from moremoe.study.rows import append_row
+    (tmp_path / "rows.jsonl").write_text('{"run": "a"}\n{"run": "b", "ki')
+    append_row(tmp_path, {"run": "c"})
+    lines = (tmp_path / "rows.jsonl").read_text().splitlines()
+    assert lines[-1] == '{"run": "c"}' and lines[1] == '{"run": "b", "ki'

@@ -174,6 +174,11 @@ def test_prepare_refuses_a_validation_input_it_trains_on(packages, tmp_path):
     with pytest.raises(ValueError, match="both an INPUT and a --val-input"):
         prepare(PrepareConfig(inputs=(train,), val_inputs=(train,), val_sequences=None,
                               out=str(tmp_path / "d"), workers=1), progress=False)
+    with pytest.raises(ValueError, match="--val-sequences 0 with --val-input"):
+        prepare(PrepareConfig(inputs=(train,), val_sequences=0, out=str(tmp_path / "d"),
+                              val_inputs=(str(tmp_path / "c" / "val.jsonl"),), workers=1),
+                progress=False)
+    assert not (tmp_path / "d").exists()
     for many in (10 ** 6, 400):     # more than the bytes can hold; than the tokens give
         with pytest.raises(ValueError, match="too few validation sequences"):
             prepare(PrepareConfig(inputs=(train,), val_sequences=many, seq_len=32,
@@ -193,6 +198,15 @@ def test_the_corpus_command(packages, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["corpus"]["fingerprint"] == report["fingerprint"]
     for argv, says in ((["--packages", "--python-source"], "--python-source"),
                        (["--root", str(packages)], "add --packages"),
+                       (["--seed", "0"], "--seed is an option of the packages' corpus"),
+                       (["--near-dup", "0"], "--near-dup is an option"),
+                       (["--workers", "2"], "--workers is an option"),
                        (["--packages", "--val-fraction", "1"], r"in \(0, 1\)"),
                        (["--packages", "--near-dup", "1.5"], r"in \[0, 1\]")):
         fails(capsys, ["data", "corpus", str(tmp_path / "e"), *argv], says)
+
+
+def test_a_fraction_no_package_fits_is_refused_before_any_file(packages, tmp_path):
+    with pytest.raises(ValueError, match=r"--val-fraction 1e-06: no whole package fits"):
+        build(packages, tmp_path / "c", val_fraction=1e-6)
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())

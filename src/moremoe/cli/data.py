@@ -62,9 +62,15 @@ def cmd_verify(args) -> int:
 def cmd_corpus(args) -> int:
     if args.packages:
         return _packages_corpus(args)
-    if args.root or args.no_installed:
-        raise ValueError(f"--{'root' if args.root else 'no-installed'} chooses the folders of "
-                         f"--packages; add --packages")
+    given = [flag for flag, value in (("--root", args.root),
+                                      ("--no-installed", args.no_installed),
+                                      ("--val-fraction", args.val_fraction),
+                                      ("--seed", args.seed), ("--near-dup", args.near_dup),
+                                      ("--workers", args.workers))
+             if value is not None and value is not False and value != []]
+    if given:
+        raise ValueError(f"{given[0]} is an option of the packages' corpus; add --packages "
+                         f"(the topics corpus takes --python-source and --format)")
     from ..tasks.text import stdlib_corpus
     check_output_dir(args.out, "OUT")
     paths = stdlib_corpus(args.out, format=args.format, source=args.python_source,
@@ -81,11 +87,15 @@ def _packages_corpus(args) -> int:
         raise ValueError("--python-source and --format write the topics corpus; --packages "
                          "reads the standard library itself: give one or the other")
     from ..tasks.corpus import CorpusConfig, build_corpus
+    from ..tasks.prepare import default_workers
+    d = CorpusConfig(out=args.out)
+    near = d.near_dup if args.near_dup is None else args.near_dup or None
     s = build_corpus(CorpusConfig(
         out=args.out, extra_roots=tuple(args.root), installed=not args.no_installed,
-        val_fraction=args.val_fraction, seed=args.seed,
-        near_dup=None if args.near_dup == 0 else args.near_dup, workers=args.workers,
-        force=args.force), progress=not args.no_progress)
+        val_fraction=d.val_fraction if args.val_fraction is None else args.val_fraction,
+        seed=d.seed if args.seed is None else args.seed, near_dup=near,
+        workers=args.workers or default_workers(), force=args.force),
+        progress=not args.no_progress)
     rows = [[step, f"{c['files']:,}", f"{c['bytes'] / 2**20:,.1f}"] for step, c in
             [("found", s["found"])] + [(f"- {k.replace('_', ' ')}", v)
                                         for k, v in s["removed"].items()]
@@ -264,8 +274,8 @@ def add_data_parser(sub) -> None:
                     help="tokens per sequence (default 1024)")
     pp.add_argument("--val-sequences", type=_int_at_least(0), default=None,
                     help="sequences held out for validation (default 5000, drawn from the "
-                         "inputs; with --val-input, default all of its sequences; 0 trains "
-                         "with no validation loss and cannot be evaluated)")
+                         "inputs; with --val-input, default all of its sequences, at least 1; "
+                         "0 trains with no validation loss and cannot be evaluated)")
     pp.add_argument("--val-input", type=_path, nargs="+", metavar="INPUT",
                     help="validation held out by input: these files, folders or globs give "
                          "the validation sequences (all, or --val-sequences of them) and the "
@@ -320,15 +330,16 @@ def add_data_parser(sub) -> None:
                     help="with --packages: one more folder of packages to read (repeat)")
     pc.add_argument("--no-installed", action="store_true",
                     help="with --packages: only the --root folders, not this Python's")
-    pc.add_argument("--val-fraction", type=_open_fraction, default=0.02,
+    pc.add_argument("--val-fraction", type=_open_fraction, default=None,
                     help="with --packages: the share of the kept bytes that whole packages "
                          "fill in validation (default 0.02)")
-    pc.add_argument("--seed", type=_seed, default=0,
-                    help="with --packages: the seed of the order packages fill validation in")
-    pc.add_argument("--near-dup", type=_unit_or_zero, default=0.8, metavar="J",
+    pc.add_argument("--seed", type=_seed, default=None,
+                    help="with --packages: the seed of the order packages fill validation in "
+                         "(default 0)")
+    pc.add_argument("--near-dup", type=_unit_or_zero, default=None, metavar="J",
                     help="with --packages: drop near duplicates, MinHash Jaccard >= J (default "
                          "0.8; 0: exact duplicates only)")
-    pc.add_argument("--workers", type=_int_at_least(1), default=default_workers(),
+    pc.add_argument("--workers", type=_int_at_least(1), default=None,
                     help=f"with --packages: processes for the near-duplicate signatures "
                          f"(default {default_workers()})")
     pc.add_argument("--force", action="store_true",

@@ -110,6 +110,11 @@ def cmd_lm(args) -> int:
         raise ValueError(f"{len(result['failed'])} run(s) failed: "
                          f"{', '.join(result['failed'][:3])}; their output is in "
                          f"{args.out}/logs/ (the next command tries them again)")
+    if result["blocked"]:
+        raise ValueError(f"{len(result['blocked'])} run(s) have no learning rate, every "
+                         f"candidate of their selection having diverged (the first: "
+                         f"{result['blocked'][0]}); start the study again with lower --lrs "
+                         f"in another --out (or --force)")
     return 75 if result["left"] else 0
 
 
@@ -166,6 +171,8 @@ def _plan_text(study, plan: list[dict]) -> str:
 def _result_text(r: dict) -> str:
     parts = [f"{len(r['finished'])} finished", f"{len(r['stopped'])} stopped at a checkpoint",
              f"{len(r['failed'])} failed", f"{len(r['left'])} left"]
+    if r.get("blocked"):
+        parts.append(f"{len(r['blocked'])} without a learning rate")
     return f"this command: {', '.join(parts)} in {r['seconds'] / 60:.1f} min"
 
 
@@ -182,10 +189,17 @@ def report_text(report: dict) -> str:
     lines = [f"{report['runs']['done']}/{report['runs']['total']} runs done; data "
              f"{report['data']['fingerprint']}"]
     for config, sel in report["lr"].items():
-        cands = ", ".join(f"{c['lr']:g}: " + ("-" if c["val_loss"] is None else
-                                              f"{c['val_loss']:.4f}") for c in sel["candidates"])
+        cands = ", ".join(f"{c['lr']:g}: " + (
+            f"diverged at step {c['diverged']:,}" if c.get("diverged") is not None else
+            "-" if c["val_loss"] is None else f"{c['val_loss']:.4f}")
+            for c in sel["candidates"])
         chosen = "-" if sel["chosen"] is None else f"{sel['chosen']:g}"
         lines.append(f"lr of {config}: {chosen} ({cands})")
+    for d in report.get("diverged", ()):
+        if d["kind"] == "lr":           # on its configuration's lr line above
+            continue
+        lines.append(f"diverged: {d['run']} (lr {d['lr']:g}) at step {d['step']:,}: no "
+                     f"seed of its arm")
     for exp, e in report["experiments"].items():
         lines.append(f"\n{exp} - paper: {e['paper']}")
         lines.append(_experiment_table(exp, e))

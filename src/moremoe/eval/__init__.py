@@ -1,1 +1,2 @@
-"""Evaluation: routing statistics (H_norm) and phonebook exact match."""
+"""Evaluation: perplexity, routing statistics (H_norm), zero-shot tasks and the lm-eval
+adapter (the phonebook's exact match lives in moremoe.phonebook.score)."""

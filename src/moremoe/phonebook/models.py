@@ -9,9 +9,6 @@ from ..nn.moe import MoEConfig
 from ..nn.peer import PEERConfig
 from .trainer import phonebook_model_config
 
-ARCHS = ("moe", "more", "both", "peer")
-
-
 def plan_models(*, arch: str, hidden: int, top_k: int, rank: int, width: int,
                 round_width: int = 8, refit: bool = False, moe_experts: int | None = None,
                 more_experts: int | None = None, more_width: int | None = None,

@@ -135,6 +135,15 @@ class DevicePool:
         events = []
         for key, (task, trainer, _) in list(self.active.items()):
             steps = trainer.step.steps
+            if key in self.fresh:
+                # added and never advanced: nothing to evaluate, and nothing to save (the
+                # checkpoint it resumed from, if any, is where it was)
+                last = trainer.run.history[-1] if trainer.run.history else {}
+                events.append(Event("stopped", key, steps, trainer.total,
+                                    last.get("exact_match", 0.0),
+                                    loss=last.get("loss", float("nan")),
+                                    epoch=last.get("epoch", 0.0)))
+                continue
             if steps % trainer.cfg.eval_every == 0 or steps >= trainer.total:
                 trainer.settle()            # the queued steps land before the save
             if trainer.done:
@@ -149,6 +158,7 @@ class DevicePool:
                                     loss=last.get("loss", float("nan")),
                                     epoch=last.get("epoch", 0.0)))
         self.active.clear()
+        self.fresh.clear()
         return events
 
     def _path(self, key: str) -> Path | None:

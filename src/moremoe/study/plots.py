@@ -22,7 +22,7 @@ def _plt():
     return plt
 
 
-def _band(ax, xs, points, key, color, label, style="-"):
+def _band(ax, xs, points, color, label, style="-"):
     """A mean line and its min-max band; points: stats dicts (study/report.py)."""
     keep = [(x, p) for x, p in zip(xs, points) if p["n"]]
     if not keep:
@@ -54,11 +54,11 @@ def plot_pair(report: dict, arms: dict, path: Path) -> Path | None:
     for i, b in enumerate(sorted({t for _, t in arms}, reverse=True)):
         for arm in (pair["a"], pair["b"]):
             x, at = _curve(arms.get((arm, b), {}))
-            _band(left, x, at, "val_loss", colors[arm], f"{arm}, {human(b)}",
+            _band(left, x, at, colors[arm], f"{arm}, {human(b)}",
                   styles[i % len(styles)])
     left.set(xlabel="tokens", ylabel="validation loss", title="validation loss, seed bands")
     curve = pair["curve"]
-    _band(right, [c["tokens"] for c in curve], [c["gap"] for c in curve], "gap", "k",
+    _band(right, [c["tokens"] for c in curve], [c["gap"] for c in curve], "k",
           f"along the {human(max(t for _, t in arms))}-token runs")
     ends = [b for b in pair["budgets"] if b["gap"]["n"]]
     right.errorbar([b["tokens"] for b in ends], [b["gap"]["mean"] for b in ends],
@@ -87,15 +87,15 @@ def plot_ablations(report: dict, path: Path) -> Path | None:
         e = exps[exp]
         if exp == "init":
             ranks = [r["rank"] for r in e["ranks"]]
-            _band(ax, ranks, [r["a_ppl"] for r in e["ranks"]], "ppl", "tab:orange", "per-entry")
-            _band(ax, ranks, [r["b_ppl"] for r in e["ranks"]], "ppl", "tab:red",
+            _band(ax, ranks, [r["a_ppl"] for r in e["ranks"]], "tab:orange", "per-entry")
+            _band(ax, ranks, [r["b_ppl"] for r in e["ranks"]], "tab:red",
                   "variance-matched")
             ax.set(xscale="log", xlabel="rank r", ylabel="validation PPL", title="init")
             _ticks(ax, ranks)
         else:
             xs = [p["x"] for p in e["points"]]
             key = "loss" if exp == "router-lr" else "ppl"
-            _band(ax, xs, [p[key] for p in e["points"]], key, "tab:red", "MoRE")
+            _band(ax, xs, [p[key] for p in e["points"]], "tab:red", "MoRE")
             label = {"experts": "experts M", "rank": "rank r (M fitted)",
                      "router-lr": "router lr / lr"}[exp]
             ax.set(xscale="log", xlabel=label, title=exp,
@@ -114,7 +114,7 @@ def plot_paper(report: dict, arms: dict, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6.5, 4.4))
     for name, rows in arms.items():
         x, at = _curve(rows)
-        _band(ax, x, at, "val_loss", None, name)
+        _band(ax, x, at, None, name)
     ax.set(xlabel="tokens", ylabel="validation loss", title="the h = 512 presets, one seed")
     _tokens_axis(ax)
     ax.grid(alpha=0.3)

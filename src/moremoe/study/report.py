@@ -69,8 +69,10 @@ def compare(rows_a: dict, rows_b: dict, *, paper_sign: int, key: str = "val_loss
 
 
 def _arm(runs, rows, exp: str, arm: str, tokens: int | None = None) -> dict:
-    """{seed: row} of the finished runs of one arm (at one budget)."""
+    """{seed: row} of the finished runs of one arm (at one budget) that have a loss: a run
+    that diverged is no seed of its arm (the report lists it under "diverged")."""
     return {r.seed: rows[r.name] for r in runs if (exp, arm) in r.uses and r.name in rows
+            and rows[r.name]["val_loss"] is not None
             and (tokens is None or r.tokens == tokens)}
 
 
@@ -103,7 +105,7 @@ def pair_report(settings, runs, rows) -> dict:
 def _gap_curve(a: dict, b: dict) -> list[dict]:
     """At each fixed mark of the longest budget: both arms' spreads and the paired gap."""
     def at(row):
-        return {e["tokens"]: e["val_loss"] for e in row["evals"]}
+        return {e["tokens"]: e["val_loss"] for e in row["evals"] if e["val_loss"] is not None}
     ea, eb = {s: at(r) for s, r in a.items()}, {s: at(r) for s, r in b.items()}
     marks = sorted(set().union(*ea.values(), *eb.values())) if ea or eb else []
     out = []
@@ -212,11 +214,13 @@ def lr_report(runs, rows) -> dict:
     for r in runs:
         if r.kind == "lr":
             entry = out.setdefault(r.uses[0][1], {"candidates": [], "chosen": None})
-            entry["candidates"].append({"lr": r.lr, "val_loss": rows.get(r.name, {})
-                                        .get("val_loss")})
+            row = rows.get(r.name, {})
+            entry["candidates"].append({"lr": r.lr, "val_loss": row.get("val_loss"),
+                                        "done": r.name in rows,
+                                        "diverged": row.get("diverged")})
     for entry in out.values():
         losses = [c for c in entry["candidates"] if c["val_loss"] is not None]
-        if len(losses) == len(entry["candidates"]):
+        if all(c["done"] for c in entry["candidates"]) and losses:
             entry["chosen"] = min(losses, key=lambda c: c["val_loss"])["lr"]
     return out
 
@@ -229,5 +233,9 @@ def study_report(settings, runs, rows, data: dict) -> dict:
             "devices": [{"device": d, "torch": t, "triton": tr} for d, t, tr in envs],
             "commits": sorted({rows[r.name].get("commit") for r in done} - {None}),
             "lr": lr_report(runs, rows),
+            "diverged": [{"run": r.name, "kind": r.kind, "lr": rows[r.name]["lr"],
+                          "seed": r.seed,
+                          "step": rows[r.name]["diverged"]} for r in done
+                         if "diverged" in rows[r.name]],
             "experiments": {e: REPORTS[e](settings, runs, rows) for e in settings.experiments}}
 

@@ -53,13 +53,19 @@ ROW = {"run": str, "kind": str, "config": str, "model": dict, "seed": int, "lr":
        "val_ppl": _MAYBE, "evals": list, "tokens_per_param": _NUMBER, "epochs": _NUMBER,
        "wall_s": _NUMBER, "data": dict}
 EVAL = {"step": int, "tokens": int, "val_loss": _MAYBE}
+# a run that diverged (a non-finite loss or gradient stopped it): its row says where, and
+# counts as no result (a selection candidate that lost; no seed of its arm)
+DIVERGED = {"run": str, "kind": str, "config": str, "model": dict, "seed": int,
+            "lr": _NUMBER, "budget": int, "diverged": int, "val_loss": type(None),
+            "evals": list, "data": dict}
 
 
 def row_problem(row) -> str | None:
     """What is missing or of the wrong type in a study row (None when it reads)."""
     if not isinstance(row, dict):
         return "not an object"
-    for fields, where in ((ROW, row), *((EVAL, e) for e in row.get("evals") or ())):
+    fields = DIVERGED if "diverged" in row else ROW
+    for fields, where in ((fields, row), *((EVAL, e) for e in row.get("evals") or ())):
         if not isinstance(where, dict):
             return "an evaluation is not an object"
         for key, types in fields.items():
@@ -71,9 +77,15 @@ def row_problem(row) -> str | None:
 
 
 def append_row(out: str | Path, row: dict) -> None:
+    """One row at the end of OUT/rows.jsonl, synced; a last line a kill cut short (which
+    read_rows skips) is ended first, so that this row stays a line of its own."""
     path = Path(out) / ROWS
-    with open(path, "a") as f:
-        f.write(dumps(row) + "\n")
+    with open(path, "a+b") as f:
+        cut = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            cut = f.read(1) != b"\n"
+        f.write((("\n" if cut else "") + dumps(row) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
 
@@ -117,10 +129,55 @@ def run_row(run, run_dir: Path, summary: dict, *, lr: float, router_lr: float,
                                                 "date")}}
 
 
-def chosen_lr(rows: dict[str, dict], runs, config: str) -> float | None:
-    """The rate the selection runs of `config` chose (lowest final validation loss), once
-    every one of them has its row; None before."""
+def diverged_at(run_dir: Path) -> int | None:
+    """The step at which a non-finite loss or gradient stopped the run in run_dir (its
+    log's last "nonfinite" event under train.nan_policy=stop, or a skip limit reached), or
+    None when it did not stop so."""
+    events = [e for e in read_events(run_dir) if e.get("event") in ("nonfinite", "train",
+                                                                      "resume")]
+    last = events[-1] if events else {}
+    return last["step"] if last.get("event") == "nonfinite" and isinstance(
+        last.get("step"), int) else None
+
+
+def diverged_row(run, lr: float, step: int, run_dir: Path, *, tokens_per_step: int,
+                 data: dict) -> dict:
+    """The row of a run that diverged at `step`: where, the evaluations before it, and
+    where it ran (the device of its log's start, this machine's versions and commit)."""
+    import torch
+    from ..runtime import environment
+    events = read_events(run_dir)
+    start = next((e for e in reversed(events) if e.get("event") == "start"), {})
+    device = torch.device("cuda" if str(start.get("device", "")).startswith("cuda")
+                          else "cpu")
+    evals = [{"step": e["step"], "tokens": e["step"] * tokens_per_step,
+              "val_loss": e["val_loss"], "val_ppl": e["val_ppl"]}
+             for e in events if e.get("event") == "eval"]
+    return {"run": run.name, "kind": run.kind, "config": run.config, "model": run.model,
+            "seed": run.seed, "lr": lr, "router_lr_factor": run.router_lr_factor,
+            "budget": run.tokens, "diverged": step, "tokens": step * tokens_per_step,
+            "params": start.get("params"), "val_loss": None, "val_ppl": None,
+            "evals": evals, "data": data, **environment(device)}
+
+
+def _selection(rows: dict[str, dict], runs, config: str) -> list | None:
+    """The selection runs of `config` once each has its row; None before."""
     mine = [r for r in runs if r.kind == "lr" and r.uses[0][1] == config]
     if not mine or any(r.name not in rows for r in mine):
         return None
-    return min(mine, key=lambda r: rows[r.name]["val_loss"]).lr
+    return mine
+
+
+def chosen_lr(rows: dict[str, dict], runs, config: str) -> float | None:
+    """The rate the selection runs of `config` chose (lowest final validation loss; a
+    candidate that diverged loses), once every one of them has its row; None before, and
+    None when every candidate diverged (no_lr)."""
+    mine = _selection(rows, runs, config)
+    trained = [r for r in mine or () if rows[r.name]["val_loss"] is not None]
+    return min(trained, key=lambda r: rows[r.name]["val_loss"]).lr if trained else None
+
+
+def no_lr(rows: dict[str, dict], runs, config: str) -> bool:
+    """Every selection run of `config` has its row and every one diverged."""
+    mine = _selection(rows, runs, config)
+    return bool(mine) and all(rows[r.name]["val_loss"] is None for r in mine)

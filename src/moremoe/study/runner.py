@@ -11,7 +11,8 @@ OUT/rows.jsonl   one row per finished run (study/rows.py)
 
 A run starts once its learning rate is known (fixed, or its configuration's selection runs
 all have rows). --max-minutes bounds the command: each process gets the time left, less a
-margin for its last evaluation and checkpoint, and no run starts in the last minute; a
+margin for its last evaluation and checkpoint, and no run starts in the last three minutes
+(it would have less than the margin again to train); a
 stopped run resumes from its checkpoint when the command runs again. SIGINT / SIGTERM stop
 every process the same way (each checkpoints first). A finished run's checkpoints are
 deleted once its row is written (they exist to resume it; --keep-checkpoints keeps them).
@@ -35,12 +36,13 @@ from ..tasks.text import data_fingerprint, read_meta
 from ..training.compose import apply_overrides
 from ..training.config import RunConfig
 from .plan import StudySettings, changed_frozen, model_spec, plan_runs
-from .rows import append_row, chosen_lr, finished_summary, read_rows, run_row
+from .rows import (append_row, chosen_lr, diverged_at, diverged_row, finished_summary,
+                   no_lr, read_rows, run_row)
 
 STUDY = "study.json"
 FORMAT, VERSION = "moremoe-study", 1
 MARGIN_S = 90           # a process's last evaluation and checkpoint, after its budget
-LAST_START_S = 60       # no run starts with less time left
+LAST_START_S = 2 * MARGIN_S     # no run starts with less time left
 POLL_S = 2.0
 
 
@@ -82,12 +84,14 @@ def open_study(out: Path, data: str, settings: StudySettings, *, force: bool = F
                              f"study's data, or another --out")
     if not write:
         return record
-    if path.exists() and force:
-        for name in ("runs", "specs", "logs"):
-            shutil.rmtree(out / name, ignore_errors=True)
-        (out / "rows.jsonl").unlink(missing_ok=True)
-    write_json(path, {"format": FORMAT, "version": VERSION, "moremoe_version": __version__,
-                      "settings": settings.to_dict(), "data": record})
+    with _locked(out):      # not under a command, or runs, still training here
+        if path.exists() and force:
+            for name in ("runs", "specs", "logs"):
+                shutil.rmtree(out / name, ignore_errors=True)
+            (out / "rows.jsonl").unlink(missing_ok=True)
+        write_json(path, {"format": FORMAT, "version": VERSION,
+                          "moremoe_version": __version__, "settings": settings.to_dict(),
+                          "data": record})
     return record
 
 
@@ -173,9 +177,15 @@ class Study:
                           compile_mode="auto", compile_scope="model", fused_loss=cuda)
         return apply_overrides(d, s.overrides)
 
+    def blocked(self, run) -> bool:
+        """Every selection run of its configuration diverged: no rate to train it at."""
+        return run.lr is None and no_lr(self.rows, self.runs, run.lr_config)
+
     def state(self, run) -> str:
         if run.name in self.rows:
-            return "done"
+            return "diverged" if "diverged" in self.rows[run.name] else "done"
+        if self.blocked(run):
+            return "no lr: every candidate diverged"
         if (self.out / "runs" / run.name / "log.jsonl").exists():
             return "started"
         return "pending" if self.lr_of(run) is not None else "waiting for its lr"
@@ -188,11 +198,23 @@ class Study:
             return _Pool(self, fd).drive()
 
     def collect(self, run, lr: float) -> dict | None:
-        """The row of a run whose folder holds a finished run (written to rows.jsonl)."""
+        """The row of a run whose folder holds a finished run, or one that diverged
+        (written to rows.jsonl)."""
         run_dir = self.out / "runs" / run.name
         summary = finished_summary(run_dir)
         if summary is None:
-            return None
+            try:
+                step = diverged_at(run_dir)
+            except ValueError:          # no log yet, or none that reads
+                return None
+            if step is None:
+                return None
+            record = {k: self.record[k] for k in ("dir", "fingerprint", "corpus")}
+            row = diverged_row(run, lr, step, run_dir, data=record,
+                               tokens_per_step=self.settings.tokens_per_step)
+            append_row(self.out, row)
+            self.rows[run.name] = row
+            return row
         row = run_row(run, run_dir, summary, lr=lr,
                       router_lr=lr * run.router_lr_factor, eval_every=self.eval_every(run),
                       val_sequences=self.val_rows,
@@ -213,7 +235,7 @@ class _Pool:
         self.t0 = time.monotonic()
         self.active: dict[str, tuple] = {}        # name -> (run, process, slot, lr)
         self.slots = _slots(self.launch)
-        self.stopping = None
+        self.stopping, self.announced = None, False
         self.failed, self.finished, self.stopped = [], [], []
 
     def left(self) -> float | None:
@@ -238,6 +260,8 @@ class _Pool:
                 self._reap()
                 if self.stopping is None:
                     self._start_ready()
+                elif not self.announced:
+                    self._stop_all()
                 if not self.active:
                     break
                 time.sleep(POLL_S)
@@ -245,13 +269,15 @@ class _Pool:
                 bar.update(max(0, now - done_tokens))
                 done_tokens = max(now, done_tokens)
         finally:
+            self._terminate()       # a second signal meanwhile changes nothing
             for sig, handler in old.items():
                 signal.signal(sig, handler)
-            self._terminate()
             bar.close()
-        waiting = [r.name for r in s.runs if r.name not in s.rows]
+        blocked = [r.name for r in s.runs if r.name not in s.rows and s.blocked(r)]
+        waiting = [r.name for r in s.runs if r.name not in s.rows and r.name not in blocked]
         return {"finished": self.finished, "stopped": self.stopped, "failed": self.failed,
-                "left": waiting, "signal": self.stopping, "seconds": time.monotonic() - self.t0}
+                "left": waiting, "blocked": blocked, "signal": self.stopping,
+                "seconds": time.monotonic() - self.t0}
 
     def _start_ready(self) -> None:
         s, left = self.study, self.left()
@@ -306,7 +332,11 @@ class _Pool:
                 continue
             del self.active[name]
             row = self.study.collect(run, lr)
-            if row is not None:
+            if row is not None and "diverged" in row:
+                self.finished.append(name)
+                self.study.echo(f"DIVERGED {name} at step {row['diverged']:,} (lr {lr:g}): "
+                                f"a result, recorded; it is not trained again")
+            elif row is not None:
                 self.finished.append(name)
                 self.study.echo(f"done  {name}: val loss {row['val_loss']:.4f} (ppl "
                                 f"{row['val_ppl']:.2f}), {row['tokens']:,} tokens in "
@@ -326,11 +356,16 @@ class _Pool:
         return done
 
     def _on_signal(self, signum, frame) -> None:
+        """Only notes the signal: the loop stops the runs (_stop_all) at its next turn,
+        outside the handler."""
         if self.stopping is None:
             self.stopping = signal.Signals(signum).name
-            self.study.echo(f"{self.stopping}: stopping every run at its checkpoint")
-            for _, proc, *_ in self.active.values():
-                _send(proc, signal.SIGTERM)
+
+    def _stop_all(self) -> None:
+        self.announced = True
+        self.study.echo(f"{self.stopping}: stopping every run at its checkpoint")
+        for _, proc, *_ in self.active.values():
+            _send(proc, signal.SIGTERM)
 
     def _terminate(self, wait_s: float = 300) -> None:
         """Ask what still runs to stop (each checkpoints), wait, then kill."""
@@ -378,15 +413,19 @@ def _locked(out: Path):
 
 
 def _slots(launch: Launch) -> list[str]:
-    """Where runs go: ["cpu"], or the GPU indices (as CUDA_VISIBLE_DEVICES values)."""
+    """Where runs go: ["cpu"], or the GPUs as CUDA_VISIBLE_DEVICES values for a run's
+    process: this process's own CUDA_VISIBLE_DEVICES entries where it has one (its cuda:0
+    is the first of them), else the indices."""
     from ..runtime import resolve_device
     import torch
     dev = resolve_device(launch.device)
     if dev.type == "cpu":
         return ["cpu"]
-    if dev.index is not None:
-        return [str(dev.index)]
-    return [str(i) for i in range(torch.cuda.device_count())]
+    seen = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+            if d.strip()]
+    count = torch.cuda.device_count()
+    ids = seen[:count] if len(seen) >= count else [str(i) for i in range(count)]
+    return [ids[dev.index]] if dev.index is not None else ids
 
 
 def _logged_tokens(run_dir: Path) -> int:

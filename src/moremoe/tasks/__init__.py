@@ -1,1 +1,2 @@
-"""Tasks: the phonebook memorisation task, prepared text and the pretraining mixture."""
+"""Text for training: corpora, prepared token data, the pretraining mixture and its recipes
+(the phonebook task lives in moremoe.phonebook)."""

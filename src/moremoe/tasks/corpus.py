@@ -211,6 +211,11 @@ def build_corpus(config: CorpusConfig, *, progress: bool = True) -> dict:
     for d, text in zip(kept, texts):
         sizes[d.package] = sizes.get(d.package, 0) + len(text.encode())
     val = split_packages(sizes, config.val_fraction, config.seed)
+    if not val:
+        raise ValueError(f"--val-fraction {config.val_fraction:g}: no whole package fits in "
+                         f"{config.val_fraction:g} of the {sum(sizes.values()):,} kept bytes "
+                         f"(the smallest of the {len(sizes):,} packages holds "
+                         f"{min(sizes.values()):,}); give a larger --val-fraction")
     fingerprint = _write_splits(out, kept, texts, roots, val)
     summary = {
         "format": FORMAT, "version": VERSION, "moremoe_version": __version__,
@@ -270,16 +275,20 @@ def _write_splits(out: Path, kept, texts, roots, val: set[str]) -> str:
     digest = hashlib.sha256()
     for split, is_val in (("train", False), ("val", True)):
         tmp = out / f".{split}.jsonl.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            for d, text in zip(kept, texts):
-                if (d.package in val) == is_val:
-                    line = (json.dumps({"text": text, "package": d.package,
-                                        "path": f"{roots[d.root].kind}/{d.rel}"}) + "\n").encode()
-                    f.write(line)
-                    digest.update(line)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out / f"{split}.jsonl")
+        try:
+            with open(tmp, "wb") as f:
+                for d, text in zip(kept, texts):
+                    if (d.package in val) == is_val:
+                        line = (json.dumps({"text": text, "package": d.package, "path":
+                                            f"{roots[d.root].kind}/{d.rel}"}) + "\n").encode()
+                        f.write(line)
+                        digest.update(line)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, out / f"{split}.jsonl")
+        except BaseException:               # a full disk, a kill: no stray temporary file
+            tmp.unlink(missing_ok=True)
+            raise
     return digest.hexdigest()
 
 

@@ -19,8 +19,9 @@
 Validation held out by input (``val_inputs``, e.g. a corpus's val.jsonl from `moremoe data
 corpus --packages`): those inputs are tokenised in shards of their own after the training
 inputs' and cut into sequences of their own; validation is all of their sequences, or a seeded
-draw of ``val_sequences`` of them (stream order kept), and train is every sequence of the
-other inputs. Where the inputs lie in a corpus folder (its corpus.json), meta.json records the
+draw of ``val_sequences`` of them, in a seeded random order (so that every prefix, such as
+the first N a run evaluates, is a uniform sample), and train is every sequence of the other
+inputs, in stream order. Where the inputs lie in a corpus folder (its corpus.json), meta.json records the
 corpus's fingerprint.
 
 Resume: .partial/manifest.json records the sources (path, size, mtime), the text field, the
@@ -84,6 +85,10 @@ class PrepareConfig:
         for name, low in (("seq_len", 2), ("val_sequences", 1 if self.val_inputs else 0),
                           ("workers", 1)):
             if getattr(self, name) is not None and getattr(self, name) < low:
+                if name == "val_sequences":     # held out by input: validation is their job
+                    raise ValueError("--val-sequences 0 with --val-input would hold those "
+                                     "inputs out for no validation; give --val-sequences N "
+                                     ">= 1 (default: all of them), or drop --val-input")
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if not self.shard_mb >= MIN_SHARD_MB:    # each shard is two files in DIR/.partial
             raise ValueError(f"--shard-mb must be at least {MIN_SHARD_MB} (10 KB), got "
