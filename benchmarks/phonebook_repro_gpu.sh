@@ -10,7 +10,8 @@
 # PB_GROUPS: space-separated GPUS:POINTS:ARCH[:OPTIONS], one reproduce process each into
 # runs/repro-N (default "0,1:h64-s8:both 2:h128-s8:moe 3:h64-s16:moe": a long failing run
 # gets a GPU to itself soon), OPTIONS that group's own, commas for spaces ("2:rank:more:
-# --ranks,4" and "3:rank:more:--ranks,8" put two rank searches on two GPUs); RESUME=1
+# --ranks,4" and "3:rank:more:--ranks,8" put two rank searches on two GPUs), or '+' for
+# spaces where a value is a comma list ("0:rank:both:--ranks+moe,8,16+--seed+1,2"); RESUME=1
 # continues them (each runs/repro-N/trials.jsonl a journal); FIRST=N numbers the groups from N
 # (groups started while earlier ones still run); EXTRA adds options to all. start then runs the phonebook GPU
 # tests (TESTS=0 skips them) and the demo on the busy GPUs, and watches until SECONDS_
@@ -75,7 +76,11 @@ case "$ACTION" in
     for group in $GROUPS_; do
       IFS=: read -r gpus points arch own <<< "$group"
       flags=()
-      [ -n "${own:-}" ] && read -r -a flags <<< "${own//,/ }"
+      if [[ "${own:-}" == *+* ]]; then            # '+' between words: commas stay in values
+        read -r -a flags <<< "${own//+/ }"
+      elif [ -n "${own:-}" ]; then
+        read -r -a flags <<< "${own//,/ }"
+      fi
       [ "${RESUME:-0}" = 1 ] && flags+=(--resume)
       CUDA_VISIBLE_DEVICES=$gpus setsid nohup $PY -m moremoe.cli phonebook reproduce \
         --points "$points" --arch "$arch" --out "runs/repro-$i" "${flags[@]}" ${EXTRA:-} \
