@@ -189,6 +189,7 @@ def _median_ms(*fns, repeat=9):
     return [1e3 * sorted(t)[repeat // 2] for t in times]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("bf16_values", [False, True])
 def test_selection_costs_about_one_topk(bf16_values):
     """The reference router is every CPU user's path: its selection must cost about one
@@ -209,6 +210,7 @@ def test_selection_costs_about_one_topk(bf16_values):
     assert ratio < 3.0, ratio
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("dtype, shape, most", [
     (torch.float32, (4096, 256, 2048, 32), 1.5), (torch.float32, (16384, 32, 112, 8), 2.0),
     (torch.bfloat16, (4096, 256, 2048, 32), 3.0)])

@@ -54,7 +54,8 @@ def _assert_complete(out, summary, step, stopped):
 def test_ten_budget_stops_in_a_row_each_leave_a_checkpoint_and_a_summary(text_data, tmp_path):
     """Ten budget stops on 2 ranks, each resuming the last (tests/training/stop_worker.py:
     one torchrun launch, the ten runs in its ranks), --stop-step one step on or
-    --max-minutes spent after about a step: each ends with status 0 on both ranks (before:
+    --max-minutes spent after none, one or a few steps (12 ms, as fast as the machine
+    steps; 9 -> 11 seen in a newest-versions run): each ends with status 0 on both ranks (before:
     75, which torchrun took for a failure, killing rank 0), and when train() returns on
     either rank, that stop's checkpoint and summary are complete on disk."""
     here = Path(__file__).parent
@@ -68,14 +69,14 @@ def test_ten_budget_stops_in_a_row_each_leave_a_checkpoint_and_a_summary(text_da
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0] == ranks[1] and len(ranks[0]) == 10
     step = 0
-    for seen in ranks[0]:
-        assert seen["step"] in (step, step + 1)     # a budget spent before the first step
-        step = seen["step"]                         # (a loaded machine) trains none
+    for k, seen in enumerate(ranks[0]):
+        if k % 2 == 0:       # --stop-step one step on
+            assert seen["step"] == step + 1 and seen["stopped"] == "stop_step", (k, seen)
+        else:                # 12 ms of budget: none (a loaded machine), one or two fast steps
+            assert seen["step"] >= step and seen["stopped"] == "max_minutes", (k, seen)
+        step = seen["step"]
         assert seen == {"status": 0, "step": step, "stopped": seen["stopped"],
                         "exit_code": 0, "checkpoint": f"step_{step:08d}", "incomplete": []}
-        assert seen["stopped"] in ("stop_step", "max_minutes")
-    assert ranks[0][0]["step"] == 1 and [s["stopped"] for s in ranks[0][::2]] == \
-        ["stop_step"] * 5
     assert len(events(tmp_path / "run", "end")) == 10
 
 
