@@ -13,12 +13,15 @@
 #   EXPERIMENTS=experts,rank OUT=/tmp/o bash benchmarks/study_lm_gpu.sh
 #   CALL_MINUTES=9.3 ...   the whole call's budget (the device's limit is 10 minutes)
 #   STUDY_ARGS="--seeds 0,1,2 --budgets 60e6,120e6" ...   anything `moremoe study lm` takes
-#   DEVICE=cpu WORK=/tmp/w RESULTS=/tmp/r STUDY_ARGS="--hidden 32 ..." ... checks it on a CPU
+#   PARALLEL=4 ...   runs at once on the GPU (default 4: the h = 256 pair's steps measured
+#                    1.61M tokens/s in all with four, 1.25M with two; 21 GiB a MoRE process)
+#   DEVICE=cpu PARALLEL=1 WORK=/tmp/w RESULTS=/tmp/r STUDY_ARGS="--hidden 32 ..." ... on a CPU
 #
-# Expected on one H200 (issue 51's measurements): the corpus about 30 s and its tokens 9 s
-# with 14 workers (181M GPT-2 tokens); the h = 256, L = 6 pair trains side by side at about
-# 657K + 617K tokens/s, 120M tokens each in about 3.5 minutes after a compile of about a
-# minute (less from a warm cache).
+# Measured on one H200 (2026-12-05, NOTES "The language-model pair, first rows"): the corpus
+# 15 s and its tokens about 10 s with 14 workers (176.7M GPT-2 tokens); the h = 256, L = 6
+# pair at 94 ms (MoE-256) and 118 ms (MoRE-1920) a step two at a time, about 163 ms four at
+# a time (400K tokens/s each), plus a compile of about 40 s a process; a fresh machine
+# spends about 4.5 minutes starting.
 set -euo pipefail
 START=$(date +%s)
 CALL_MINUTES=${CALL_MINUTES:-9.3}
@@ -28,6 +31,7 @@ DEVICE=${DEVICE:-auto}
 WORK=${WORK:-/tmp/moremoe_study}
 RESULTS=${RESULTS:-benchmarks/results/nvidia-h200/study_lm}
 WORKERS=${WORKERS:-14}
+PARALLEL=${PARALLEL:-4}
 OUT=${OUT:-runs/study_lm_out}
 PY=${PYTHON:-python3}
 export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
@@ -53,7 +57,7 @@ left=$($PY -c "import time; print(max(0.5, $CALL_MINUTES - (time.time() - $START
 rc=0
 # shellcheck disable=SC2086
 $PY -m moremoe.cli study lm --data "$WORK/data" --out "$WORK/study" --experiments "$EXPERIMENTS" \
-    --device "$DEVICE" --max-minutes "$left" --no-progress $STUDY_ARGS \
+    --device "$DEVICE" --max-minutes "$left" --parallel "$PARALLEL" --no-progress $STUDY_ARGS \
     > "$WORK/study/last_command.txt" 2> "$WORK/study/last_command.err" || rc=$?
 cp "$WORK/corpus/corpus.json" "$WORK/study/corpus.json"
 cp "$WORK/data/meta.json" "$WORK/study/data_meta.json"

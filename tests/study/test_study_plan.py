@@ -85,4 +85,39 @@ def test_the_verdict_needs_seeds_and_ranges_apart():
     row = lambda loss: {"val_loss": loss, "val_ppl": 2.718281828 ** loss}  # noqa: E731
     c = compare({0: row(3.0), 1: row(3.2)}, {0: row(2.9), 2: row(2.0)}, paper_sign=+1)
     assert c["seeds"] == [0] and c["gap"]["n"] == 1           # paired by seed only
+    assert c["paper_sign_seeds"] == 1
+    both = compare({0: row(3.0), 1: row(2.0)}, {0: row(2.9), 1: row(2.2)}, paper_sign=+1)
+    assert both["paper_sign_seeds"] == 1 and both["gap"]["n"] == 2      # +0.1 and -0.2
     assert c["gap"]["mean"] == pytest.approx(0.1) and c["a"]["n"] == c["b"]["n"] == 2
+
+
+def test_the_gap_curve_follows_the_longest_budget_measured_so_far():
+    from moremoe.study.report import pair_report
+    s = StudySettings(budgets=(60_000_000, 120_000_000), seeds=(0, 1))
+    runs = plan_runs(s)
+
+    def row(loss):
+        evals = [{"tokens": t, "val_loss": loss + 1e-8 * (60_000_000 - t)}
+                 for t in (20_000_000, 40_000_000, 60_000_000)]
+        return {"val_loss": loss, "val_ppl": 2.718281828 ** loss, "evals": evals,
+                "tokens_per_param": 1.0, "epochs": 0.3, "wall_s": 1.0, "params": 1}
+    short = [r for r in runs if r.kind == "main" and r.tokens == 60_000_000]
+    rows = {r.name: row(2.1 if r.model["kind"] == "moe" else 2.0) for r in short}
+    rep = pair_report(s, runs, rows)
+    assert rep["curve_tokens"] == 60_000_000           # 120M has no row yet
+    assert [c["tokens"] for c in rep["curve"]] == [20_000_000, 40_000_000, 60_000_000]
+    assert all(c["gap"]["n"] == 2 and c["gap"]["mean"] == pytest.approx(0.1)
+               for c in rep["curve"])
+    assert pair_report(s, runs, {})["curve"] == []     # nothing measured: nothing drawn
+
+
+@pytest.mark.parametrize("bad", [{"heads": "4"}, {"seeds": [0, 1]}, {"seeds": (0, "1")},
+                                 {"lr": True}, {"hidden": 2.0}, {"experts": (1.5,)},
+                                 {"overrides": (1,)}])
+def test_a_setting_of_another_type_is_named(bad):
+    (name, value), = bad.items()
+    with pytest.raises(TypeError, match=rf"setting {name} = "):
+        StudySettings(**bad)
+    # the optional and the tuple settings take their own types, and None where optional
+    StudySettings(heads=4, lr=1, seeds=(0, 1), experts=(32, 64), overrides=("a.b=1",),
+                  val_sequences=None)

@@ -23,9 +23,17 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def study(capsys, data, out, *extra):
+    """(exit status, the --json result); exit 2 (an error, a failed run) fails the test
+    with the command's error and its runs' last log lines: no test here expects one."""
     capsys.readouterr()
     code = main(["study", "lm", "--data", str(data), "--out", str(out), *TINY, *extra, "--json"])
-    return code, json.loads(capsys.readouterr().out)
+    got = capsys.readouterr()
+    if code == 2:
+        logs = sorted((Path(out) / "logs").glob("*.log")) if (Path(out) / "logs").is_dir() else []
+        tails = "".join(f"\n--- {p.name}: ...{p.read_text()[-1500:]}" for p in logs)
+        raise AssertionError(f"study lm exited 2\nstdout: {got.out[-3000:]}\n"
+                             f"stderr: {got.err[-3000:]}{tails}")
+    return code, json.loads(got.out)
 
 
 def rows(out):

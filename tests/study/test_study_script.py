@@ -20,7 +20,7 @@ def test_the_device_script_continues_a_study_and_brings_back_its_tar(text_data, 
     shutil.copytree(text_data, work / "data")
     env = dict(os.environ, DEVICE="cpu", WORK=str(work), RESULTS=str(results),
                OUT=os.path.relpath(tmp_path / "out", ROOT), STUDY_ARGS=TINY,
-               PYTHON=sys.executable, CALL_MINUTES="5")
+               PYTHON=sys.executable, CALL_MINUTES="5", PARALLEL="1")
     first = subprocess.run(["bash", "benchmarks/study_lm_gpu.sh"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]

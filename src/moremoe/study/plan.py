@@ -110,15 +110,16 @@ def _check_types(settings: "StudySettings") -> None:
     hints = typing.get_type_hints(StudySettings)
     for f in fields(StudySettings):
         v, tp = getattr(settings, f.name), hints[f.name]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if v is None and type(None) in typing.get_args(tp):
-            continue
-        if typing.get_origin(tp) in (tuple,) or (args and typing.get_origin(args[0]) is tuple):
-            inner = typing.get_args(args[0] if args and typing.get_origin(args[0]) is tuple
-                                    else tp)[0]
+        base = tp
+        if type(None) in typing.get_args(tp):           # X | None
+            if v is None:
+                continue
+            base = next(a for a in typing.get_args(tp) if a is not type(None))
+        if typing.get_origin(base) is tuple:            # tuple[X, ...]
+            inner = typing.get_args(base)[0]
             ok = isinstance(v, tuple) and all(_is(x, inner) for x in v)
         else:
-            ok = _is(v, args[0] if args else tp)
+            ok = _is(v, base)
         if not ok:
             raise TypeError(f"setting {f.name} = {v!r} is not {tp}")
 

@@ -59,7 +59,7 @@ def plot_pair(report: dict, arms: dict, path: Path) -> Path | None:
     left.set(xlabel="tokens", ylabel="validation loss", title="validation loss, seed bands")
     curve = pair["curve"]
     _band(right, [c["tokens"] for c in curve], [c["gap"] for c in curve], "k",
-          f"along the {human(max(t for _, t in arms))}-token runs")
+          f"along the {human(pair['curve_tokens'])}-token runs")
     ends = [b for b in pair["budgets"] if b["gap"]["n"]]
     right.errorbar([b["tokens"] for b in ends], [b["gap"]["mean"] for b in ends],
                    yerr=[[b["gap"]["mean"] - b["gap"]["min"] for b in ends],

@@ -3,10 +3,11 @@ spread, and each experiment's direction against the paper's.
 
 Spread: over seeds, n, mean, sample standard deviation, min and max. A comparison of two
 arms pairs their runs by seed (the same data order and initialisation seed) and gives the
-gap a - b for each pair. Its verdict: "same direction" or "opposite" as the mean gap has the
-paper's sign or not, and "outside the noise" only when the two arms' seed ranges do not
-overlap (every seed of one below every seed of the other), else "within the noise"; one
-seed gives "one seed, no spread" (an anecdote, not a verdict).
+gap a - b for each pair, and on how many pairs the gap has the paper's sign. Its verdict:
+"same direction" or "opposite" as the mean gap has the paper's sign or not, and "outside
+the noise" only when the two arms' seed ranges do not overlap (every seed of one below
+every seed of the other), else "within the noise"; one seed gives "one seed, no spread"
+(an anecdote, not a verdict).
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def compare(rows_a: dict, rows_b: dict, *, paper_sign: int, key: str = "val_loss
     return {"a": stats(a), "b": stats(b), "a_ppl": stats(r["val_ppl"] for r in rows_a.values()),
             "b_ppl": stats(r["val_ppl"] for r in rows_b.values()), "gap": g,
             "gap_ppl_pct": stats(pct), "seeds": seeds,
+            "paper_sign_seeds": sum(x * paper_sign > 0 for x in gaps),
             "verdict": verdict(a, b, g["mean"], paper_sign=paper_sign)}
 
 
@@ -93,17 +95,19 @@ def pair_report(settings, runs, rows) -> dict:
             entry[f"{side}_wall_s"] = _mean_of(arm, "wall_s")["mean"]
             entry[f"{side}_params"] = next((r["params"] for r in arm.values()), None)
         budgets.append(entry)
-    longest = max(settings.budgets)
+    paired = [b["tokens"] for b in budgets if b["gap"]["n"]]
+    longest = max(paired or settings.budgets)     # the longest budget measured so far
     curve = _gap_curve(_arm(runs, rows, "pair", moe, longest),
                        _arm(runs, rows, "pair", more, longest))
     trend = [b["gap"]["mean"] for b in budgets if b["gap"]["mean"] is not None]
     grows = (None if len(trend) < 2 else all(y > x for x, y in zip(trend, trend[1:])))
-    return {"a": moe, "b": more, "budgets": budgets, "curve": curve,
+    return {"a": moe, "b": more, "budgets": budgets, "curve": curve, "curve_tokens": longest,
             "gap_grows_with_tokens": grows, "paper": PAPER["pair"]}
 
 
 def _gap_curve(a: dict, b: dict) -> list[dict]:
-    """At each fixed mark of the longest budget: both arms' spreads and the paired gap."""
+    """At each fixed mark of the runs given (the longest budget measured): both arms'
+    spreads and the paired gap."""
     def at(row):
         return {e["tokens"]: e["val_loss"] for e in row["evals"] if e["val_loss"] is not None}
     ea, eb = {s: at(r) for s, r in a.items()}, {s: at(r) for s, r in b.items()}
