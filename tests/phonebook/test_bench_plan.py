@@ -18,3 +18,27 @@ def test_a_trial_costs_its_steps_at_the_loops_time():
     assert got == {"300000": 439_454 * 10 / 6e4, "400000": 585_938 * 10 / 6e4}
     assert bench.trial_minutes("h256-s8 MoE-32", 10.0).keys() == {"100000", "150000"}
     assert bench.trial_minutes("MoE-32", 10.0) == {}        # not a point's model
+
+
+def test_kernels_are_counted_from_the_devices_records_with_copies_apart():
+    from types import SimpleNamespace as E
+
+    import torch
+    from torch.autograd import DeviceType
+    cuda, cpu = DeviceType.CUDA, DeviceType.CPU
+    events = [E(name="void gemm_kernel<...>", device_type=cuda),
+              E(name="triton_poi_fused_add_0", device_type=cuda),
+              E(name="Memset (Device)", device_type=cuda),
+              E(name="Memcpy DtoD (Device -> Device)", device_type=cuda),
+              E(name="aten::mm", device_type=cpu), E(name="cudaLaunchKernel", device_type=cpu)]
+    assert bench.count_kernel_events(events) == {"kernels": 2, "copies": 2}
+    assert bench.kernels_a_step(None, torch.device("cpu")) == {}     # nothing to count
+
+
+def test_the_table_shows_kernels_where_a_row_counted_them():
+    rows = [{"model": "MoE-32", "variant": "graph", "ms": 4.1, "steps_per_s": 244.0,
+             "kernels": 612.0},
+            {"model": "MoE-32", "variant": "eager", "ms": 9.0, "steps_per_s": 111.0}]
+    lines = bench.phonebook_table(rows).splitlines()
+    assert "kernels a step" in lines[0]
+    assert "612" in lines[2] and "612" not in lines[3]

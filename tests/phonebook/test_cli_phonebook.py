@@ -483,3 +483,13 @@ def test_the_capacity_table_says_on_how_many_seeds_each_capacity_rests():
     assert "10,000 (2 of 3 seeds); 30,000 (1 of 3 seeds)" in line and "2 of 3" in line
     one = capacity_table([row(0, 10_000, unfinished=True)])
     assert ">= 10,000 (1 of 1 seed)" in one and " 0 of 1 " in one
+
+
+def test_the_capacity_table_names_every_commit_alike():
+    from moremoe.cli.demo import capacity_table
+    row = {"name": "h64-s8 MoE-32", "paper_capacity": 10_000, "capacity": 10_000,
+           "device": "NVIDIA H200", "date": "2026-11-27T10:00:00Z"}
+    text = capacity_table([{**row, "commit": "5ea6713"},
+                           {**row, "name": "h64-s16 MoRE-224", "commit": "83a675d1c2e4"}])
+    assert "NVIDIA H200, 5ea6713, 2026-11-27" in text
+    assert "NVIDIA H200, 83a675d, 2026-11-27" in text and "83a675d1" not in text

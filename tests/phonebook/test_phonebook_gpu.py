@@ -134,3 +134,15 @@ def test_worker_processes_on_two_gpus_train_as_one(tmp_path):
     for name in one:
         assert [h["loss"] for h in two[name]["history"]] == \
             pytest.approx([h["loss"] for h in one[name]["history"]], rel=4 * BF16_EPS)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_the_kernels_of_a_step_are_counted_in_every_mode(mode):
+    """bench phonebook's launch count (issue 54): a graph replay's kernels are recorded one
+    by one, as the same step run op by op launches them, and every step launches alike."""
+    from moremoe.phonebook.bench import kernels_a_step
+    step = PhonebookStep(PAIR[0], cfg(), 1e-3, device=CUDA, mode=mode)
+    step.run(2)                                  # capture and warm
+    one, four = kernels_a_step(step, CUDA, n=1), kernels_a_step(step, CUDA, n=4)
+    assert one["kernels"] > 20 * 2               # L = 2 blocks of attention, routing, experts
+    assert four["kernels"] == one["kernels"]

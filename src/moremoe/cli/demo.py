@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -181,13 +182,11 @@ def capacity_table(rows: list[dict]) -> str:
     lines = []
     for name, seeds in searches.items():
         n, paper = len(seeds), seeds[0]["paper_capacity"]
-        counts: dict[str, int] = {}
-        for r in seeds:
-            counts[_capacity_text(r)] = counts.get(_capacity_text(r), 0) + 1
+        counts = Counter(_capacity_text(r) for r in seeds)     # in the order first seen
         ours = "; ".join(f"{text} ({k} of {n} seed{'s' if n > 1 else ''})"
                          for text, k in counts.items())
         same = sum(r["capacity"] == paper and not r.get("unfinished") for r in seeds)
-        where = ", ".join(dict.fromkeys(f"{r['device']}, {r['commit'][:8]}, {r['date'][:10]}"
+        where = ", ".join(dict.fromkeys(f"{r['device']}, {r['commit'][:7]}, {r['date'][:10]}"
                                         for r in seeds))
         lines.append([name, f"{paper:,}" if paper else "-", ours,
                       f"{same} of {n}" if paper else "-", where])

@@ -9,7 +9,9 @@ on CUDA streams of one process (streams) or as separate processes (processes).
 Timings: eager and graph rows are the median over windows of steps between device events
 after warm-up; streams rows time every stream's steps from one start event to the last end
 event; processes rows use the host clock (no event spans processes); loop rows the host clock
-of the whole loop. Each row: device, versions, commit, date.
+of the whole loop. The eager, graph and compiled rows count the kernels a step launches on
+a GPU (the profiler's kernel records over 4 steps; memcpy and memset apart as "copies").
+Each row: device, versions, commit, date.
 """
 from __future__ import annotations
 
@@ -60,8 +62,32 @@ def _window_ms(step: PhonebookStep, n: int, device) -> float:
     return start.elapsed_time(end) / n
 
 
+def count_kernel_events(events) -> dict:
+    """{"kernels", "copies"}: the device's kernel records among profiler events, and its
+    memcpy / memset records apart."""
+    from torch.autograd import DeviceType
+    dev = [e.name for e in events if e.device_type == DeviceType.CUDA]
+    copies = sum(1 for n in dev if n.startswith(("Memcpy", "Memset")))
+    return {"kernels": len(dev) - copies, "copies": copies}
+
+
+def kernels_a_step(step: PhonebookStep, device, n: int = 4) -> dict:
+    """Kernels and copies a step on the device, over n profiled steps (a CUDA graph's
+    kernels count one by one: what its replay launches); empty off a GPU, where there is
+    no device kernel to count."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step.run(n)
+        torch.cuda.synchronize(device)
+    return {k: v / n for k, v in count_kernel_events(prof.events()).items()}
+
+
 def measure_step(name: str, mode: str, device, quick: bool) -> dict:
-    """ms a step of one run in `mode` (eager, graph, compiled), after a warm-up window."""
+    """ms a step of one run in `mode` (eager, graph, compiled), after a warm-up window, and
+    the kernels it launches (issue 54: a launch-bound step)."""
     cfg = _config(device, quick)
     t0 = time.perf_counter()
     step = PhonebookStep(_model(_MODELS[name], quick), cfg, LR, device=device,
@@ -71,7 +97,7 @@ def measure_step(name: str, mode: str, device, quick: bool) -> dict:
     setup = time.perf_counter() - t0
     ms = statistics.median(_window_ms(step, n, device) for _ in range(2 if quick else WINDOWS))
     return {"variant": mode, "model": name, "ms": ms, "steps_per_s": 1e3 / ms,
-            "setup_s": setup, "window_steps": n}
+            "setup_s": setup, "window_steps": n, **kernels_a_step(step, device)}
 
 
 def measure_loop(name: str, device, quick: bool) -> dict:
@@ -235,8 +261,9 @@ def phonebook_table(rows: list[dict]) -> str:
     out = [[r["model"], r["variant"], r.get("concurrent", 1),
             f"{r['ms']:.2f}" if r.get("ms") is not None else r.get("error", "-"),
             f"{r['steps_per_s']:.1f}" if r.get("steps_per_s") else "-",
+            f"{r['kernels']:,.0f}" if r.get("kernels") is not None else "-",
             ", ".join(f"{int(n):,}: {m:,.0f} min" for n, m in r.get("trial_minutes",
                                                                      {}).items()) or "-"]
            for r in rows]
     return table(out, ["model", "variant", "runs at once", "ms a step (each)",
-                       "steps/s (all)", "a 1,500-epoch trial at (size: time)"])
+                       "steps/s (all)", "kernels a step", "a 1,500-epoch trial at (size: time)"])
