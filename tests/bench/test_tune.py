@@ -32,17 +32,20 @@ def _rows(capsys, argv):
 
 
 def test_router_tune_rows(capsys, tmp_path, timings):
-    timings += [2.0, 1.0, 2.0, 1.0]
+    timings += [2.0, 1.0, 4.0, 0.5, 2.0, 1.0]
     rows = _rows(capsys, ["bench", "router", "--quick", "--no-training", "--sweeps", "tune",
                           "--out", str(tmp_path / "router.jsonl")])
+    lazy, eager = {"path": "buffer", "rounds": "lazy"}, {"path": "buffer", "rounds": "eager"}
     assert [(r["router"], r["config"]) for r in rows] == [
-        ("lowrank", {}), ("lowrank", {"C": 0}), ("linear", {}), ("linear", {"BM": 64})]
+        ("lowrank", {}), ("lowrank", {"C": 0}), ("lowrank", lazy), ("lowrank", eager),
+        ("linear", {}), ("linear", {"BM": 64})]
     for r in rows:
         assert r["bench"] == "router" and r["sweep"] == "tune" and r["impl"] == "triton"
         for key in ("device", "torch", "triton", "commit", "date", "ms", "flops", "bytes"):
             assert key in r, key
-    assert [r["same_as_exact"] for r in rows if r["router"] == "lowrank"] == [True, True]
-    assert [r["speedup_vs_default"] for r in rows] == [1.0, 2.0, 1.0, 2.0]
+    # the one-pass selection's experts are the exact sweep's too
+    assert [r["same_as_exact"] for r in rows if r["router"] == "lowrank"] == [True] * 4
+    assert [r["speedup_vs_default"] for r in rows] == [1.0, 2.0, 0.5, 4.0, 1.0, 2.0]
 
 
 def test_experts_tune_rows(capsys, tmp_path, timings):

@@ -246,3 +246,26 @@ def test_training_statistics_with_non_finite_logits_in_some_tiles():
     want = torch.softmax(L, 1).sum(0)
     assert ((psum.double() - want).norm() / want.norm()).item() < 1e-3
     assert not torch.isin(idx, torch.tensor([3, 130, 700, 701], device="cuda").int()).any()
+
+
+@pytest.mark.parametrize("rounds", ["lazy", "eager"])
+@pytest.mark.parametrize("h, M, k", [(512, 8192, 4), (512, 8192, 8), (512, 8192, 1),
+                                     (512, 512, 4), (2048, 2048, 3), (512, 1000, 6)])
+def test_the_one_pass_selection_equals_the_exact_sweep_at_full_size(rounds, h, M, k):
+    """kernels/router_buffer.py compiled for the GPU (the interpreter runs the same code on
+    the CPU): at issue 54's shapes, both round schedules, the exact sweep's experts and
+    values; on random bf16 logits it queues almost no row (ties after key truncation)."""
+    from moremoe.kernels import router_buffer as rb, router_lowrank as kr, router_topk as rt
+    from moremoe.kernels._common import LOWRANK
+    x, R1, R2 = _lowrank(262144, h, M, 64)
+    cfg = {"path": "buffer", "rounds": rounds}
+    got = kr.infer(x, R1, R2, k, config=cfg)
+    exact = kr.infer(x, R1, R2, k, config={"C": 0})
+    assert torch.equal(got[1], exact[1])
+    torch.testing.assert_close(got[0], exact[0], **reduction_tol(torch.bfloat16, 64))
+    torch.testing.assert_close(got[2], exact[2], **reduction_tol(torch.bfloat16, 64))
+    c = rt.sweep_config(LOWRANK, 64, h, k, M, cfg)
+    out = tuple(torch.empty(262144, k, device="cuda", dtype=dt)
+                for dt in (torch.float32, torch.int32, torch.float32))
+    _, queued = rb.launch_buffer(x, R1, R2, k, mode=LOWRANK, cfg=c, out=out)
+    assert int(queued.item()) < 262144 // 100

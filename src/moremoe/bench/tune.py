@@ -21,12 +21,22 @@ from .router import QUICK, Point, _make_inputs, op_cost
 
 # the low-rank router's inference at h = 512, M = 8,192, r = 64, by k: C keys per tile of
 # the candidates pass (0: the exact sweep alone), BM experts per tile, cand_stages its depth
-LOWRANK = {1: [{"cand_stages": 2}],
-           4: [{"cand_stages": 2}, {"cand_stages": 4}, {"BM": 64}, {"C": 3}, {"C": 0}],
-           8: [{"C": 4}, {"cand_stages": 2}, {"C": 0}],
+# the one-pass selection (kernels/router_buffer.py), crowded tiles examined after the sweep
+# (lazy) or in rounds after each tile (eager), two or four keys a tile (its schedule()
+# chooses both by the number of tiles)
+LAZY, EAGER = {"path": "buffer", "rounds": "lazy"}, {"path": "buffer", "rounds": "eager"}
+ONE_PASS = [LAZY, EAGER, {**LAZY, "tile_keys": 2}, {**LAZY, "tile_keys": 4},
+            {**EAGER, "tile_keys": 2}, {**EAGER, "tile_keys": 4}]
+LOWRANK = {1: [{"cand_stages": 2}, LAZY],
+           4: [{"cand_stages": 2}, {"cand_stages": 4}, {"BM": 64}, {"C": 3}, {"C": 0},
+               *ONE_PASS, {**LAZY, "cand_stages": 4}, {**LAZY, "maxnreg": 0}],
+           8: [{"C": 4}, {"cand_stages": 2}, {"C": 0}, *ONE_PASS],
            16: [{"C": 4}, {"C": 0}]}
+# issue 54's other shapes (k = 4): the one-pass selection against the candidates
+LOWRANK_POINTS = [Point(M=512), Point(M=2048), Point(M=16384), Point(h=2048)]
 # the standard router at M = 8,192, k = 4, h = 1,024 and 2,048 (GEMM-shaped tiles)
-LINEAR = [{"BM": 128}, {"cand_stages": 3}, {"BH": 128}, {"BN": 64, "num_warps": 4}]
+LINEAR = [{"BM": 128}, {"cand_stages": 3}, {"BH": 128}, {"BN": 64, "num_warps": 4}, LAZY,
+          EAGER]
 # the expert kernels: BM rows a block, BS / BH the s and h chunks, warps, stages; dw_* the
 # weight-gradient kernel's own tiles (they change only the backward)
 EXPERTS = [dict(BM=bm, BS=bs, BH=bh, num_warps=w, num_stages=st)
@@ -70,8 +80,9 @@ def _timed(fn, cfg: dict, device) -> dict:
 
 def _router_plan(quick: bool):
     if quick:
-        return [(QUICK, "lowrank", [{"C": 0}]), (QUICK, "linear", [{"BM": 64}])]
+        return [(QUICK, "lowrank", [{"C": 0}, LAZY, EAGER]), (QUICK, "linear", [{"BM": 64}])]
     return ([(Point(k=k), "lowrank", v) for k, v in LOWRANK.items()]
+            + [(p, "lowrank", ONE_PASS) for p in LOWRANK_POINTS]
             + [(Point(h=h), "linear", LINEAR) for h in (1024, 2048)])
 
 

@@ -362,7 +362,8 @@ def add_bench_parser(sub) -> None:
                  "PEER/MoRE ratios beside the paper's (peer.png)"),
         "phonebook": ("the phonebook training step: eager, one CUDA graph, runs at once",
                       "ms a step of MoE-32, MoRE-96 (h=64, s=8) and MoRE-768 (h=512), L=6, "
-                      "batch 1,024: eager, graph, compiled (then captured); the trainer's loop; "
+                      "batch 1,024: eager, graph, compiled (then captured), with the kernels a step "
+                      "launches; the trainer's loop; "
                       "steps a second of 1-8 runs on CUDA streams and of 2, 4 processes"),
         "ep": ("expert parallelism on E GPUs: router, experts, comm per phase",
                "the paper's Appendix F.3 table, launched as `torchrun --nproc_per_node E -m "

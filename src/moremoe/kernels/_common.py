@@ -67,24 +67,36 @@ def z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE: tl.constexpr, BN: tl.constexp
 
 
 @triton.jit
-def logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
+def logit_tile(z, X, W, rows64, row_ok, m0, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
                MODE: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
                BH: tl.constexpr, PREC: tl.constexpr, FULL_R: tl.constexpr = False):
-    """fp32 logits (BN, BM) of the rows against experts cols: z R1ᵀ, or x Wᵀ summed over h
-    chunks for the standard router (W in R1's place)."""
-    cols64 = cols.to(tl.int64)
+    """fp32 logits (BN, BM) of the rows against experts cols = m0 + [0, BM): z R1ᵀ, or x Wᵀ
+    summed over h chunks for the standard router (W in R1's place). W's tile is addressed
+    as one 64-bit scalar, m0 · sw_m, plus 32-bit offsets within the tile (the same every
+    tile: computed once); the launcher makes W contiguous where those would overflow
+    (w_offsets_fit)."""
+    base = W + tl.cast(m0, tl.int64) * sw_m
+    tile_rows = tl.arange(0, BM)[:, None] * sw_m
     if MODE == MODE_LINEAR:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         for h0 in range(0, H, BH):
             hh = h0 + tl.arange(0, BH)
             x = load_rows(X, rows64, row_ok, sx_n, hh, hh < H, sx_h)
-            w = load_rows(W, cols64, col_ok, sw_m, hh, hh < H, sw_k)
+            w = tl.load(base + tile_rows + hh[None, :] * sw_k,
+                        mask=col_ok[:, None] & (hh < H)[None, :], other=0.0)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
         return acc
     else:
         rr = tl.arange(0, BR)
-        w = load_rows(W, cols64, col_ok, sw_m, rr, (rr < R) | FULL_R, sw_k)
+        w = tl.load(base + tile_rows + rr[None, :] * sw_k,
+                    mask=col_ok[:, None] & ((rr < R) | FULL_R)[None, :], other=0.0)
         return tl.dot(z, tl.trans(w), input_precision=PREC)
+
+
+def w_offsets_fit(w, BM: int, width: int) -> bool:
+    """Whether BM rows of w by `width` columns (r; the standard router's whole h, which its
+    tile's offsets span over the h chunks) are addressed by 32-bit offsets (logit_tile)."""
+    return (BM - 1) * abs(w.stride(0)) + (width - 1) * abs(w.stride(1)) < 2 ** 31
 
 
 # ---------------------------------------------------------------- selection keys
@@ -134,6 +146,77 @@ def trunc_keys(keys, BM: tl.constexpr):
 @triton.jit
 def key_column(keys, BM: tl.constexpr):
     return (2 * BM - 1) - (keys.to(tl.int32, bitcast=True) & (2 * BM - 1))
+
+
+@triton.jit
+def _mx(a, b):
+    # NaN-propagating: a NaN key anywhere in a row's tile makes its first candidate NaN (the
+    # pick queues the row), and LLVM folds max(x, -inf) -> x, so the in-thread part of the
+    # reduction costs 2C - 1 ops per key. The mins are the plain ones: min(x, -inf) -> -inf.
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _top2(a1, a2, b1, b2):
+    """The best 2 of two sorted pairs; the j-th best of two sorted lists a, b is
+    max over i of min(a_i, b_(j-i)) with a_0 = b_0 = +inf."""
+    return _mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1))
+
+
+@triton.jit
+def _top3(a1, a2, a3, b1, b2, b3):
+    return (_mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1)),
+            _mx(_mx(a3, b3), _mx(tl.minimum(a1, b2), tl.minimum(a2, b1))))
+
+
+@triton.jit
+def _top4(a1, a2, a3, a4, b1, b2, b3, b4):
+    return (_mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1)),
+            _mx(_mx(a3, b3), _mx(tl.minimum(a1, b2), tl.minimum(a2, b1))),
+            _mx(_mx(a4, b4), _mx(_mx(tl.minimum(a1, b3), tl.minimum(a3, b1)),
+                                 tl.minimum(a2, b2))))
+
+
+@triton.jit
+def _peel(keys, top):
+    """The next best key after top (keys are distinct per row, or -inf)."""
+    keys = tl.where(keys == top[:, None], NEG_INF, keys)
+    return keys, tl.max(keys, axis=1)
+
+
+@triton.jit
+def best_keys(keys, C: tl.constexpr, TUPLE: tl.constexpr):
+    """The C best keys of each row (C (BN,) tensors, best first). TUPLE: one reduction
+    over C-tuples (the GPU path, 2C - 1 ops per key); otherwise C max-and-mask rounds (the
+    same result: Triton's interpreter calls a tuple combine once per element)."""
+    ninf = tl.full(keys.shape, NEG_INF, tl.float32)
+    if TUPLE:
+        if C == 1:
+            c1 = tl.reduce(keys, 1, _mx)
+            c2 = c1
+            c3 = c1
+            c4 = c1
+        elif C == 2:
+            c1, c2 = tl.reduce((keys, ninf), 1, _top2)
+            c3 = c2
+            c4 = c2
+        elif C == 3:
+            c1, c2, c3 = tl.reduce((keys, ninf, ninf), 1, _top3)
+            c4 = c3
+        else:
+            c1, c2, c3, c4 = tl.reduce((keys, ninf, ninf, ninf), 1, _top4)
+    else:
+        c1 = tl.max(keys, axis=1)
+        c2 = c1
+        c3 = c1
+        c4 = c1
+        if C > 1:
+            keys, c2 = _peel(keys, c1)
+        if C > 2:
+            keys, c3 = _peel(keys, c2)
+        if C > 3:
+            keys, c4 = _peel(keys, c3)
+    return c1, c2, c3, c4
 
 
 @triton.jit
@@ -209,6 +292,15 @@ def write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n,
         top = tl.max(tl.where(fin, out_v, NEG_INF), axis=1)
         e = tl.where(fin, tl.exp(out_v - top[:, None]), 0.0)
         tl.store(OUT_GATE + offs, e / tl.sum(e, axis=1)[:, None], mask=mask)
+
+
+@triton.jit
+def queue_rows(bad, rows, REDO, REDO_N):
+    """Append the rows where bad to REDO (REDO_N counts them) for the exact sweep."""
+    n = tl.sum(bad.to(tl.int32), axis=0)
+    if n > 0:
+        pos = tl.atomic_add(REDO_N, n) + tl.cumsum(bad.to(tl.int32), axis=0) - 1
+        tl.store(REDO + pos, rows, mask=bad)
 
 
 def next_pow2(n: int) -> int:

@@ -27,81 +27,10 @@ import triton
 import triton.language as tl
 
 from . import INTERPRET
-from ._common import (BIG_IDX, LOWRANK, LINEAR, MODE_LOWRANK, NEG_INF, QUIET_KEYS, column,
-                      dot_precision, exact_values, fill_splits, insert_key, key_column,
-                      logit_tile, next_pow2, pack_keys, trunc_keys, write_sorted, z_block,
-                      z_rows)
-
-
-@triton.jit
-def _mx(a, b):
-    # NaN-propagating: a NaN key anywhere in a row's tile makes its first candidate NaN (the
-    # pick queues the row), and LLVM folds max(x, -inf) -> x, so the in-thread part of the
-    # reduction costs 2C - 1 ops per key. The mins are the plain ones: min(x, -inf) -> -inf.
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _top2(a1, a2, b1, b2):
-    """The best 2 of two sorted pairs; the j-th best of two sorted lists a, b is
-    max over i of min(a_i, b_(j-i)) with a_0 = b_0 = +inf."""
-    return _mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1))
-
-
-@triton.jit
-def _top3(a1, a2, a3, b1, b2, b3):
-    return (_mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1)),
-            _mx(_mx(a3, b3), _mx(tl.minimum(a1, b2), tl.minimum(a2, b1))))
-
-
-@triton.jit
-def _top4(a1, a2, a3, a4, b1, b2, b3, b4):
-    return (_mx(a1, b1), _mx(_mx(a2, b2), tl.minimum(a1, b1)),
-            _mx(_mx(a3, b3), _mx(tl.minimum(a1, b2), tl.minimum(a2, b1))),
-            _mx(_mx(a4, b4), _mx(_mx(tl.minimum(a1, b3), tl.minimum(a3, b1)),
-                                 tl.minimum(a2, b2))))
-
-
-@triton.jit
-def _peel(keys, top):
-    """The next best key after top (keys are distinct per row, or -inf)."""
-    keys = tl.where(keys == top[:, None], NEG_INF, keys)
-    return keys, tl.max(keys, axis=1)
-
-
-@triton.jit
-def _best_keys(keys, C: tl.constexpr, TUPLE: tl.constexpr):
-    """The C best keys of each row (C (BN,) tensors, best first). TUPLE: one reduction
-    over C-tuples (the GPU path, 2C - 1 ops per key); otherwise C max-and-mask rounds (the
-    same result: Triton's interpreter calls a tuple combine once per element)."""
-    ninf = tl.full(keys.shape, NEG_INF, tl.float32)
-    if TUPLE:
-        if C == 1:
-            c1 = tl.reduce(keys, 1, _mx)
-            c2 = c1
-            c3 = c1
-            c4 = c1
-        elif C == 2:
-            c1, c2 = tl.reduce((keys, ninf), 1, _top2)
-            c3 = c2
-            c4 = c2
-        elif C == 3:
-            c1, c2, c3 = tl.reduce((keys, ninf, ninf), 1, _top3)
-            c4 = c3
-        else:
-            c1, c2, c3, c4 = tl.reduce((keys, ninf, ninf, ninf), 1, _top4)
-    else:
-        c1 = tl.max(keys, axis=1)
-        c2 = c1
-        c3 = c1
-        c4 = c1
-        if C > 1:
-            keys, c2 = _peel(keys, c1)
-        if C > 2:
-            keys, c3 = _peel(keys, c2)
-        if C > 3:
-            keys, c4 = _peel(keys, c3)
-    return c1, c2, c3, c4
+from ._common import (BIG_IDX, LOWRANK, LINEAR, MODE_LOWRANK, NEG_INF, QUIET_KEYS, best_keys,
+                      column, dot_precision, exact_values, fill_splits, insert_key,
+                      key_column, logit_tile, next_pow2, pack_keys, queue_rows, trunc_keys,
+                      write_sorted, z_block, z_rows)
 
 
 @triton.jit
@@ -156,14 +85,14 @@ def _candidates_kernel(X, W, R2, CAND, ZOUT, OUT_M, OUT_NORM, N, H, M, R, m_per_
     for m0 in range(m_begin, tl.minimum(M, m_begin + m_per_split), BM):
         cols = m0 + tl.arange(0, BM)
         col_ok = (cols < M) | EVEN
-        logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m,
+        logits = logit_tile(z, X, W, rows64, row_ok, m0, cols, col_ok, H, R, sx_n, sx_h, sw_m,
                             sw_k, MODE, BN, BM, BR, BH, PREC, FULL_R)
         keys = pack_keys(logits, BM, LANEB)
         if QUIET_KEYS:
             keys = tl.where(keys == keys, keys, NEG_INF)
         if not EVEN:
             keys = tl.where(col_ok[None, :], keys, NEG_INF)
-        c1, c2, c3, c4 = _best_keys(keys, C, TUPLE)
+        c1, c2, c3, c4 = best_keys(keys, C, TUPLE)
         if STATS:   # the online softmax over the finite logits: 3 ops per logit
             top = c1
             # the tuple reduction's first key is NaN where the tile held a non-finite logit
@@ -256,10 +185,7 @@ def _pick_kernel(CAND, X, W, ZS, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N,
     vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                         K, KP, MODE, BR, BH)
     write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
-    n = tl.sum(bad.to(tl.int32), axis=0)
-    if n > 0:
-        pos = tl.atomic_add(REDO_N, n) + tl.cumsum(bad.to(tl.int32), axis=0) - 1
-        tl.store(REDO + pos, rows, mask=bad)
+    queue_rows(bad, rows, REDO, REDO_N)
 
 
 def launch_candidates(x, w, r2, k: int, *, mode: int, cfg: dict, stats=None,

@@ -44,8 +44,9 @@ import triton
 import triton.language as tl
 
 from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, column, dot_precision,
-                      exact_values, fill_splits, logit_tile, next_pow2, sm_count, write_sorted,
-                      z_block, z_rows)
+                      exact_values, fill_splits, logit_tile, next_pow2, sm_count, w_offsets_fit,
+                      write_sorted, z_block, z_rows)
+from .router_buffer import MAX_K as BUFFER_MAX_K, launch_buffer
 from .router_candidates import launch_candidates, launch_pick
 
 
@@ -152,7 +153,7 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
         for m0 in range(m_begin, m_end, BM):
             cols = m0 + tl.arange(0, BM)
             col_ok = (cols < M) | EVEN
-            logits = logit_tile(z, X, W, rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h,
+            logits = logit_tile(z, X, W, rows64, row_ok, m0, cols, col_ok, H, R, sx_n, sx_h,
                                 sw_m, sw_k, MODE, BN, BM, BR, BH, PREC, FULL_R)
             lv = tl.where(tl.abs(logits) < float("inf"), logits, NEG_INF)   # NaN too
             if not EVEN:
@@ -254,7 +255,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
     cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
            "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "cand_stages": 3, "laneb": 6,
-           "bwd_stages": 3}
+           "bwd_stages": 3, "path": "candidates"}
     if mode == LINEAR:   # GEMM-shaped tiles: the x Wᵀ MMA over h sets the pace
         cfg.update(BM=256, cand_stages=2)
         if H >= 1024:
@@ -323,13 +324,19 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
           torch.empty(N, device=dev, dtype=torch.float32)) if stats else None
     if N > 0:
         cfg = sweep_config(mode, R, H, k, M, config, fp32=x.dtype == torch.float32)
+        if not w_offsets_fit(w, cfg["BM"], H if mode == LINEAR else cfg["BR"]):
+            w = w.contiguous()      # a tile past 32-bit offsets (logit_tile): copy, rarely
         n_blocks = triton.cdiv(N, cfg["BN"])
         small = cfg.get("small")
         if small is None:
             small = dev.type == "cuda" and 2 * n_blocks < sm_count(dev)
-        if cfg["C"] == 0 or (small and not stats):
+        buffer = cfg["path"] == "buffer" and not stats and k <= BUFFER_MAX_K
+        if (cfg["C"] == 0 and not buffer) or (small and not stats):
             ways = 1 if stats else (splits or fill_splits(dev, n_blocks, M, cfg["BM"]))
             launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, stats=st, splits=ways)
+        elif buffer:
+            rows, rows_n = launch_buffer(x, w, r2, k, mode=mode, cfg=cfg, out=out)
+            launch_exact(x, w, r2, k, mode=mode, cfg=cfg, out=out, rows=rows, rows_n=rows_n)
         else:
             cand, z = launch_candidates(x, w, r2, k, mode=mode, cfg=cfg, stats=st,
                                         splits=splits)

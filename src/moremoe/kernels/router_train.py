@@ -34,7 +34,7 @@ import triton.language as tl
 from . import DTYPES, MAX_K
 from . import expert_wgrad as wgrad
 from ._common import (LINEAR, MODE_LINEAR, NEG_INF, dot_precision, fill_splits, load_rows,
-                      logit_tile, z_rows)
+                      logit_tile, w_offsets_fit, z_rows)
 from .router_topk import launch_sweep, sweep_config
 
 
@@ -80,8 +80,8 @@ def _psum_kernel(X, W, M_ROW, NORM_ROW, OUT, N, H, M, R, n_per_split,
         rows64 = rows.to(tl.int64)
         if MODE == MODE_LINEAR:
             logits = logit_tile(z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR), X, W,
-                                rows64, row_ok, cols, col_ok, H, R, sx_n, sx_h, sw_m, sw_k,
-                                MODE, BN, BM, BR, BH, PREC)
+                                rows64, row_ok, tl.program_id(0) * BM, cols, col_ok, H, R,
+                                sx_n, sx_h, sw_m, sw_k, MODE, BN, BM, BR, BH, PREC)
         else:
             z = load_rows(X, rows64, row_ok, sx_n, rr, rr < R, sx_h)
             logits = tl.dot(z, tl.trans(w), input_precision=PREC)
@@ -384,6 +384,8 @@ def launch_psum(x, w, m_row, norm_row, *, mode: int, splits: int | None = None,
     n_per_split = triton.cdiv(triton.cdiv(max(N, 1), n_splits), cfg["BN"]) * cfg["BN"]
     n_splits = max(1, triton.cdiv(N, n_per_split))
     out = torch.zeros(n_splits, M, device=x.device, dtype=torch.float32)
+    if mode == LINEAR and not w_offsets_fit(w, cfg["BM"], x.shape[1]):
+        w = w.contiguous()          # a tile past 32-bit offsets (logit_tile): copy, rarely
     if N > 0:
         _psum_kernel[(tiles, n_splits)](
             x, w, m_row, norm_row, out, N, x.shape[1], M, R, n_per_split, x.stride(0), x.stride(1),
