@@ -13,8 +13,9 @@
 #   EXPERIMENTS=experts,rank OUT=/tmp/o bash benchmarks/study_lm_gpu.sh
 #   CALL_MINUTES=9.3 ...   the whole call's budget (the device's limit is 10 minutes)
 #   STUDY_ARGS="--seeds 0,1,2 --budgets 60e6,120e6" ...   anything `moremoe study lm` takes
-#   PARALLEL=4 ...   runs at once on the GPU (default 4: the h = 256 pair's steps measured
-#                    1.61M tokens/s in all with four, 1.25M with two; 21 GiB a MoRE process)
+#   PARALLEL=4 ...   runs at once on the GPU (default 4 on a GPU of over 100 GB, else 2: the
+#                    h = 256 pair's steps measured 1.61M tokens/s in all with four, 1.25M
+#                    with two on an H200; 21 GiB a MoRE process, 6 GiB more to evaluate)
 #   DEVICE=cpu PARALLEL=1 WORK=/tmp/w RESULTS=/tmp/r STUDY_ARGS="--hidden 32 ..." ... on a CPU
 #
 # Measured on one H200 (2026-12-05, NOTES "The language-model pair, first rows"): the corpus
@@ -31,7 +32,9 @@ DEVICE=${DEVICE:-auto}
 WORK=${WORK:-/tmp/moremoe_study}
 RESULTS=${RESULTS:-benchmarks/results/nvidia-h200/study_lm}
 WORKERS=${WORKERS:-14}
-PARALLEL=${PARALLEL:-4}
+# four fit an H200 (141 GB); on an H100 (80 GB) three did not: MoRE-1920's first evaluation
+# asked 6.1 GiB beside two MoE-256 runs (2026-12-05, NOTES): two a GPU under 100 GB
+PARALLEL=${PARALLEL:-$(${PYTHON:-python3} -c "import torch; print(4 if torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory > 100e9 else 2)" 2>/dev/null || echo 2)}
 OUT=${OUT:-runs/study_lm_out}
 PY=${PYTHON:-python3}
 export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1

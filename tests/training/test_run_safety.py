@@ -8,7 +8,7 @@ import torch
 
 from moremoe.model import checkpoint as stored
 from moremoe.training.compose import build_run_config
-from moremoe.training.lm import NonFiniteStep, train
+from moremoe.training.lm import LMTrainer, NonFiniteStep, train
 from prepared import write_token_dir
 from runs import SMALL, assert_same_run, events, quiet
 
@@ -40,6 +40,29 @@ def test_an_incomplete_checkpoint_is_skipped_on_resume_and_written_anew(
     saved = [e["step"] for e in events(out, "checkpoint")]
     assert saved.count(25) == 1 and saved[-1] == 60          # step 25 saved again, once
     assert summary["step"] == 60 and not stored.incomplete_checkpoints(out)
+    assert_same_run(out, reference_run)
+
+
+def test_an_evaluation_that_died_runs_first_on_resume(text_data, tmp_path, reference_run,
+                                                     one_thread, monkeypatch):
+    """A run killed inside the evaluation due at a step (an out-of-memory on a shared GPU)
+    saves that step without it; the resumed run evaluates it before its next step, so the
+    curve keeps every scheduled evaluation and the run stays the uninterrupted one."""
+    real = LMTrainer.evaluate
+
+    def dies_at_20(self):
+        if self.step == 20:
+            raise RuntimeError("CUDA out of memory (the test's)")
+        return real(self)
+    monkeypatch.setattr(LMTrainer, "evaluate", dies_at_20)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(_cfg(text_data, out), echo=quiet)
+    assert stored.step_of(stored.latest_checkpoint(out)) == 20
+    assert 20 not in [e["step"] for e in events(out, "eval")]
+    monkeypatch.setattr(LMTrainer, "evaluate", real)
+    train(_cfg(text_data, out), resume=True, echo=quiet)
+    assert [e["step"] for e in events(out, "eval")] == [20, 40, 60]
     assert_same_run(out, reference_run)
 
 

@@ -180,6 +180,8 @@ class LMTrainer:
                       f"{stored.describe_incomplete(after)}; resuming from the newest complete "
                       f"one, {latest} (the steps after it are trained again)")
         self._saved_step = 0      # the step last checkpointed (a fresh start: the init's)
+        self._evaluated_step = None     # the step of the last evaluation this process ran
+        self._eval_owed = False         # a resumed step's scheduled evaluation never ran
         if resume and latest is not None:
             self._resume(latest)
         else:
@@ -201,6 +203,10 @@ class LMTrainer:
         self._pending = state           # loaded into the optimizer once it is built
         self.batches.load_state_dict(state["data"])
         self.step, self.tokens = state["step"], state["tokens"]
+        # a run that died in the evaluation due at this step (an out-of-memory, a kill) saved
+        # the step without it: it runs first, so no scheduled evaluation is lost
+        self._eval_owed = (state.get("evaluated", True) is False and self.step > 0
+                           and self.step % self.cfg.train.eval_every == 0)
         self.coverage.load(state.get("coverage"), self.dev)
         self._saved_step = self.step
         rngs = state.get("rng") or []
@@ -328,6 +334,7 @@ class LMTrainer:
               "hnorm": [normalized_entropy(c) for c in counts],
               "expert_coverage": self.coverage.fractions(self._max)}
         self.log.write("eval", step=self.step, **ev)
+        self._evaluated_step = self.step
         if self.main and (why := run_plot.refresh(self.out)) and not self._plot_failed:
             self.echo(f"loss.png not rendered ({why}); training goes on")
             self._plot_failed = True
@@ -357,6 +364,7 @@ class LMTrainer:
                      "optimizer": optim, "scheduler": self.sched.state_dict(),
                      "data": self.batches.state_dict(), "rng": rngs,
                      "world": self.info.world, "coverage": coverage,
+                     "evaluated": self._evaluated_step == self.step,
                      "data_fingerprint": self.data["fingerprint"]}
             path = ckpt.save_checkpoint(self.out, self.step, weights,
                                         model_config=self.model_config,
@@ -401,6 +409,9 @@ class LMTrainer:
             with StopSignals() as signals:
                 reason = self._stop_reason(clock, signals)
                 profiler.stepped(clock.steps)          # starts here when timing_warmup = 0
+                if self._eval_owed:
+                    with clock.paused():
+                        last_eval = self.evaluate()
                 while reason is None:
                     acc += self._train_step()
                     profiler.stepped(clock.steps + 1)
