@@ -8,8 +8,8 @@
 #   mkdir -p runs/anchors && cp ../shared/anchors/*.py runs/anchors/     (carry runs/anchors)
 #   OUT=/tmp/o bash benchmarks/router_anchors_gpu.sh
 #   FR_BUDGET_S=200 ...   the prototype's own time budget (seconds; it skips shapes after)
-#   SWEEPS=M ...          bench router's sweeps (default M,k,tune: tune times the one-pass
-#                         selection, config path=buffer, beside the default)
+#   SWEEPS=M ...          bench router's sweeps (default M,k,tune: tune times the candidates
+#                         pass, config path=candidates, beside the one-pass default)
 #
 # Expected on one H200 (issue 54's table, before any change): ours 0.36 ms at h = 512, M =
 # 512 to 2.76 at M = 16,384; the prototype 1.14-1.94x faster wherever it runs.

@@ -9,8 +9,9 @@ k = 4 <= 1.2 ms, M = 512 <= 0.20 ms.
 ROUTER: `moremoe bench router` rows (inference, the fused low-rank router, its own
 Algorithm 1 and the plain torch router). FAST: `fast_router.py`'s JSON lines (its best
 prototype variant and its Algorithm 1 at each shape, the fastest configuration of each).
-"ours" is the default configuration; "one pass" the fastest of the one-pass selection's rows
-(`--sweeps tune`, config path=buffer), when the run has them. Shapes are matched on (h, M, k,
+"ours" is the default configuration (the one-pass selection at k <= 8 since the fourteenth
+session); "candidates" the fastest of the candidates pass's rows (`--sweeps tune`, config
+path=candidates: the default before), when the run has them. Shapes are matched on (h, M, k,
 r, N); every time is a median of device-event timings, and
 only rows of one device are put side by side (a mix is refused).
 """
@@ -46,10 +47,10 @@ def ours(rows: list[dict]) -> tuple[dict, set]:
         key = (r["h"], r["M"], r["k"], r["r"], r["N"])
         got = out.setdefault(key, {})
         impl = r["impl"]
-        if r.get("sweep") == "tune":   # ours is the default; the one-pass selection apart
-            if (r.get("config") or {}).get("path") != "buffer":
+        if r.get("sweep") == "tune":   # ours is the default; the candidates pass apart
+            if (r.get("config") or {}).get("path") != "candidates":
                 continue
-            impl = "buffer"
+            impl = "candidates"
         got[impl] = min(r["ms"], got.get(impl, float("inf")))
         if r.get("floor_ms") is not None:
             got["floor"] = r["floor_ms"]
@@ -89,7 +90,7 @@ def join(router_rows: list[dict], fast_rows: list[dict]) -> list[dict]:
         h, M, k, r, N = key
         t = {**a.get(key, {}), **b.get(key, {})}
         row = {"h": h, "M": M, "k": k, "r": r, "N": N, "ours_ms": t.get("triton"),
-               "one_pass_ms": t.get("buffer"),
+               "candidates_ms": t.get("candidates"),
                "prototype_ms": t.get("prototype"), "alg1_ms": t.get("alg1"),
                "anchor_alg1_ms": t.get("anchor_alg1"), "unfused_ms": t.get("unfused"),
                "floor_ms": t.get("floor"), "target_ms": TARGETS.get((h, M, k))}
@@ -107,14 +108,15 @@ def _ms(v) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| h | M | k | ours | one pass | prototype | ours / prototype | "
+    lines = ["| h | M | k | ours | candidates | prototype | ours / prototype | "
              "Algorithm 1 (anchor) | Algorithm 1 (ours) | unfused | floor | target | met |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = "-" if r["ours_over_prototype"] is None else f"{r['ours_over_prototype']:.2f}"
         met = {None: "-", True: "yes", False: "**no**"}[r["meets"]]
         lines.append(f"| {r['h']} | {r['M']:,} | {r['k']} | {_ms(r['ours_ms'])} | "
-                     f"{_ms(r['one_pass_ms'])} | {_ms(r['prototype_ms'])} | {ratio} | {_ms(r['anchor_alg1_ms'])} | "
+                     f"{_ms(r['candidates_ms'])} | {_ms(r['prototype_ms'])} | {ratio} | "
+                     f"{_ms(r['anchor_alg1_ms'])} | "
                      f"{_ms(r['alg1_ms'])} | {_ms(r['unfused_ms'])} | {_ms(r['floor_ms'])} | "
                      f"{_ms(r['target_ms'])} | {met} |")
     return "\n".join(lines)

@@ -36,12 +36,11 @@ def test_the_table_pairs_shapes_takes_each_familys_fastest_and_checks_the_target
         ours(512, 512, 4, "triton", 0.36),
         ours(512, 8192, 4, "triton", 1.6, phase="training"),       # not inference: left out
         ours(512, 2048, 4, "triton", 0.6),
-        # the tune sweep: a tuned candidates row is not the default; one-pass rows apart
+        # the tune sweep: a tuned row is not the default; the candidates pass's rows apart
         ours(512, 8192, 4, "triton", 0.9, sweep="tune", config={"C": 3}),
-        ours(512, 8192, 4, "triton", 1.05, sweep="tune",
-             config={"path": "buffer", "rounds": "lazy"}),
+        ours(512, 8192, 4, "triton", 1.45, sweep="tune", config={"path": "candidates"}),
         ours(512, 8192, 4, "triton", 1.25, sweep="tune",
-             config={"path": "buffer", "rounds": "eager"})])
+             config={"path": "candidates", "cand_stages": 2})])
     fast = write(tmp_path / "fast.jsonl", [
         {"device": "NVIDIA H200", "torch": "2.11", "triton": "3.6"},
         anchor("top2f_ifr", 512, 8192, 4, 1.33, BN=64), anchor("top2f_ifr", 512, 8192, 4, 1.31),
@@ -54,13 +53,13 @@ def test_the_table_pairs_shapes_takes_each_familys_fastest_and_checks_the_target
     assert (big["ours_ms"], big["prototype_ms"], big["anchor_alg1_ms"], big["alg1_ms"]) == \
         (1.15, 1.31, 4.6, 4.8)                                 # the floor row is no router
     assert big["ours_over_prototype"] == pytest.approx(1.15 / 1.31) and big["meets"] is True
-    assert big["one_pass_ms"] == 1.05 and rows[(512, 512, 4)]["one_pass_ms"] is None
+    assert big["candidates_ms"] == 1.25 and rows[(512, 512, 4)]["candidates_ms"] is None
     small = rows[(512, 512, 4)]
     assert small["target_ms"] == 0.20 and small["meets"] is False     # 0.36 > 0.185, 0.20
     assert rows[(512, 2048, 4)]["prototype_ms"] is None and rows[(512, 2048, 4)]["meets"]
     assert table.main([str(router), str(fast)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| h | M | k | ours | one pass | prototype") and len(out) == 2 + 3
+    assert out[0].startswith("| h | M | k | ours | candidates | prototype") and len(out) == 2 + 3
     assert "| 512 | 512 | 4 | 0.360 | - | 0.185 | 1.95 |" in out[2]
     assert out[2].endswith("| 0.200 | **no** |")
 

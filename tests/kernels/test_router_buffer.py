@@ -197,12 +197,28 @@ def test_k_past_the_buffer_takes_the_candidates_and_bad_settings_are_named():
         kr.infer(x, R1, R2, 2, config={**BUFFER, "tile_keys": 4})
 
 
-def test_the_schedule_follows_its_cost_model():
-    """Few tiles: four keys a tile (crowding then needs four of the top k in one tile);
-    many: two, crowded tiles examined after the sweep; k = 1 never rounds."""
-    assert rb.schedule(4, 4, 64) == (4, "lazy") and rb.schedule(4, 64, 64) == (2, "lazy")
-    assert rb.schedule(1, 4, 64) == (2, "lazy") and rb.schedule(2, 2, 64) == (2, "eager")
-    assert rb.schedule(8, 2, 64) == (4, "eager")
+def test_the_schedule_follows_the_measurements():
+    """Up to 16 tiles: four keys a tile for k >= 3 (crowding then needs four of the top k in
+    one tile); more tiles, or k < 3: two; the crowded tiles always examined after the
+    sweep (eager rounds were slower at every shape timed)."""
+    assert rb.schedule(4, 4) == (4, "lazy") and rb.schedule(4, 16) == (4, "lazy")
+    assert rb.schedule(4, 17) == (2, "lazy") and rb.schedule(8, 64) == (2, "lazy")
+    assert rb.schedule(1, 4) == (2, "lazy") and rb.schedule(2, 2) == (2, "lazy")
+    assert rb.schedule(3, 2) == (4, "lazy")
+
+
+def test_the_one_pass_is_the_low_rank_inference_default_where_it_was_timed():
+    """sweep_config: path buffer for the low-rank router in bf16 / fp16 at k <= 8; the
+    candidates for fp32, k > 8, the standard router, and where the overrides give C (C = 0
+    is the exact sweep alone, whatever the default)."""
+    assert rt.sweep_config(LOWRANK, 64, 512, 4, 8192)["path"] == "buffer"
+    assert rt.sweep_config(LOWRANK, 64, 512, 8, 8192)["path"] == "buffer"
+    assert rt.sweep_config(LOWRANK, 64, 512, 9, 8192)["path"] == "candidates"
+    assert rt.sweep_config(LOWRANK, 64, 512, 4, 8192, fp32=True)["path"] == "candidates"
+    assert rt.sweep_config(LINEAR, 512, 512, 4, 8192)["path"] == "candidates"
+    assert rt.sweep_config(LOWRANK, 64, 512, 4, 8192, {"C": 0})["path"] == "candidates"
+    assert rt.sweep_config(LOWRANK, 64, 512, 4, 8192, {"C": 0, "path": "buffer"})["path"] \
+        == "buffer"
 
 
 def test_strided_inputs_route_as_contiguous_ones():

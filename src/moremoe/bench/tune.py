@@ -19,20 +19,21 @@ from .harness import ceilings, floor_ms, free, time_ms
 from .layer import LayerPoint, _row, expert_cost
 from .router import QUICK, Point, _make_inputs, op_cost
 
-# the low-rank router's inference at h = 512, M = 8,192, r = 64, by k: C keys per tile of
-# the candidates pass (0: the exact sweep alone), BM experts per tile, cand_stages its depth
-# the one-pass selection (kernels/router_buffer.py), crowded tiles examined after the sweep
-# (lazy) or in rounds after each tile (eager), two or four keys a tile (its schedule()
-# chooses both by the number of tiles)
+# the low-rank router's inference at h = 512, M = 8,192, r = 64, by k. The default is the
+# one-pass selection (kernels/router_buffer.py) at k <= 8: crowded tiles examined after the
+# sweep (lazy; eager: in rounds after each tile), two or four keys a tile (schedule() chooses
+# by the number of tiles), cand_stages its depth. CAND the candidates pass (the default up to
+# the fourteenth session): C keys per tile (0: the exact sweep alone), BM experts per tile.
 LAZY, EAGER = {"path": "buffer", "rounds": "lazy"}, {"path": "buffer", "rounds": "eager"}
-ONE_PASS = [LAZY, EAGER, {**LAZY, "tile_keys": 2}, {**LAZY, "tile_keys": 4},
-            {**EAGER, "tile_keys": 2}, {**EAGER, "tile_keys": 4}]
-LOWRANK = {1: [{"cand_stages": 2}, LAZY],
-           4: [{"cand_stages": 2}, {"cand_stages": 4}, {"BM": 64}, {"C": 3}, {"C": 0},
-               *ONE_PASS, {**LAZY, "cand_stages": 4}, {**LAZY, "maxnreg": 0}],
-           8: [{"C": 4}, {"cand_stages": 2}, {"C": 0}, *ONE_PASS],
+CAND = {"path": "candidates"}
+ONE_PASS = [EAGER, {"tile_keys": 2}, {"tile_keys": 4}]
+LOWRANK = {1: [CAND, {**CAND, "cand_stages": 2}, {"cand_stages": 2}],
+           4: [CAND, {**CAND, "cand_stages": 2}, {**CAND, "cand_stages": 4},
+               {**CAND, "BM": 64}, {"C": 3}, {"C": 0}, *ONE_PASS, {"cand_stages": 4},
+               {"maxnreg": 0}],
+           8: [CAND, {"C": 4}, {"C": 0}, *ONE_PASS],
            16: [{"C": 4}, {"C": 0}]}
-# issue 54's other shapes (k = 4): the one-pass selection against the candidates
+# issue 54's other shapes (k = 4): the one pass against the candidates
 LOWRANK_POINTS = [Point(M=512), Point(M=2048), Point(M=16384), Point(h=2048)]
 # the standard router at M = 8,192, k = 4, h = 1,024 and 2,048 (GEMM-shaped tiles)
 LINEAR = [{"BM": 128}, {"cand_stages": 3}, {"BH": 128}, {"BN": 64, "num_warps": 4}, LAZY,
@@ -82,7 +83,7 @@ def _router_plan(quick: bool):
     if quick:
         return [(QUICK, "lowrank", [{"C": 0}, LAZY, EAGER]), (QUICK, "linear", [{"BM": 64}])]
     return ([(Point(k=k), "lowrank", v) for k, v in LOWRANK.items()]
-            + [(p, "lowrank", ONE_PASS) for p in LOWRANK_POINTS]
+            + [(p, "lowrank", [CAND, *ONE_PASS]) for p in LOWRANK_POINTS]
             + [(Point(h=h), "linear", LINEAR) for h in (1024, 2048)])
 
 

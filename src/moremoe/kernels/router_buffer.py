@@ -15,11 +15,12 @@ buffer pushes out raises LEFT, the best key seen and not kept. A tile can hide a
 the top-k only behind C of its keys that all made the top-k (its next was never looked at):
 after the sweep those crowded tiles are examined again, lowest first and once each, one
 block-uniform round after another below the row's lowest key from the tile until no row's
-C-th key enters ("lazy"), or the rounds follow each tile ("eager"). For top-k positions
-spread evenly over T tiles, C = 2 crowds about binom(k, 2) / T of the rows (9 % at k = 4,
-T = 64) and, in a block of BN rows, 1 - (1 - 1/T)^(BN binom(k, 2) / T) of the tiles (9 %
-at M = 8,192), where eager rounds would follow half the tiles; schedule() picks C and the
-rounds. The R1 | W tiles are addressed by _common.logit_tile (32-bit in-tile offsets), and
+C-th key enters ("lazy", the default), or the rounds follow each tile ("eager", slower at
+every shape timed). For top-k positions spread evenly over T tiles, C = 2 crowds about
+binom(k, 2) / T of the rows (9 % at k = 4, T = 64) and, in a block of BN rows,
+1 - (1 - 1/T)^(BN binom(k, 2) / T) of the tiles (9 % at M = 8,192), where eager rounds
+would follow half the tiles; schedule() picks C. The inference default of the low-rank
+router in bf16 / fp16 at k <= 8 (router_topk.sweep_config). The R1 | W tiles are addressed by _common.logit_tile (32-bit in-tile offsets), and
 the launch is bounded to MAXNREG registers a thread.
 
 Exactness: the buffer orders keys, whose low bits are the column code, not the logit. A row
@@ -31,8 +32,6 @@ signs, so the set is the exact top-k; the values are recomputed exactly and orde
 write_sorted. Designed for k <= 8 (KP slots unrolled in registers); larger k takes the
 candidates pass.
 """
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -362,22 +361,17 @@ def _finish(z, X, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, rows, rows64, row
     queue_rows(bad, rows, REDO, REDO_N)
 
 
-def schedule(k: int, tiles: int, rows: int) -> tuple[int, str]:
+def schedule(k: int, tiles: int) -> tuple[int, str]:
     """(C, rounds): C = 4 keys a tile where there are few tiles (a tile then hides a member
     of the top k only behind four of its keys: binom(k, 4) / T^3 of the rows), else 2; the
-    rounds "eager" (after a tile while some row of the block can still gain from it) or
-    "lazy" (the crowded tiles examined again after the sweep), whichever takes fewer extra
-    tile passes: eager pays one where any of the block's rows' top k held C keys of the
-    first t tiles (about binom(k, C) / t^C a row), lazy one per tile crowded in some row at
-    the end (binom(k, C) / T^(C-1) a row), plus the tile's reload. Per logit C = 2 costs 4
-    ops, C = 4 8, a round 5 more."""
+    rounds "lazy" (the crowded tiles examined again after the sweep). Measured on an H100
+    (bf16, h = 512 and 2,048, N = 262,144; NOTES, fourteenth session): four keys a tile
+    0.283 against 0.331 ms at 4 tiles and 0.593 against 0.743 at 16, two keys 1.360 against
+    1.925 at 64 tiles (k = 4); "eager" rounds (after a tile while some row of the block can
+    still gain from it, config rounds="eager") 6-27 % slower than lazy at every shape timed,
+    the few tiles where a cost model had chosen them included."""
     C = 4 if k >= 3 and tiles <= 16 else 2
-    sets = math.comb(k, C) if k >= C else 0
-    if sets == 0:
-        return C, "lazy"            # no tile is ever crowded, no round ever needed
-    eager = sum(min(1.0, rows * sets / t ** C) for t in range(1, tiles + 1))
-    lazy = tiles * (1 - (1 - 1 / tiles) ** (rows * sets / tiles ** (C - 1))) * 1.5
-    return C, "eager" if eager <= lazy else "lazy"
+    return C, "lazy"
 
 
 MAXNREG = 168     # registers a thread: 3 blocks of 4 warps an SM (unbounded, ptxas takes 183)
@@ -397,7 +391,7 @@ def launch_buffer(x, w, r2, k: int, *, mode: int, cfg: dict, out):
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = r2.shape[0] if mode == LOWRANK else H
     BN, BM = cfg["BN"], cfg["BM"]
-    C, rounds = schedule(k, triton.cdiv(M, BM), BN)
+    C, rounds = schedule(k, triton.cdiv(M, BM))
     C, rounds = cfg.get("tile_keys", C), cfg.get("rounds", rounds)
     if C not in (2, 4) or (C == 4 and k < 3):
         raise ValueError(f"tile_keys must be 2, or 4 for k >= 3; got {C} at k={k}")

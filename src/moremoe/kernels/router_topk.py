@@ -247,7 +247,11 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     padded to a power of two >= 16 (the MMA's K); BH the h chunk of x R2ᵀ / x Wᵀ; BM = 128
     experts per tile (keys keep 15 exact mantissa bits; a 256 x 256 R1 tile would not fit in
     shared memory at r = 256); C the keys per tile of the candidates pass (0: exact sweep),
-    cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps. The
+    cand_stages its pipeline depth, bwd_stages that of the low-rank backward's sweeps; path
+    the inference selection: "buffer" (router_buffer's one pass) for the low-rank router in
+    bf16 / fp16 at k <= 8, faster than the candidates at every shape timed (H100, h = 512
+    and 2,048, M = 512 to 16,384, k = 1, 4, 8: 1.02-1.21x; NOTES, fourteenth session), else
+    "candidates" (and where the overrides give C, the candidates' own setting). The
     standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
@@ -255,7 +259,9 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
     cfg = {"BN": 64, "BM": 128, "BR": BR, "BH": min(64, max(16, next_pow2(H))),
            "num_warps": 4 if BR <= 64 else 8, "num_stages": 2, "cand_stages": 3, "laneb": 6,
-           "bwd_stages": 3, "path": "candidates"}
+           "bwd_stages": 3}
+    one_pass = mode == LOWRANK and not fp32 and K <= BUFFER_MAX_K and "C" not in (overrides or {})
+    cfg["path"] = "buffer" if one_pass else "candidates"
     if mode == LINEAR:   # GEMM-shaped tiles: the x Wᵀ MMA over h sets the pace
         cfg.update(BM=256, cand_stages=2)
         if H >= 1024:
