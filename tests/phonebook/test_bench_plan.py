@@ -32,6 +32,9 @@ def test_kernels_are_counted_from_the_devices_records_with_copies_apart():
               E(name="Memcpy DtoD (Device -> Device)", device_type=cuda),
               E(name="aten::mm", device_type=cpu), E(name="cudaLaunchKernel", device_type=cpu)]
     assert bench.count_kernel_events(events) == {"kernels": 2, "copies": 2}
+    events += [E(name="triton_poi_fused_add_0", device_type=cuda)]
+    assert bench.count_kernel_events(events, top=1) == {
+        "kernels": 3, "copies": 2, "top_kernels": [["triton_poi_fused_add_0", 2]]}
     assert bench.kernels_a_step(None, torch.device("cpu")) == {}     # nothing to count
 
 

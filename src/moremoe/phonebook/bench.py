@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 
 import torch
 
@@ -62,19 +63,28 @@ def _window_ms(step: PhonebookStep, n: int, device) -> float:
     return start.elapsed_time(end) / n
 
 
-def count_kernel_events(events) -> dict:
+TOP_KERNELS = 30      # the most launched kernel names a row keeps (where a step's launches go)
+
+
+def count_kernel_events(events, top: int = 0) -> dict:
     """{"kernels", "copies"}: the device's kernel records among profiler events, and its
-    memcpy / memset records apart."""
+    memcpy / memset records apart; with top, "top_kernels": the `top` most frequent kernel
+    names (cut to 120 characters) with their counts, most frequent first."""
     from torch.autograd import DeviceType
     dev = [e.name for e in events if e.device_type == DeviceType.CUDA]
     copies = sum(1 for n in dev if n.startswith(("Memcpy", "Memset")))
-    return {"kernels": len(dev) - copies, "copies": copies}
+    out = {"kernels": len(dev) - copies, "copies": copies}
+    if top:
+        names = Counter(n[:120] for n in dev if not n.startswith(("Memcpy", "Memset")))
+        out["top_kernels"] = [[n, c] for n, c in names.most_common(top)]
+    return out
 
 
 def kernels_a_step(step: PhonebookStep, device, n: int = 4) -> dict:
     """Kernels and copies a step on the device, over n profiled steps (a CUDA graph's
-    kernels count one by one: what its replay launches); empty off a GPU, where there is
-    no device kernel to count."""
+    kernels count one by one: what its replay launches), and the most launched kernels'
+    names with their launches a step; empty off a GPU, where there is no device kernel to
+    count."""
     if device.type != "cuda":
         return {}
     from torch.profiler import ProfilerActivity, profile
@@ -82,7 +92,9 @@ def kernels_a_step(step: PhonebookStep, device, n: int = 4) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step.run(n)
         torch.cuda.synchronize(device)
-    return {k: v / n for k, v in count_kernel_events(prof.events()).items()}
+    got = count_kernel_events(prof.events(), top=TOP_KERNELS)
+    return {"kernels": got["kernels"] / n, "copies": got["copies"] / n,
+            "top_kernels": [[name, c / n] for name, c in got["top_kernels"]]}
 
 
 def measure_step(name: str, mode: str, device, quick: bool) -> dict:
