@@ -113,3 +113,18 @@ def test_plots_draw_the_newest_row_of_each_point(monkeypatch, tmp_path, module, 
     (line,) = [ln for fig in figs for ax in fig.axes for ln in ax.get_lines()]
     assert list(line.get_xdata()) == [1, 2, 4]
     assert list(line.get_ydata()) == [2.0, 2.0, 2.0]
+
+
+def test_the_router_figure_of_a_run_without_training_says_so(monkeypatch, tmp_path, recwarn):
+    """`bench router --no-training`: the training panels hold no line; they say they were not
+    measured, and no legend of nothing is asked for (matplotlib warned on every such run)."""
+    from moremoe.bench import router_plots
+    figs = []
+    monkeypatch.setattr(router_plots, "save_figure", lambda fig, path: figs.append(fig))
+    rows = [{**_router_row(1, 1.0, "c"), "sweep": "M", "M": m, "h": h}
+            for m in (512, 1024) for h in (512, 2048)]
+    router_plots.render(rows, tmp_path)
+    (fig,) = figs
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert texts.count("not measured in this run") == 4        # training time and memory
+    assert not [w for w in recwarn if "No artists with labels" in str(w.message)]

@@ -46,7 +46,11 @@ def _log_axes(ax, x_label, y_label, title, *, logx=True) -> None:
     ax.set_ylabel(y_label)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:   # a phase the run left out (--no-training): said on the panel, not a blank one
+        ax.text(0.5, 0.5, "not measured in this run", transform=ax.transAxes, ha="center",
+                va="center", fontsize=8, color="0.4")
 
 
 def _panel(ax, series, x_label, title, *, speedup=("lowrank",), logx=True):
