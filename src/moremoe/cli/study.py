@@ -302,7 +302,8 @@ def add_study_parser(sub) -> None:
     r.add_argument("--parallel", type=_int_at_least(1), default=None,
                    help="runs at once on each GPU (default 2) or on the CPU (default 1); "
                         "four of the default pair train 1.29x the tokens a second of two on "
-                        "one H200, at up to 21 GiB a process")
+                        "one H200, at up to 21 GiB a process (27 evaluating); a run out of "
+                        "GPU memory beside others waits for room, and its GPU takes one fewer")
     r.add_argument("--max-minutes", type=_positive_float, default=None,
                    help="stop every run at a checkpoint in time to end within this budget")
     r.add_argument("--keep-checkpoints", action="store_true",

@@ -235,6 +235,9 @@ class _Pool:
         self.t0 = time.monotonic()
         self.active: dict[str, tuple] = {}        # name -> (run, process, slot, lr)
         self.slots = _slots(self.launch)
+        # runs at once a slot; lowered by one where a run ran out of memory beside others
+        self.cap = {d: self._per_slot() for d in self.slots}
+        self.log_at: dict[str, int] = {}          # name -> its log's size at its start
         self.stopping, self.announced = None, False
         self.failed, self.finished, self.stopped = [], [], []
 
@@ -292,7 +295,7 @@ class _Pool:
 
     def _free_slot(self):
         used = [a[2] for a in self.active.values()]
-        return next((d for d in self.slots if used.count(d) < self._per_slot()), None)
+        return next((d for d in self.slots if used.count(d) < self.cap[d]), None)
 
     def _per_slot(self) -> int:
         return self.launch.parallel or (1 if self.slots == ["cpu"] else 2)
@@ -317,6 +320,7 @@ class _Pool:
             env["CUDA_VISIBLE_DEVICES"] = slot
         log = s.out / "logs" / f"{run.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        self.log_at[run.name] = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as f:
             proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
                                     pass_fds=() if self.lock_fd is None else (self.lock_fd,))
@@ -345,9 +349,34 @@ class _Pool:
                 self.stopped.append(name)
                 self.study.echo(f"stop  {name} at its checkpoint (exit {code}): the next "
                                 f"command resumes it")
+            elif self._crowded_out(name, slot):
+                pass                            # started again once the slot has room
             else:
                 self.failed.append(name)
                 self.study.echo(f"FAIL  {name} (exit {code}): {_last_line(self.study, name)}")
+
+    def _crowded_out(self, name: str, slot: str) -> bool:
+        """A run that ran out of GPU memory beside other runs of its slot is not a failure of
+        the run: the slot takes one run fewer from now on (a GPU too small for the parallel
+        asked for) and the run starts again, from its checkpoint, when there is room. Alone
+        on its slot, out of memory is the run's own failure."""
+        beside = sum(a[2] == slot for a in self.active.values())
+        if slot == "cpu" or beside == 0 or not self._out_of_memory(name):
+            return False
+        self.cap[slot] = min(self.cap[slot], beside)
+        self.study.echo(f"OOM   {name} ran out of memory beside {beside} other run(s) on GPU "
+                        f"{slot}: it starts again from its checkpoint when one of them ends; "
+                        f"GPU {slot} runs {self.cap[slot]} at once from now on")
+        return True
+
+    def _out_of_memory(self, name: str) -> bool:
+        """Whether the run's last start said it ran out of memory (its part of the log)."""
+        try:
+            with open(self.study.out / "logs" / f"{name}.log", "rb") as f:
+                f.seek(self.log_at.get(name, 0))
+                return b"ran out of memory" in f.read()
+        except OSError:
+            return False
 
     def _tokens_done(self, todo) -> int:
         done = sum(r.tokens for r in todo if r.name in self.study.rows)
