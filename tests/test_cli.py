@@ -198,6 +198,28 @@ def test_bench_router_plots_from_committed_results(tmp_path):
     assert (tmp_path / "router_M.png").stat().st_size > 50_000
 
 
+def test_bench_experts_shapes_are_each_users_own_once(capsys):
+    """--shapes: the paper's points, every training preset's expert shape at its micro-batch
+    (one point for a shape two presets share), the study pair's and the phonebook's."""
+    from moremoe.cli.bench import EXPERT_SHAPES, expert_points
+    every = expert_points(EXPERT_SHAPES)
+    shapes = [(p.h, p.M, p.s, p.k, p.N) for _, p in every]
+    assert len(shapes) == len(set(shapes)) == 18
+    pts = {label: p for label, p in every if label != "paper"}
+    assert (512, 1792, 56, 4, 65536) == next((p.h, p.M, p.s, p.k, p.N) for label, p in
+                                             pts.items() if "h512-s64-more1792" in label)
+    shared = next(label for label in pts if "h512-s64-more1792" in label)
+    assert "h512-s56-moe1792" in shared                     # the same expert shape
+    assert pts["study more-1920"].s == 60 and pts["study moe-256"].h == 256
+    assert pts["phonebook MoRE-96"] == type(pts["phonebook MoRE-96"])(64, 96, s=8, k=4,
+                                                                      N=16384)
+    assert sum(1 for label, _ in expert_points(["paper"])) == 5
+    assert not any(label.startswith("phonebook") for label, _ in expert_points(["presets"]))
+    fails(capsys, ["bench", "experts", "--shapes", "presets,nope"],
+          r"--shapes got 'presets,nope', expected a comma-separated subset of paper, "
+          r"presets, study, phonebook")
+
+
 @pytest.mark.parametrize("name", ["layer", "decode", "experts", "model"])
 def test_bench_layer_decode_experts_quick_code_paths(capsys, tmp_path, name):
     pytest.importorskip("triton")
@@ -214,6 +236,8 @@ def test_bench_layer_decode_experts_quick_code_paths(capsys, tmp_path, name):
         assert {(r["variant"], r["phase"]) for r in data["rows"]} == {
             ("experts", "forward"), ("experts", "backward"), ("experts", "forward+backward"),
             ("grouped_mm", "forward"), ("grouped_mm", "forward+backward")}
+        assert {r["shape"] for r in data["rows"]} == {"quick"}
+        assert not any("kernels" in r for r in data["rows"])    # no device kernels on a CPU
     if name == "model":        # a tiny pair, both phases, components that add up to the total
         rows = data["rows"]
         assert {(r["kind"], r["phase"], r.get("mode")) for r in rows} == {

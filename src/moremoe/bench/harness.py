@@ -103,6 +103,32 @@ def peak_bytes(fn, *, device: torch.device) -> int | None:
     return int(torch.cuda.max_memory_allocated(device) - base)
 
 
+def kernel_profile(fn, *, device: torch.device, calls: int = 3, top: int = 4) -> dict:
+    """Where fn()'s device time goes: {"kernels_per_call", "kernels": [[name, us a call,
+    share of the device time], ...] the `top` longest first} from torch.profiler's kernel
+    records over `calls` calls (names cut to 80 characters; memcpy / memset count as
+    kernels here, they take device time); {} off a GPU."""
+    if device.type != "cuda":
+        return {}
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(device)
+    us: dict[str, float] = {}
+    n = 0
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            n += 1
+            us[e.name[:80]] = us.get(e.name[:80], 0.0) + e.time_range.elapsed_us() / calls
+    total = sum(us.values()) or 1.0
+    ranked = sorted(us.items(), key=lambda kv: -kv[1])[:top]
+    return {"kernels_per_call": n / calls,
+            "kernels": [[name, round(t, 2), round(t / total, 3)] for name, t in ranked]}
+
+
 def rotation(make, nbytes: int, device: torch.device, cap: int = 8) -> list:
     """Enough independent input sets (from make()) to exceed twice the L2 cache."""
     if device.type != "cuda":

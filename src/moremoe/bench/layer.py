@@ -27,7 +27,7 @@ import torch
 
 from ..nn.moe import MoEConfig, MoELayer
 from ..runtime import environment
-from .harness import bf16_on, ceilings, floor_ms, free, peak_bytes, time_ms
+from .harness import bf16_on, ceilings, floor_ms, free, kernel_profile, peak_bytes, time_ms
 
 HS = (64, 128, 256, 512, 1024, 2048, 4096)
 MS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -345,27 +345,37 @@ def _expert_rows(p: LayerPoint, device, env, ceil, quick: bool):
                        error=str(err).splitlines()[0])
             continue
         fl = floor_ms(flops, byts, ceil)
+        with torch.set_grad_enabled(grad):        # what limits the row: its kernels' times
+            where = kernel_profile(fn, device=device)
         yield _row("experts", p, variant, env, ceil, phase=phase, ms=ms, flops=flops,
                    bytes=byts, floor_ms=fl, tflops=flops / ms / 1e9,
-                   ratio_to_floor=(ms / fl) if fl else None)
+                   ratio_to_floor=(ms / fl) if fl else None, **where)
 
 
-def run_experts(device, *, quick=False, progress=None):
-    """Expert kernels alone at h = 512, k = 4, N = 262,144: s in {64, 128, 512} at M = 8,192,
-    and s = 64 at M in {512, 1,024} with the torch._grouped_mm experts beside them."""
+PAPER_EXPERT_POINTS = [("paper", LayerPoint(512, 8192, s=s)) for s in (64, 128, 512)] + [
+    ("paper", LayerPoint(512, M)) for M in (512, GROUPED_MM_MAX_M)]
+
+
+def run_experts(device, *, quick=False, progress=None, points=None):
+    """Expert kernels alone, forward and backward, each row with its kernels' share of the
+    device time (kernel_profile): by default the paper's points, h = 512, k = 4, N =
+    262,144: s in {64, 128, 512} at M = 8,192, and s = 64 at M in {512, 1,024} with the
+    torch._grouped_mm experts beside them; points: [(label, LayerPoint)] instead (the
+    CLI's --shapes: the presets', the study's and the phonebook's shapes at their own
+    micro-batch)."""
     env, ceil = environment(device), ceilings(device)
     if quick:
-        points = [LayerPoint(64, 16, s=16, N=256)]
-    else:
-        points = ([LayerPoint(512, 8192, s=s) for s in (64, 128, 512)]
-                  + [LayerPoint(512, M) for M in (512, GROUPED_MM_MAX_M)])
+        points = [("quick", LayerPoint(64, 16, s=16, N=256))]
+    elif points is None:
+        points = PAPER_EXPERT_POINTS
     from .grouped_mm import available
     ok = quick or available(device)
-    total = sum(2 + 3 * (ok and p.M <= GROUPED_MM_MAX_M) for p in points)
+    total = sum(2 + 3 * (ok and p.M <= GROUPED_MM_MAX_M) for _, p in points)
     rows = 0
-    for p in points:
+    for label, p in points:
         for row in _expert_rows(p, device, env, ceil, quick):
             rows += 1
+            row["shape"] = label
             progress and progress(rows, total, row)
             yield row
         free(device)

@@ -180,6 +180,44 @@ def _phonebook_points() -> list[str]:
     return list(POINTS)
 
 
+EXPERT_SHAPES = ("paper", "presets", "study", "phonebook")     # bench experts --shapes
+
+
+def expert_points(shapes) -> list:
+    """[(label, LayerPoint)] of `bench experts`: the paper's points (h = 512, N = 262,144),
+    every training preset's expert shape at its micro-batch, the study pair's, and the
+    phonebook models' (a step of 1,024 entries of 16 tokens); one point a distinct shape,
+    labelled by all that use it."""
+    from ..bench.layer import PAPER_EXPERT_POINTS, LayerPoint
+    found: dict = {}
+
+    def add(label, p):
+        found.setdefault(p, []).append(label)
+    if "paper" in shapes:
+        for label, p in PAPER_EXPERT_POINTS:
+            add(label, p)
+    if "presets" in shapes:
+        from ..training.presets import PRESETS, get_preset
+        for name, args in PRESETS.items():
+            if len(args) == 4:                          # not the tiny or PEER presets
+                m, t = (c := get_preset(name)).model, c.train
+                add(name, LayerPoint(m.hidden, m.experts, s=m.width, k=m.top_k,
+                                     N=t.batch_size * m.seq_len))
+    if "study" in shapes:
+        from ..study.plan import StudySettings, base_pair
+        st = StudySettings()
+        for m in base_pair(st):
+            add(f"study {m['kind']}-{m['experts']}", LayerPoint(
+                st.hidden, m["experts"], s=m["width"], k=st.top_k, N=st.tokens_per_step))
+    if "phonebook" in shapes:
+        from ..phonebook.bench import BATCH, MODELS
+        from ..phonebook.task import SEQ_LEN
+        for name, c in MODELS.items():
+            add(f"phonebook {name}", LayerPoint(c.hidden, c.experts, s=c.width, k=c.top_k,
+                                                N=BATCH * SEQ_LEN))
+    return [(", ".join(labels), p) for p, labels in found.items()]
+
+
 _layer_sweeps = _subset_arg("--sweeps", lambda: LAYER_SWEEPS)
 _pairs_arg = _subset_arg("--pairs", _pair_names)
 MODEL_PAIRS = ("h512-s64", "h512-s128", "h512-s64-x8", "h1024-s32")   # --pairs' default
@@ -320,6 +358,8 @@ def cmd_bench(args) -> int:
         args.runner_kwargs = {**quick, "sweeps": args.sweeps, "expert_counts": args.experts}
     if args.bench_command == "decode":
         args.runner_kwargs = {**quick, "expert_counts": args.experts, "hidden": args.hidden}
+    if args.bench_command == "experts" and not args.tune and not args.quick:
+        args.runner_kwargs = {**quick, "points": expert_points(args.shapes)}
     return _run_bench(args, args.bench_command, runner, render)
 
 
@@ -401,6 +441,14 @@ def add_bench_parser(sub) -> None:
                                                         if name == "layer" else "")
                             + " (default 64,128,...,8192)")
         if name == "experts":
+            pb.add_argument("--shapes", type=_subset_arg("--shapes", lambda: EXPERT_SHAPES),
+                            default=list(EXPERT_SHAPES),
+                            help="whose expert shapes, each at its own micro-batch: paper "
+                                 "(h=512, N=262,144: M=8192 at s=64, 128, 512; M=512, 1024), "
+                                 "presets (every training preset's), study (the study "
+                                 "pair's), phonebook (the h=64 pair's and MoRE-768's, 16,384 "
+                                 "tokens); default all. Each row carries its kernels' share "
+                                 "of the device time (what limits it)")
             pb.add_argument("--tune", action="store_true",
                             help="instead, time the kernels' block configurations beside "
                                  "their defaults, forward and backward, at h=512, M=8192 "

@@ -37,9 +37,12 @@ CONCURRENT = (1, 2, 4, 8)
 WINDOWS, WINDOW_STEPS = 5, {"eager": 10, "graph": 50, "compiled": 50}
 
 
+BATCH = 1024          # phonebook entries a step (of pb.SEQ_LEN tokens each)
+
+
 def _config(device, quick: bool) -> PhonebookTrainConfig:
     return PhonebookTrainConfig(size=2048 if quick else SIZE, lr=LR,
-                                batch_size=64 if quick else 1024, max_steps=10 ** 6,
+                                batch_size=64 if quick else BATCH, max_steps=10 ** 6,
                                 threshold=float("inf"), device=str(device))
 
 
