@@ -27,15 +27,12 @@ import torch
 from ..checks import UserError
 from ..eval.perplexity import evaluate_perplexity
 from ..eval.routing import normalized_entropy
-from ..model import Transformer
+from ..model import Transformer, checkpoint as stored
 from ..parallel import ddp, expert_plan, fsdp, plan
 from ..report import check_output_dir, write_json
 from ..runtime import autocast_dtype, environment
 from ..tasks.text import open_tokens, read_meta
-from ..model import checkpoint as stored
-from . import checkpoint as ckpt
-from . import footprint
-from . import run_plot
+from . import checkpoint as ckpt, footprint, run_plot
 from .config import RunConfig, check_impls, default_out, planned_steps
 from .data import Batches, check_ids, check_same_data, data_record, rows_of
 from .metrics import (ExpertCoverage, RunLog, StepClock, StepProfiler, echo_line, peak_tflops,
@@ -180,8 +177,7 @@ class LMTrainer:
                       f"{stored.describe_incomplete(after)}; resuming from the newest complete "
                       f"one, {latest} (the steps after it are trained again)")
         self._saved_step = 0      # the step last checkpointed (a fresh start: the init's)
-        self._evaluated_step = None     # the step of the last evaluation this process ran
-        self._eval_owed = False         # a resumed step's scheduled evaluation never ran
+        self._evaluated_step, self._eval_owed = None, False   # see evaluate() and _resume()
         if resume and latest is not None:
             self._resume(latest)
         else:
@@ -203,8 +199,7 @@ class LMTrainer:
         self._pending = state           # loaded into the optimizer once it is built
         self.batches.load_state_dict(state["data"])
         self.step, self.tokens = state["step"], state["tokens"]
-        # a run that died in the evaluation due at this step (an out-of-memory, a kill) saved
-        # the step without it: it runs first, so no scheduled evaluation is lost
+        # a run killed in this step's scheduled evaluation saved it unevaluated: it runs first
         self._eval_owed = (state.get("evaluated", True) is False and self.step > 0
                            and self.step % self.cfg.train.eval_every == 0)
         self.coverage.load(state.get("coverage"), self.dev)
