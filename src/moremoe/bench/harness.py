@@ -104,7 +104,7 @@ def peak_bytes(fn, *, device: torch.device) -> int | None:
 
 
 def kernel_profile(fn, *, device: torch.device, calls: int = 3, top: int = 4) -> dict:
-    """Where fn()'s device time goes: {"kernels_per_call", "kernels": [[name, us a call,
+    """Where fn()'s device time goes: {"kernels_per_call", "kernel_time": [[name, us a call,
     share of the device time], ...] the `top` longest first} from torch.profiler's kernel
     records over `calls` calls (names cut to 80 characters; memcpy / memset count as
     kernels here, they take device time); {} off a GPU."""
@@ -126,7 +126,7 @@ def kernel_profile(fn, *, device: torch.device, calls: int = 3, top: int = 4) ->
     total = sum(us.values()) or 1.0
     ranked = sorted(us.items(), key=lambda kv: -kv[1])[:top]
     return {"kernels_per_call": n / calls,
-            "kernels": [[name, round(t, 2), round(t / total, 3)] for name, t in ranked]}
+            "kernel_time": [[name, round(t, 2), round(t / total, 3)] for name, t in ranked]}
 
 
 def rotation(make, nbytes: int, device: torch.device, cap: int = 8) -> list:
