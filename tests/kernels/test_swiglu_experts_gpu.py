@@ -132,6 +132,19 @@ def test_one_launch_routing_metadata_on_the_gpu(N, k, M):
         assert torch.equal(getattr(a, field), getattr(b, field)), field
 
 
+@pytest.mark.parametrize("N,k,M", [(16384, 4, 32), (16384, 4, 96), (257, 4, 7), (4096, 4, 254),
+                                   (65536, 1, 1)])
+def test_the_counting_sort_metadata_on_the_gpu(N, k, M):
+    """kernels/routing_count.py compiled for the GPU: the phonebook pair's shapes (16,384
+    tokens, k = 4, M = 32 and 96), the most bins, one expert; equal to the torch ops."""
+    from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
+    g = torch.Generator(device="cuda").manual_seed(N + M)
+    idx = torch.randint(0, M, (N, k), device="cuda", generator=g, dtype=torch.int32)
+    a, b = routing_meta(idx, M, 64, counting=True), routing_meta_torch(idx, M, 64)
+    for field in ("order", "offsets", "block_expert", "block_start"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+
+
 @pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty",
                                   "width_56"])
 def test_auto_dispatch_edges_with_autograd(case):

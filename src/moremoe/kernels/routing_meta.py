@@ -47,6 +47,9 @@ except ImportError:                     # the torch path still works
     triton = None
 
 SMALL_PAIRS = 1024      # N·k up to which one kernel launch builds the metadata
+# past it, routing_count's three launches instead of the torch ops (where they fit): off
+# until a GPU has timed both (built 2026-12-05; benchmarks/NOTES.md, fourteenth session)
+COUNTING = False
 
 
 @dataclass
@@ -91,16 +94,27 @@ def check_bounds(bounds, tokens: int) -> tuple[int, ...]:
 
 def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
                  walk_experts: bool = False, first_expert: int = 0,
-                 bounds=None) -> RoutingMeta:
-    """The metadata of topk_idx: one kernel launch for N·k <= SMALL_PAIRS where the kernels
-    run (CUDA, or the interpreter), the torch ops otherwise; the two are equal field by
-    field. walk_experts: see routing_meta_torch; first_expert, bounds: the module header."""
+                 bounds=None, counting: bool | None = None) -> RoutingMeta:
+    """The metadata of topk_idx where the kernels run (CUDA, or the interpreter): one kernel
+    launch for N·k <= SMALL_PAIRS; with counting (default COUNTING), three
+    (routing_count's counting sort) for more pairs where its tile holds them; the torch ops
+    otherwise (and for chunks); all equal field by field. walk_experts: see
+    routing_meta_torch; first_expert, bounds: the module header."""
     from . import usable_on
     N, k = topk_idx_NK.shape
     one_chunk = bounds is None or len(check_bounds(bounds, N)) == 2
-    if (not walk_experts and one_chunk and 0 < N * k <= SMALL_PAIRS and triton is not None
-            and usable_on(topk_idx_NK.device)):
+    kernels = not walk_experts and one_chunk and triton is not None and usable_on(
+        topk_idx_NK.device)
+    if kernels and 0 < N * k <= SMALL_PAIRS:
         return _routing_meta_small(topk_idx_NK, experts, block_rows, first_expert)
+    if kernels and N * k > SMALL_PAIRS and (COUNTING if counting is None else counting):
+        from . import routing_count
+        if routing_count.fits(N * k, experts):
+            fields = routing_count.counting_meta(topk_idx_NK, experts, block_rows,
+                                                 max_blocks(N * k, experts, block_rows),
+                                                 first_expert)
+            return RoutingMeta(*fields, block_rows=block_rows, tokens=N, top_k=k,
+                               first_expert=first_expert)
     return routing_meta_torch(topk_idx_NK, experts, block_rows, walk_experts=walk_experts,
                               first_expert=first_expert, bounds=bounds)
 

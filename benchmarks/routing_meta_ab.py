@@ -1,0 +1,91 @@
+"""The routing metadata's counting sort (kernels/routing_count.py, three launches) against the
+torch ops (about 40, a radix sort among them), timed in one process on one GPU: the
+metadata alone at the phonebook pair's and a small preset's shapes (median of device-event
+timings after warm-up, and the kernels each launches), then a phonebook training step of
+MoE-32 and MoRE-96 (L = 6, batch 1,024, the CUDA graph of `bench phonebook`) with
+routing_meta.COUNTING off and on: ms and kernels a step. Issue 54 part 3's question: does
+the counting sort take the launches off the step, and is it no slower where it runs.
+
+    PYTHONPATH=src python benchmarks/routing_meta_ab.py OUT.jsonl
+    PYTHONPATH=src TRITON_INTERPRET=1 python benchmarks/routing_meta_ab.py OUT.jsonl --quick
+        (a CPU check of the script: small shapes in the interpreter, no timing, no step)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+# (tokens, k, experts): the phonebook's h = 64 pair (a step of 1,024 entries of 16 tokens),
+# MoRE-768's count of pairs over 254 experts, and the study's MoE-256 micro-batch
+SHAPES = [(16384, 4, 32), (16384, 4, 96), (16384, 4, 254), (65536, 4, 128)]
+QUICK_SHAPES = [(600, 4, 32)]
+
+
+def metadata_rows(device, quick: bool) -> list[dict]:
+    from moremoe.bench.harness import kernel_profile, time_ms
+    from moremoe.kernels import routing_count
+    from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
+    rows = []
+    for N, k, M in QUICK_SHAPES if quick else SHAPES:
+        g = torch.Generator(device=device).manual_seed(N + M)
+        idx = torch.randint(0, M, (N, k), device=device, generator=g, dtype=torch.int32)
+        calls = {"torch": lambda: routing_meta_torch(idx, M, 64),
+                 "counting": lambda: routing_meta(idx, M, 64, counting=True)}
+        a, b = calls["torch"](), calls["counting"]()
+        same = all(torch.equal(getattr(a, f), getattr(b, f))
+                   for f in ("order", "offsets", "block_expert", "block_start"))
+        for name, fn in calls.items():
+            row = {"bench": "routing_meta", "path": name, "N": N, "k": k, "M": M,
+                   "fits": routing_count.fits(N * k, M), "same_as_torch": same}
+            if not quick:
+                row.update(ms=time_ms(fn, device=device), **kernel_profile(fn, device=device))
+            rows.append(row)
+    return rows
+
+
+def step_rows(device) -> list[dict]:
+    from moremoe.kernels import routing_meta as rm
+    from moremoe.phonebook import bench
+    rows = []
+    bench._MODELS.update({k: bench.MODELS[k] for k in ("MoE-32", "MoRE-96")})
+    for name in ("MoE-32", "MoRE-96"):
+        for counting in (False, True):
+            rm.COUNTING = counting
+            try:
+                row = bench.measure_step(name, "graph", device, quick=False)
+            finally:
+                rm.COUNTING = False
+            rows.append({"bench": "routing_meta_step", "counting": counting,
+                         **{k: v for k, v in row.items() if k != "top_kernels"}})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="JSON lines to append to")
+    ap.add_argument("--quick", action="store_true", help="CPU check: small shapes, no timing")
+    args = ap.parse_args(argv)
+    from moremoe.runtime import environment
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.quick:
+        print("error: the A/B times a GPU; on a CPU give --quick (with TRITON_INTERPRET=1)",
+              file=sys.stderr)
+        return 2
+    rows = metadata_rows(device, args.quick) + ([] if args.quick else step_rows(device))
+    env = environment(device)
+    with open(args.out, "a") as f:
+        for r in rows:
+            f.write(json.dumps({**r, **env}) + "\n")
+    for r in rows:
+        print({k: r.get(k) for k in ("bench", "path", "counting", "model", "N", "M", "ms",
+                                      "kernels_per_call", "kernel_time", "kernels",
+                                      "same_as_torch")
+               if k in r})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

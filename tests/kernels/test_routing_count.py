@@ -1,0 +1,80 @@
+"""kernels/routing_count.py, the routing metadata of more pairs than one tile in three
+launches (a stable counting sort by blocks), against routing_meta_torch field by field (CPU:
+Triton interpreter; tests/kernels/test_swiglu_experts_gpu.py runs it on a GPU): every
+pair once, sorted stably; another shard's pairs last; runs longer than a block (hot
+experts); one expert; the most experts and blocks its tile holds; and where it does not
+take the sizes, the torch path."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from moremoe.kernels import routing_count as rc  # noqa: E402
+from moremoe.kernels.routing_meta import (SMALL_PAIRS, routing_meta,  # noqa: E402
+                                          routing_meta_torch)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+FIELDS = ("order", "offsets", "block_expert", "block_start")
+
+
+def idx_of(N, k, M, *, hot=False, first=0, seed=0):
+    g = torch.Generator().manual_seed(seed * 1000 + N + M)
+    hi = min(M, 3) if hot else M
+    idx = torch.randint(first, first + hi, (N, k), generator=g)
+    idx[0, 0] = first + M - 1                                 # the last expert id
+    return idx.to(DEV, torch.int32)
+
+
+def assert_same(idx, M, BM, first=0):
+    a = routing_meta(idx, M, BM, first_expert=first, counting=True)
+    b = routing_meta_torch(idx, M, BM, first_expert=first)
+    for field in FIELDS:
+        ta, tb = getattr(a, field), getattr(b, field)
+        assert ta.dtype == tb.dtype and torch.equal(ta, tb), field
+    assert (a.block_rows, a.tokens, a.top_k, a.first_expert) == (BM, *idx.shape, first)
+
+
+@pytest.mark.parametrize("N, k, M, BM, hot", [
+    (SMALL_PAIRS // 4 + 1, 4, 7, 16, False),       # one past the one-launch kernel's pairs
+    (2000, 4, 32, 64, True),                       # runs of hundreds of rows
+    (1100, 1, 1, 64, False),                       # one expert
+    (600, 4, 254, 128, False),                     # 256 bins, the most the tile takes
+    (5000, 2, 129, 128, False),                    # blocks of 256 pairs
+    (16384, 4, 96, 64, False)])                    # a phonebook step's MoRE-96 layer
+def test_the_counting_sort_equals_the_torch_ops(N, k, M, BM, hot):
+    assert rc.fits(N * k, M)
+    assert_same(idx_of(N, k, M, hot=hot), M, BM)
+
+
+def test_an_expert_shards_pairs_and_other_shards_pairs_sort_as_the_torch_ops():
+    """first_expert = 20 of 64 local experts: ids below 20 and past 83 sort last, in pair
+    order, past offsets[M]."""
+    idx = torch.randint(0, 120, (3000, 4), generator=torch.Generator().manual_seed(3))
+    assert_same(idx.to(DEV, torch.int32), 64, 64, first=20)
+
+
+def test_sizes_past_the_tile_keep_the_torch_path():
+    assert rc.fits(65536, 96) and rc.block_pairs(65536, 96) == 512
+    assert not rc.fits(65536, 255)                  # 257 keys: 512 bins
+    assert not rc.fits(1 << 20, 96)                 # 1,024 blocks of 1,024 pairs: 131,072 counts
+    assert not rc.fits(0, 8)
+    idx = idx_of(2000, 4, 300)
+    a = routing_meta(idx, 300, 64, counting=True)   # 300 experts: the torch ops, the same
+    b = routing_meta_torch(idx, 300, 64)
+    assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
+    with pytest.raises(ValueError, match=r"8000 pairs over 300 experts exceed the counting "
+                                         r"sort's tile .*use routing_meta"):
+        rc.counting_meta(idx, 300, 64, 400)
+
+
+def test_off_by_default_until_a_gpu_has_timed_it(monkeypatch):
+    """routing_meta takes the counting sort only when asked (counting=True) or when
+    COUNTING is on; the torch path otherwise."""
+    from moremoe.kernels import routing_meta as rm
+
+    def refuse(*args, **kw):
+        raise AssertionError("the counting sort ran unasked")
+    monkeypatch.setattr(rc, "counting_meta", refuse)
+    assert rm.COUNTING is False
+    rm.routing_meta(idx_of(2000, 4, 32), 32, 64)           # the torch ops: no error
+    with pytest.raises(AssertionError, match="unasked"):
+        rm.routing_meta(idx_of(2000, 4, 32), 32, 64, counting=True)
