@@ -344,9 +344,10 @@ def add_bench_parser(sub) -> None:
         "decode": ("one layer's decode step at B in {4, 16, 64, 256} over h x M",
                    "MoE vs MoRE, and a schedule that walks the range of expert ids"),
         "experts": ("the grouped expert kernels alone, forward and backward",
-                    "at s in {64, 128, 512}: achieved TFLOP/s and ratio to the floor; at M in "
-                    "{512, 1024} the torch._grouped_mm experts (the torchtitan way) beside "
-                    "them"),
+                    "at the paper's, the presets', the study's and the phonebook's shapes "
+                    "(--shapes): achieved TFLOP/s, ratio to the floor and the kernels' share "
+                    "of the time; at M <= 1024 the torch._grouped_mm experts (the torchtitan "
+                    "way) beside them"),
         "model": ("whole models: prefill and KV-cache decode by component",
                   "the paper's whole-model tables: prefill of matched MoE / MoRE pairs of "
                   "12-layer presets at B x T = 64 x 1024 and 256 x 1024 and decode "
