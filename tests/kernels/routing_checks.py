@@ -23,6 +23,18 @@ def assert_valid_topk(val, idx, logits64, k, *, tol):
     assert torch.all(gathered >= kth - tol)
 
 
+def hostile(x, R1, R2, *, ties, nan, inf):
+    """(x, R1, R2) made hostile to a selection: every logit negative (R1 shifted down, x and
+    R2 positive), experts `ties` exact copies of expert 7, expert `nan` with a NaN weight and
+    expert `inf` with a -inf one (its logits -inf or NaN)."""
+    R1 = R1 - 3.0 * R1.abs().max()
+    R1[list(ties)] = R1[7].clone()
+    R1[nan, 0] = float("nan")
+    R1[inf] = 0.0
+    R1[inf, 0] = float("-inf")
+    return x.abs() + 0.1, R1, R2.abs()
+
+
 def logits_lowrank(x, R1, R2, *, z_dtype=None):
     """float64 logits from z rounded to the dtype the kernel keeps it in."""
     z = x.double() @ R2.double().T

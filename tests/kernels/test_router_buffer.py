@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from numerics import reduction_tol
-from routing_checks import assert_valid_topk, logits_lowrank
+from routing_checks import assert_valid_topk, hostile, logits_lowrank
 
 triton = pytest.importorskip("triton")
 kr = pytest.importorskip("moremoe.kernels.router_lowrank")
@@ -129,13 +129,7 @@ def test_hostile_logits_as_the_exact_sweep(tuple_reduce):
     at k = 6 and 4: the exact sweep's experts and values. tuple_reduce runs the GPU's
     one-pass pair reduction (slow in the interpreter: small sizes)."""
     N, M, BM = (16, 80, 16) if tuple_reduce else (90, 500, 32)
-    x, R1, R2 = make(N, 32, M, 16, seed=3)
-    R1 = R1 - 3.0 * R1.abs().max()
-    R1[[5, 50, 33]] = R1[7].clone()
-    R1[9, 0] = float("nan")
-    R1[60] = 0.0
-    R1[60, 0] = float("-inf")
-    x, R2 = x.abs() + 0.1, R2.abs()
+    x, R1, R2 = hostile(*make(N, 32, M, 16, seed=3), ties=(5, 50, 33), nan=9, inf=60)
     for k, tile_keys in ((6, 2), (4, 4)):
         assert_as_exact_sweep(x, R1, R2, k, {"BM": BM, "tuple": tuple_reduce,
                                              "tile_keys": tile_keys}, h_r=32 + 16)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from numerics import reduction_tol
-from routing_checks import assert_valid_topk, dense_router_grads, logits_lowrank
+from routing_checks import assert_valid_topk, dense_router_grads, hostile, logits_lowrank
 
 triton = pytest.importorskip("triton")
 kr = pytest.importorskip("moremoe.kernels.router_lowrank")
@@ -155,13 +155,7 @@ def test_the_candidates_select_as_the_exact_sweep_on_hostile_logits():
     """The candidates and their queued rows' sweep give the exact sweep's experts and
     values on negative logits with exact ties across and within tiles, NaN and -inf among
     them, at k = 6 over 700 experts."""
-    x, R1, R2 = make(150, 32, 700, 16)
-    R1 = R1 - 3.0 * R1.abs().max()
-    R1[[5, 50, 333]] = R1[7].clone()
-    R1[9, 0] = float("nan")
-    R1[600] = 0.0
-    R1[600, 0] = float("-inf")
-    x, R2 = x.abs() + 0.1, R2.abs()
+    x, R1, R2 = hostile(*make(150, 32, 700, 16), ties=(5, 50, 333), nan=9, inf=600)
     two = kr.infer(x, R1, R2, 6, config={"BM": 32, "C": 0})
     one = kr.infer(x, R1, R2, 6, config={"BM": 32, "C": 2, "tuple": False})
     assert torch.equal(one[1], two[1])
