@@ -189,6 +189,11 @@ def test_k_past_the_buffer_takes_the_candidates_and_bad_settings_are_named():
         rb.launch_buffer(x, R1, None, 9, mode=LINEAR, cfg=c, out=())
     with pytest.raises(ValueError, match=r"tile_keys must be 2, or 4 for k >= 3; got 4 at k=2"):
         kr.infer(x, R1, R2, 2, config={**BUFFER, "tile_keys": 4})
+    # named also where the batch takes the exact sweep (too few blocks to fill a GPU)
+    with pytest.raises(ValueError, match=r"tile_keys must be 2, or 4 for k >= 3; got 3 at k=4"):
+        kr.infer(x, R1, R2, 4, config={**BUFFER, "tile_keys": 3, "small": True})
+    with pytest.raises(ValueError, match=r"rounds must be 'lazy' or 'eager'; got 'late'"):
+        kr.infer(x, R1, R2, 4, config={**BUFFER, "rounds": "late", "small": True})
 
 
 def test_the_schedule_follows_the_measurements():

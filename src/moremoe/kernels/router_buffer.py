@@ -374,6 +374,16 @@ def schedule(k: int, tiles: int) -> tuple[int, str]:
     return C, "lazy"
 
 
+def check_settings(cfg: dict, k: int) -> None:
+    """Name a bad one-pass setting of cfg (tile_keys, rounds) whichever path the launch then
+    takes (a batch too small to fill the GPU takes the exact sweep, and would not look)."""
+    C = cfg.get("tile_keys", 2)
+    if C not in (2, 4) or (C == 4 and k < 3):
+        raise ValueError(f"tile_keys must be 2, or 4 for k >= 3; got {C} at k={k}")
+    if cfg.get("rounds", "lazy") not in ("lazy", "eager"):
+        raise ValueError(f"rounds must be 'lazy' or 'eager'; got {cfg['rounds']!r}")
+
+
 MAXNREG = 168     # registers a thread: 3 blocks of 4 warps an SM (unbounded, ptxas takes 183)
 
 
@@ -393,8 +403,7 @@ def launch_buffer(x, w, r2, k: int, *, mode: int, cfg: dict, out):
     BN, BM = cfg["BN"], cfg["BM"]
     C, rounds = schedule(k, triton.cdiv(M, BM))
     C, rounds = cfg.get("tile_keys", C), cfg.get("rounds", rounds)
-    if C not in (2, 4) or (C == 4 and k < 3):
-        raise ValueError(f"tile_keys must be 2, or 4 for k >= 3; got {C} at k={k}")
+    check_settings(cfg, k)
     rows = torch.empty(N, device=x.device, dtype=torch.int32)
     rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
     r2_ = r2 if r2 is not None else x

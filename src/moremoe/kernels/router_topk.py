@@ -46,7 +46,7 @@ import triton.language as tl
 from ._common import (BIG_IDX, LINEAR, LOWRANK, MODE_LOWRANK, NEG_INF, column, dot_precision,
                       exact_values, fill_splits, logit_tile, next_pow2, sm_count, w_offsets_fit,
                       write_sorted, z_block, z_rows)
-from .router_buffer import MAX_K as BUFFER_MAX_K, launch_buffer
+from .router_buffer import MAX_K as BUFFER_MAX_K, check_settings, launch_buffer
 from .router_candidates import launch_candidates, launch_pick
 
 
@@ -270,6 +270,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
         cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2,
                    cand_stages=2, bwd_stages=2)
     cfg.update(overrides or {})
+    check_settings(cfg, K)
     if "C" not in cfg:
         cfg["C"] = pick_candidates(K, triton.cdiv(M, cfg["BM"]))
     return cfg
