@@ -66,15 +66,22 @@ def test_sizes_past_the_tile_keep_the_torch_path():
         rc.counting_meta(idx, 300, 64, 400)
 
 
-def test_off_by_default_until_a_gpu_has_timed_it(monkeypatch):
-    """routing_meta takes the counting sort only when asked (counting=True) or when
-    COUNTING is on; the torch path otherwise."""
+def test_on_by_default_on_a_gpu_and_asked_for_in_the_interpreter(monkeypatch):
+    """COUNTING is on (timed on an H200: 0.05 against 0.30 ms): routing_meta takes the
+    counting sort by default for CUDA tensors, and in the interpreter only when asked
+    (counting=True); counting=False takes the torch ops everywhere."""
     from moremoe.kernels import routing_meta as rm
 
     def refuse(*args, **kw):
-        raise AssertionError("the counting sort ran unasked")
+        raise AssertionError("the counting sort ran")
     monkeypatch.setattr(rc, "counting_meta", refuse)
-    assert rm.COUNTING is False
-    rm.routing_meta(idx_of(2000, 4, 32), 32, 64)           # the torch ops: no error
-    with pytest.raises(AssertionError, match="unasked"):
-        rm.routing_meta(idx_of(2000, 4, 32), 32, 64, counting=True)
+    assert rm.COUNTING is True
+    idx = idx_of(2000, 4, 32)
+    rm.routing_meta(idx, 32, 64, counting=False)            # the torch ops: no error
+    with pytest.raises(AssertionError, match="ran"):
+        rm.routing_meta(idx, 32, 64, counting=True)
+    if DEV == "cuda":
+        with pytest.raises(AssertionError, match="ran"):
+            rm.routing_meta(idx, 32, 64)
+    else:
+        rm.routing_meta(idx, 32, 64)                        # the interpreter: not unasked

@@ -47,9 +47,12 @@ except ImportError:                     # the torch path still works
     triton = None
 
 SMALL_PAIRS = 1024      # N·k up to which one kernel launch builds the metadata
-# past it, routing_count's three launches instead of the torch ops (where they fit): off
-# until a GPU has timed both (built 2026-12-05; benchmarks/NOTES.md, fourteenth session)
-COUNTING = False
+# past it, on a GPU, routing_count's three launches instead of the ~49 of the torch ops
+# (where they fit): 0.05 against 0.30 ms at N = 16,384, k = 4, M = 32, and 0.17 against 0.42
+# at M = 254 on an H200; the phonebook's graph step 6.05 -> 5.50 ms, 222 kernels fewer
+# (benchmarks/routing_meta_ab.py; NOTES, fifteenth session). The interpreter keeps the torch
+# ops unless asked (counting=True): the CPU suites' time stays where it was.
+COUNTING = True
 
 
 @dataclass
@@ -96,7 +99,7 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
                  walk_experts: bool = False, first_expert: int = 0,
                  bounds=None, counting: bool | None = None) -> RoutingMeta:
     """The metadata of topk_idx where the kernels run (CUDA, or the interpreter): one kernel
-    launch for N·k <= SMALL_PAIRS; with counting (default COUNTING), three
+    launch for N·k <= SMALL_PAIRS; with counting (default: COUNTING on a GPU), three
     (routing_count's counting sort) for more pairs where its tile holds them; the torch ops
     otherwise (and for chunks); all equal field by field. walk_experts: see
     routing_meta_torch; first_expert, bounds: the module header."""
@@ -107,7 +110,9 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
         topk_idx_NK.device)
     if kernels and 0 < N * k <= SMALL_PAIRS:
         return _routing_meta_small(topk_idx_NK, experts, block_rows, first_expert)
-    if kernels and N * k > SMALL_PAIRS and (COUNTING if counting is None else counting):
+    if counting is None:
+        counting = COUNTING and topk_idx_NK.device.type == "cuda"
+    if kernels and N * k > SMALL_PAIRS and counting:
         from . import routing_count
         if routing_count.fits(N * k, experts):
             fields = routing_count.counting_meta(topk_idx_NK, experts, block_rows,
