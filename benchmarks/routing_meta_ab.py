@@ -1,10 +1,12 @@
-"""The routing metadata's counting sort (kernels/routing_count.py, three launches) against the
-torch ops (about 40, a radix sort among them), timed in one process on one GPU: the
-metadata alone at the phonebook pair's and a small preset's shapes (median of device-event
-timings after warm-up, and the kernels each launches), then a phonebook training step of
-MoE-32 and MoRE-96 (L = 6, batch 1,024, the CUDA graph of `bench phonebook`) with
-routing_meta.COUNTING off and on: ms and kernels a step. Issue 54 part 3's question: does
-the counting sort take the launches off the step, and is it no slower where it runs.
+"""The routing metadata's kernels (kernels/routing_count.py: the counting sort, three launches
+where its tile holds the pairs; the sort and count, torch's sort and three launches, at any
+size) against the torch ops (about 49 launches, a radix sort among them), timed in one
+process on one GPU: the metadata alone at the phonebook pair's, the presets' and the study's
+shapes (median of device-event timings after warm-up, and the kernels each launches), then a
+phonebook training step of MoE-32, MoRE-96 and MoRE-768 (L = 6, batch 1,024, the CUDA graph
+of `bench phonebook`) with routing_meta.COUNTING and SORTED off and on: ms and kernels a
+step. Issue 54 parts 2 and 3: do the kernels take the launches off, and are they no slower
+where they run.
 
     PYTHONPATH=src python benchmarks/routing_meta_ab.py OUT.jsonl
     PYTHONPATH=src TRITON_INTERPRET=1 python benchmarks/routing_meta_ab.py OUT.jsonl --quick
@@ -19,9 +21,13 @@ import sys
 import torch
 
 # (tokens, k, experts): the phonebook's h = 64 pair (a step of 1,024 entries of 16 tokens),
-# MoRE-768's count of pairs over 254 experts, and the study's MoE-256 micro-batch
-SHAPES = [(16384, 4, 32), (16384, 4, 96), (16384, 4, 254), (65536, 4, 128)]
-QUICK_SHAPES = [(600, 4, 32)]
+# its pairs over 254 experts (the counting sort's most) and MoRE-768's, a micro-batch of
+# 65,536 tokens at k = 1 (past the counting sort's tile), the study's and the presets' M
+SHAPES = [(16384, 4, 32), (16384, 4, 96), (16384, 4, 254), (16384, 4, 768), (65536, 1, 128),
+          (65536, 4, 256), (65536, 4, 1920), (65536, 4, 8192)]
+QUICK_SHAPES = [(600, 4, 32), (600, 4, 300)]
+PATHS = {"torch": None, "counting": {"counting": True, "sorting": False},
+         "sorted": {"counting": False, "sorting": True}}
 
 
 def metadata_rows(device, quick: bool) -> list[dict]:
@@ -32,12 +38,14 @@ def metadata_rows(device, quick: bool) -> list[dict]:
     for N, k, M in QUICK_SHAPES if quick else SHAPES:
         g = torch.Generator(device=device).manual_seed(N + M)
         idx = torch.randint(0, M, (N, k), device=device, generator=g, dtype=torch.int32)
-        calls = {"torch": lambda: routing_meta_torch(idx, M, 64),
-                 "counting": lambda: routing_meta(idx, M, 64, counting=True)}
-        a, b = calls["torch"](), calls["counting"]()
-        same = all(torch.equal(getattr(a, f), getattr(b, f))
-                   for f in ("order", "offsets", "block_expert", "block_start"))
+        calls = {name: (lambda: routing_meta_torch(idx, M, 64)) if kw is None else
+                 (lambda kw=kw: routing_meta(idx, M, 64, **kw)) for name, kw in PATHS.items()
+                 if name != "counting" or routing_count.fits(N * k, M)}
+        ref = calls["torch"]()
         for name, fn in calls.items():
+            got = fn()
+            same = all(torch.equal(getattr(got, f), getattr(ref, f))
+                       for f in ("order", "offsets", "block_expert", "block_start"))
             row = {"bench": "routing_meta", "path": name, "N": N, "k": k, "M": M,
                    "fits": routing_count.fits(N * k, M), "same_as_torch": same}
             if not quick:
@@ -50,15 +58,18 @@ def step_rows(device) -> list[dict]:
     from moremoe.kernels import routing_meta as rm
     from moremoe.phonebook import bench
     rows = []
-    bench._MODELS.update({k: bench.MODELS[k] for k in ("MoE-32", "MoRE-96")})
-    for name in ("MoE-32", "MoRE-96"):
-        for counting in (False, True):
-            rm.COUNTING = counting
+    models = ("MoE-32", "MoRE-96", "MoRE-768")
+    bench._MODELS.update({k: bench.MODELS[k] for k in models})
+    saved = rm.COUNTING, rm.SORTED
+    for name in models:
+        for counting, sorting in ((False, False), (True, False), (True, True)):
+            rm.COUNTING, rm.SORTED = counting, sorting
             try:
                 row = bench.measure_step(name, "graph", device, quick=False)
             finally:
-                rm.COUNTING = False
+                rm.COUNTING, rm.SORTED = saved
             rows.append({"bench": "routing_meta_step", "counting": counting,
+                         "sorting": sorting,
                          **{k: v for k, v in row.items() if k != "top_kernels"}})
     return rows
 
@@ -80,7 +91,8 @@ def main(argv=None) -> int:
         for r in rows:
             f.write(json.dumps({**r, **env}) + "\n")
     for r in rows:
-        print({k: r.get(k) for k in ("bench", "path", "counting", "model", "N", "M", "ms",
+        print({k: r.get(k) for k in ("bench", "path", "counting", "sorting", "model", "N", "M",
+                                      "ms",
                                       "kernels_per_call", "kernel_time", "kernels",
                                       "same_as_torch")
                if k in r})

@@ -1,5 +1,5 @@
-"""benchmarks/routing_meta_ab.py on a CPU (--quick, the interpreter): rows of both paths that
-agree field by field; without --quick a CPU is refused in one line."""
+"""benchmarks/routing_meta_ab.py on a CPU (--quick, the interpreter): rows of every path (the
+counting sort only where its tile holds the pairs) that agree field by field; without --quick a CPU is refused in one line."""
 import json
 import sys
 from pathlib import Path
@@ -11,12 +11,14 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import routing_meta_ab  # noqa: E402
 
 
-def test_the_quick_check_writes_both_paths_rows(tmp_path, capsys):
+def test_the_quick_check_writes_every_paths_rows(tmp_path, capsys):
     out = tmp_path / "ab.jsonl"
     assert routing_meta_ab.main([str(out), "--quick"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["path"] for r in rows] == ["torch", "counting"]
-    assert all(r["same_as_torch"] and r["fits"] and "device" in r for r in rows)
+    assert [(r["M"], r["path"], r["fits"]) for r in rows] == [
+        (32, "torch", True), (32, "counting", True), (32, "sorted", True),
+        (300, "torch", False), (300, "sorted", False)]
+    assert all(r["same_as_torch"] and "device" in r for r in rows)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU times it")

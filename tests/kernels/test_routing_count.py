@@ -85,3 +85,41 @@ def test_on_by_default_on_a_gpu_and_asked_for_in_the_interpreter(monkeypatch):
             rm.routing_meta(idx, 32, 64)
     else:
         rm.routing_meta(idx, 32, 64)                        # the interpreter: not unasked
+
+
+def assert_sorted_same(idx, M, BM, first=0):
+    a = routing_meta(idx, M, BM, first_expert=first, counting=False, sorting=True)
+    b = routing_meta_torch(idx, M, BM, first_expert=first)
+    for field in FIELDS:
+        ta, tb = getattr(a, field), getattr(b, field)
+        assert ta.dtype == tb.dtype and torch.equal(ta, tb), field
+
+
+@pytest.mark.parametrize("N, k, M, BM, hot", [
+    (SMALL_PAIRS // 4 + 1, 4, 7, 16, False),       # one past the one-launch kernel's pairs
+    (2000, 4, 300, 64, False),                     # past the counting sort's 254 experts
+    (2000, 4, 2500, 64, True),                     # runs of hundreds of rows; 3 scan chunks
+    (1100, 1, 1, 64, False),                       # one expert
+    (3000, 8, 1536, 128, False)])                  # the presets' shape at a smaller N
+def test_the_sort_and_count_equals_the_torch_ops(N, k, M, BM, hot):
+    """routing_count.sorted_meta (any size: torch's stable sort of the keys, the counts by
+    integer atomics, one scanning program, the schedule's slots) field by field."""
+    assert_sorted_same(idx_of(N, k, M, hot=hot), M, BM)
+
+
+def test_the_sort_and_count_sorts_another_shards_pairs_last():
+    idx = torch.randint(0, 700, (3000, 4), generator=torch.Generator().manual_seed(5))
+    assert_sorted_same(idx.to(DEV, torch.int32), 400, 64, first=150)
+
+
+def test_sorting_is_off_by_default_until_a_gpu_has_timed_it(monkeypatch):
+    from moremoe.kernels import routing_meta as rm
+
+    def refuse(*args, **kw):
+        raise AssertionError("the sort and count ran")
+    monkeypatch.setattr(rc, "sorted_meta", refuse)
+    assert rm.SORTED is False
+    idx = idx_of(2000, 4, 300)
+    rm.routing_meta(idx, 300, 64)                           # past the tile: the torch ops
+    with pytest.raises(AssertionError, match="ran"):
+        rm.routing_meta(idx, 300, 64, sorting=True)

@@ -145,6 +145,23 @@ def test_the_counting_sort_metadata_on_the_gpu(N, k, M):
         assert torch.equal(getattr(a, field), getattr(b, field)), field
 
 
+@pytest.mark.parametrize("N,k,M,first", [(65536, 4, 256, 0), (65536, 4, 1792, 0),
+                                         (65536, 4, 8192, 0), (65536, 1, 128, 0),
+                                         (3000, 4, 400, 150)])
+def test_the_sort_and_count_metadata_on_the_gpu(N, k, M, first):
+    """routing_count.sorted_meta compiled for the GPU: the presets' and the study's shapes
+    (65,536 tokens, M = 256 to 8,192), one past the counting sort's tile (k = 1, M = 128),
+    a shard; equal to the torch ops field by field (the atomics' counts are integers)."""
+    from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
+    g = torch.Generator(device="cuda").manual_seed(N + M)
+    idx = torch.randint(0, M + 2 * first, (N, k), device="cuda", generator=g,
+                        dtype=torch.int32)
+    a = routing_meta(idx, M, 64, first_expert=first, counting=False, sorting=True)
+    b = routing_meta_torch(idx, M, 64, first_expert=first)
+    for field in ("order", "offsets", "block_expert", "block_start"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+
+
 @pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty",
                                   "width_56"])
 def test_auto_dispatch_edges_with_autograd(case):

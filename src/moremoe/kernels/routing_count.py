@@ -111,6 +111,14 @@ def _place_kernel(IDX, BASE, ORDER, OFFSETS, BLOCK_END, BLOCK_EXPERT, BLOCK_STAR
             dest = tl.load(BASE + p * VB + key, mask=key <= M, other=0) + rank
             tl.store(ORDER + dest.to(tl.int64), q.to(tl.int64), mask=key <= M)
             running += tl.sum(hot, 0)
+    _write_slots(OFFSETS, BLOCK_END, BLOCK_EXPERT, BLOCK_START, p, M, B, BM, BSC, STEPS)
+
+
+@triton.jit
+def _write_slots(OFFSETS, BLOCK_END, BLOCK_EXPERT, BLOCK_START, p, M, B, BM,
+                 BSC: tl.constexpr, STEPS: tl.constexpr):
+    """Slots [p·BSC, (p + 1)·BSC) of the schedule: each slot's expert by a binary search of
+    BLOCK_END (the torch path's searchsorted), its first row, -1 / 0 past the last block."""
     b = p * BSC + tl.arange(0, BSC)
     if p * BSC < B:
         # the first expert whose blocks end past slot b: lo in [0, M], M where none does
@@ -155,5 +163,73 @@ def counting_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, bloc
     _place_kernel[(max(P, triton.cdiv(blocks, BS)),)](
         idx, base, order, offsets, block_end, block_expert, block_start, NK, experts,
         first_expert, P, blocks, block_rows, VB=VB, BP=BP, BCC=step_pairs(experts), BSC=BS,
-        STEPS=max(1, experts.bit_length() + 1), num_warps=4)
+        STEPS=_steps(experts), num_warps=4)
+    return order, offsets, block_expert, block_start
+
+
+def _steps(experts: int) -> int:
+    """Binary-search steps that narrow [0, M] to one expert."""
+    return max(1, experts.bit_length() + 1)
+
+
+# ---------------------------------------------------------------- any size: sort, then count
+# Past the counting sort's tile (more than 254 experts, or too many pairs for one scan), the
+# order comes from torch's stable radix sort of the same keys, and everything else from
+# three launches: the keys with each expert's pairs counted (integer atomics: exact, so
+# deterministic), one program scanning the counts, and the schedule's slots. About 11
+# launches with the sort's own, against the torch ops' ~49.
+
+@triton.jit
+def _keys_count_kernel(IDX, KEYS, COUNTS, NK, M, FIRST, BP: tl.constexpr):
+    q = tl.program_id(0) * BP + tl.arange(0, BP)
+    key = _keys(IDX, q, NK, M, FIRST)
+    tl.store(KEYS + q, key, mask=q < NK)
+    tl.atomic_add(COUNTS + key, 1, mask=key < M, sem="relaxed")
+
+
+@triton.jit
+def _scan_counts_kernel(COUNTS, OFFSETS, BLOCK_END, M, BM, BE: tl.constexpr):
+    """One program over the experts, BE at a time: offsets[v] = pairs of experts below v,
+    BLOCK_END[v] = blocks of BM rows up to expert v."""
+    pairs = tl.sum(tl.zeros((BE,), tl.int64), 0)        # int64 scalars carried by the loop
+    blocks = pairs
+    for e0 in range(0, M, BE):
+        v = e0 + tl.arange(0, BE)
+        c = tl.load(COUNTS + v, mask=v < M, other=0).to(tl.int64)
+        b = (c + BM - 1) // BM
+        tl.store(OFFSETS + v, pairs + tl.cumsum(c, 0) - c, mask=v < M)
+        tl.store(BLOCK_END + v, blocks + tl.cumsum(b, 0), mask=v < M)
+        pairs += tl.sum(c, 0)
+        blocks += tl.sum(b, 0)
+    tl.store(OFFSETS + M, pairs)
+
+
+@triton.jit
+def _slots_kernel(OFFSETS, BLOCK_END, BLOCK_EXPERT, BLOCK_START, M, B, BM,
+                  BSC: tl.constexpr, STEPS: tl.constexpr):
+    _write_slots(OFFSETS, BLOCK_END, BLOCK_EXPERT, BLOCK_START, tl.program_id(0), M, B, BM,
+                 BSC, STEPS)
+
+
+def sorted_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, blocks: int,
+                first_expert: int = 0) -> tuple:
+    """(order, offsets, block_expert, block_start) of one chunk of any size: routing_meta's
+    fields, the order by torch's stable sort of the keys, the rest in three launches."""
+    NK, dev = topk_idx_NK.numel(), topk_idx_NK.device
+    BP = 1024
+    idx = topk_idx_NK.contiguous()
+    keys = torch.empty(NK, dtype=torch.int32, device=dev)
+    counts = torch.zeros(experts, dtype=torch.int32, device=dev)
+    offsets = torch.empty(experts + 1, dtype=torch.int64, device=dev)
+    block_end = torch.empty(experts, dtype=torch.int64, device=dev)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=dev)
+    block_start = torch.empty(blocks, dtype=torch.int64, device=dev)
+    _keys_count_kernel[(triton.cdiv(NK, BP),)](idx, keys, counts, NK, experts, first_expert,
+                                               BP=BP, num_warps=4)
+    order = torch.sort(keys, stable=True)[1]
+    _scan_counts_kernel[(1,)](counts, offsets, block_end, experts, block_rows, BE=1024,
+                              num_warps=4)
+    _slots_kernel[(triton.cdiv(blocks, BS),)](offsets, block_end, block_expert, block_start,
+                                              experts, blocks, block_rows, BSC=BS,
+                                              STEPS=_steps(experts), num_warps=4)
     return order, offsets, block_expert, block_start

@@ -53,6 +53,11 @@ SMALL_PAIRS = 1024      # N·k up to which one kernel launch builds the metadata
 # (benchmarks/routing_meta_ab.py; NOTES, fifteenth session). The interpreter keeps the torch
 # ops unless asked (counting=True): the CPU suites' time stays where it was.
 COUNTING = True
+# past the counting sort's tile (over 254 experts, or too many pairs): torch's stable sort of
+# the keys and three launches for the rest (routing_count.sorted_meta, ~11 launches with the
+# sort's) instead of the torch ops: off until a GPU has timed both (built 2026-12-06;
+# benchmarks/routing_meta_ab.py)
+SORTED = False
 
 
 @dataclass
@@ -97,11 +102,13 @@ def check_bounds(bounds, tokens: int) -> tuple[int, ...]:
 
 def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
                  walk_experts: bool = False, first_expert: int = 0,
-                 bounds=None, counting: bool | None = None) -> RoutingMeta:
+                 bounds=None, counting: bool | None = None,
+                 sorting: bool | None = None) -> RoutingMeta:
     """The metadata of topk_idx where the kernels run (CUDA, or the interpreter): one kernel
     launch for N·k <= SMALL_PAIRS; with counting (default: COUNTING on a GPU), three
-    (routing_count's counting sort) for more pairs where its tile holds them; the torch ops
-    otherwise (and for chunks); all equal field by field. walk_experts: see
+    (routing_count's counting sort) for more pairs where its tile holds them; with sorting
+    (default: SORTED on a GPU) torch's sort and three launches for the sizes past that tile;
+    the torch ops otherwise (and for chunks); all equal field by field. walk_experts: see
     routing_meta_torch; first_expert, bounds: the module header."""
     from . import usable_on
     N, k = topk_idx_NK.shape
@@ -110,14 +117,20 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
         topk_idx_NK.device)
     if kernels and 0 < N * k <= SMALL_PAIRS:
         return _routing_meta_small(topk_idx_NK, experts, block_rows, first_expert)
-    if counting is None:
-        counting = COUNTING and topk_idx_NK.device.type == "cuda"
-    if kernels and N * k > SMALL_PAIRS and counting:
+    gpu = topk_idx_NK.device.type == "cuda"
+    counting = COUNTING and gpu if counting is None else counting
+    sorting = SORTED and gpu if sorting is None else sorting
+    if kernels and N * k > SMALL_PAIRS and (counting or sorting):
         from . import routing_count
-        if routing_count.fits(N * k, experts):
-            fields = routing_count.counting_meta(topk_idx_NK, experts, block_rows,
-                                                 max_blocks(N * k, experts, block_rows),
+        B = max_blocks(N * k, experts, block_rows)
+        fields = None
+        if counting and routing_count.fits(N * k, experts):
+            fields = routing_count.counting_meta(topk_idx_NK, experts, block_rows, B,
                                                  first_expert)
+        elif sorting:
+            fields = routing_count.sorted_meta(topk_idx_NK, experts, block_rows, B,
+                                               first_expert)
+        if fields is not None:
             return RoutingMeta(*fields, block_rows=block_rows, tokens=N, top_k=k,
                                first_expert=first_expert)
     return routing_meta_torch(topk_idx_NK, experts, block_rows, walk_experts=walk_experts,
