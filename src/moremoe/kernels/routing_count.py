@@ -20,7 +20,12 @@ the metadata's ~30 kernels a layer are a sixth of it.
 Stable like torch.sort(stable=True): within a key, blocks in order and, in a block, pairs in
 order. Device arithmetic only, no host sync (CUDA graphs capture it). One chunk of tokens;
 BP = the power of two (64 to 1,024) that keeps P·VB within one tile: more pairs, or more
-than 254 experts, keep the torch path (fits()).
+than 254 experts, do not fit().
+
+sorted_meta takes any size: the order from torch's stable sort of the same keys, then
+_keys_count_kernel (keys and each expert's pairs counted by integer atomics),
+_scan_counts_kernel (one program: offsets and BLOCK_END, 1,024 experts at a time) and
+_slots_kernel (the schedule, by the same binary search as _place_kernel's).
 """
 from __future__ import annotations
 
