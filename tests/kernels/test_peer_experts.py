@@ -106,10 +106,14 @@ def test_empty_batch():
     assert dx.shape == (0, 16) and dg.shape == (0, 2) and not du.any() and not dv.any()
 
 
-def test_expert_order_sorts_pairs_stably_with_int64_offsets():
+@pytest.mark.parametrize("kernels", [False, True])
+def test_pair_order_sorts_pairs_stably_with_int64_offsets(kernels):
+    """routing_meta.pair_order (the PEER backward's and the router's sparse dW's sort): the
+    sort and binary searches, or the metadata kernels (one launch here), the same."""
+    from moremoe.kernels.routing_meta import pair_order
     ids = torch.tensor([[3, 0], [3, 1], [3, 0], [7, 3], [0, 7]], device=DEV)
-    order, offsets = pk.expert_order(ids, 9)
-    assert order.tolist() == [1, 5, 8, 3, 0, 2, 4, 7, 6, 9]
+    order, offsets = pair_order(ids, 9, kernels=kernels)
+    assert order.dtype == torch.int64 and order.tolist() == [1, 5, 8, 3, 0, 2, 4, 7, 6, 9]
     assert offsets.dtype == torch.int64 and offsets.tolist() == [0, 3, 4, 4, 8, 8, 8, 8, 10, 10]
 
 

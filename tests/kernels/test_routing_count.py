@@ -123,3 +123,14 @@ def test_sorting_is_off_by_default_until_a_gpu_has_timed_it(monkeypatch):
     rm.routing_meta(idx, 300, 64)                           # past the tile: the torch ops
     with pytest.raises(AssertionError, match="ran"):
         rm.routing_meta(idx, 300, 64, sorting=True)
+
+
+@pytest.mark.parametrize("N, k, M", [(2000, 4, 96), (600, 4, 300), (300, 2, 17)])
+def test_pair_order_by_the_kernels_equals_the_sort(N, k, M):
+    """routing_meta.pair_order with kernels (the counting sort at 96 experts, the sort where
+    its tile does not hold 300, one launch at 600 pairs) equals one stable sort and M + 1
+    binary searches."""
+    from moremoe.kernels.routing_meta import pair_order
+    idx = idx_of(N, k, M)
+    for a, b in zip(pair_order(idx, M, kernels=True), pair_order(idx, M, kernels=False)):
+        assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)

@@ -162,6 +162,17 @@ def test_the_sort_and_count_metadata_on_the_gpu(N, k, M, first):
         assert torch.equal(getattr(a, field), getattr(b, field)), field
 
 
+@pytest.mark.parametrize("N,k,M", [(16384, 4, 96), (200, 4, 8192), (16384, 4, 1792)])
+def test_pair_order_on_the_gpu(N, k, M):
+    """routing_meta.pair_order's kernels (the counting sort, the one launch) and its sort
+    (past the counting sort's tile) against one stable sort and M + 1 binary searches."""
+    from moremoe.kernels.routing_meta import pair_order
+    g = torch.Generator(device="cuda").manual_seed(N + M)
+    idx = torch.randint(0, M, (N, k), device="cuda", generator=g, dtype=torch.int32)
+    for a, b in zip(pair_order(idx, M), pair_order(idx, M, kernels=False)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty",
                                   "width_56"])
 def test_auto_dispatch_edges_with_autograd(case):

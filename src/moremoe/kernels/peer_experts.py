@@ -60,6 +60,7 @@ import triton.language as tl
 
 from . import DTYPES, PEER_MAX_HIDDEN
 from ._common import load_rows, next_pow2
+from .routing_meta import pair_order
 
 ACTIVATION_CODES = {"gelu": 0, "relu": 1, "silu": 2}
 TILE_PER_THREAD = 32
@@ -227,15 +228,6 @@ def forward(x, gates, ids, u, v, activation: str = "gelu"):
     return y
 
 
-def expert_order(ids, M: int):
-    """(order (P,) int64: pair ids n·k + j sorted by expert, stable; offsets (M+1,) int64:
-    expert e's pairs are order[offsets[e]:offsets[e+1]]), with no host sync."""
-    keys = ids.reshape(-1).to(torch.int32)          # M < 2^31: a radix sort of 32-bit keys
-    sorted_keys, order = torch.sort(keys, stable=True)
-    bounds = torch.arange(M + 1, device=ids.device, dtype=torch.int32)
-    return order, torch.searchsorted(sorted_keys, bounds)
-
-
 def backward(dy, x, gates, ids, u, v, activation: str = "gelu"):
     """(dx (N, h) x's dtype, dgates (N, k) fp32, du, dv (M, h) in u's dtype)."""
     check_inputs(x, gates, ids, u, v, activation)
@@ -247,7 +239,7 @@ def backward(dy, x, gates, ids, u, v, activation: str = "gelu"):
                 torch.zeros_like(v))
     du, dv = torch.empty_like(u), torch.empty_like(v)   # every row is written
     ur, vr = _weights(u, v, x.dtype, N * k)
-    order, offsets = expert_order(ids, M)
+    order, offsets = pair_order(ids, M)
     # every pair is one expert's: the expert pass writes each (n, j) of these once
     dgates = torch.empty(N, k, device=x.device, dtype=torch.float32)
     da = torch.empty_like(dgates)

@@ -36,6 +36,7 @@ from . import expert_wgrad as wgrad
 from ._common import (LINEAR, MODE_LINEAR, NEG_INF, dot_precision, fill_splits, load_rows,
                       logit_tile, w_offsets_fit, z_rows)
 from .router_topk import launch_sweep, sweep_config
+from .routing_meta import pair_order
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -306,12 +307,9 @@ def sparse_weight_grad(a, idx, dval, experts: int, piece_pairs: int = SPARSE_PIE
     out = torch.zeros(experts, R, device=a.device, dtype=torch.float32)
     if N == 0:
         return out
-    flat = idx.reshape(-1)                   # int32: half the radix passes of int64
-    sorted_e, order = torch.sort(flat, stable=True)
-    offsets = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=a.device,
-                                                        dtype=flat.dtype))
+    order, offsets = pair_order(idx, experts)
     owner, first, count, slot, bound, slots, rows = wgrad.plan(offsets, experts, 1,
-                                                               piece_pairs, flat.shape[0])
+                                                               piece_pairs, order.shape[0])
     scratch = torch.empty(slots, R, device=a.device, dtype=torch.float32)
     BR = min(128, max(16, triton.next_power_of_2(R)))
     _sparse_cols_kernel[(bound, triton.cdiv(R, BR))](

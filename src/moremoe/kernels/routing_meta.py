@@ -58,6 +58,7 @@ COUNTING = True
 # sort's) instead of the torch ops: off until a GPU has timed both (built 2026-12-06;
 # benchmarks/routing_meta_ab.py)
 SORTED = False
+PAIR_ORDER_EXPERTS = 1 << 14    # pair_order's kernels up to this many experts
 
 
 @dataclass
@@ -135,6 +136,31 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
                                first_expert=first_expert)
     return routing_meta_torch(topk_idx_NK, experts, block_rows, walk_experts=walk_experts,
                               first_expert=first_expert, bounds=bounds)
+
+
+def pair_order(topk_idx_NK: torch.Tensor, experts: int, *,
+               kernels: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order (N·k,) int64: pair ids n·k + j sorted by expert, stable; offsets (M+1,) int64:
+    expert e's pairs are order[offsets[e]:offsets[e+1]]) of ids in [0, M), with no host
+    sync: routing_meta's order and offsets. With kernels (default: on a GPU) and where they
+    take the sizes (one launch up to SMALL_PAIRS, the counting sort's three past it; at most
+    PAIR_ORDER_EXPERTS experts: the one launch counts offsets in M·N·k compares, and PEER's
+    million experts would cost it a millisecond), those; else one stable sort of the 32-bit
+    ids and M + 1 binary searches."""
+    from . import usable_on
+    N, k = topk_idx_NK.shape
+    if kernels is None:
+        kernels = topk_idx_NK.device.type == "cuda" and COUNTING
+    if (kernels and triton is not None and usable_on(topk_idx_NK.device) and N * k > 0
+            and experts <= PAIR_ORDER_EXPERTS):
+        from . import routing_count
+        if N * k <= SMALL_PAIRS or routing_count.fits(N * k, experts):
+            meta = routing_meta(topk_idx_NK, experts, 64, counting=True, sorting=False)
+            return meta.order, meta.offsets
+    keys = topk_idx_NK.reshape(-1).to(torch.int32)   # M < 2^31: a radix sort of 32-bit keys
+    sorted_keys, order = torch.sort(keys, stable=True)
+    bounds = torch.arange(experts + 1, device=topk_idx_NK.device, dtype=torch.int32)
+    return order, torch.searchsorted(sorted_keys, bounds)
 
 
 def _virtual_keys(topk_idx_NK, experts: int, first_expert: int, bounds) -> torch.Tensor:
