@@ -216,6 +216,14 @@ def _slots_kernel(OFFSETS, BLOCK_END, BLOCK_EXPERT, BLOCK_START, M, B, BM,
                  BSC, STEPS)
 
 
+SORT_MAX_EXPERTS = 1 << 16   # _scan_counts_kernel's one program walks M / 1,024 chunks
+
+
+def sorts(experts: int) -> bool:
+    """Whether sorted_meta takes this many experts (its scan is one program over them)."""
+    return 0 < experts <= SORT_MAX_EXPERTS
+
+
 def sorted_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, blocks: int,
                 first_expert: int = 0) -> tuple:
     """(order, offsets, block_expert, block_start) of one chunk of any size: routing_meta's

@@ -128,7 +128,7 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
         if counting and routing_count.fits(N * k, experts):
             fields = routing_count.counting_meta(topk_idx_NK, experts, block_rows, B,
                                                  first_expert)
-        elif sorting:
+        elif sorting and routing_count.sorts(experts):
             fields = routing_count.sorted_meta(topk_idx_NK, experts, block_rows, B,
                                                first_expert)
         if fields is not None:
