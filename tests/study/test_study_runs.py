@@ -222,3 +222,19 @@ def test_a_row_after_a_line_cut_short_stays_a_line_of_its_own(tmp_path):
     append_row(tmp_path, {"run": "c"})
     lines = (tmp_path / "rows.jsonl").read_text().splitlines()
     assert lines[-1] == '{"run": "c"}' and lines[1] == '{"run": "b", "ki'
+
+
+def test_the_figures_subtitle_wraps_many_devices_and_commits():
+    """Two devices and three commits ran past a two-panel figure's edges on one line: the
+    subtitle keeps every word, in lines of at most 130 characters."""
+    from moremoe.study.plots import _subtitle
+    report = {"data": {"fingerprint": "aaf4e20dd0f41c27", "corpus": "9e0be51d0a74a722ff",
+                       "train_tokens": 173_000_000},
+              "devices": [{"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130"},
+                          {"device": "NVIDIA H200", "torch": "2.11.0+cu130"}],
+              "commits": ["3a3af9b", "3eff3e6", "bd5accc"]}
+    text = _subtitle(report)
+    assert len(text.splitlines()) == 2 and all(len(t) <= 130 for t in text.splitlines())
+    assert text.split() == ("data aaf4e20dd0f41c27 (corpus 9e0be51d0a74a722), 173M training "
+                            "tokens; NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130), NVIDIA H200 "
+                            "(torch 2.11.0+cu130); commit 3a3af9b, 3eff3e6, bd5accc").split()

@@ -10,6 +10,7 @@ paper.png       validation loss against tokens of the h = 512 presets
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from ..report import human, save_figure
@@ -135,9 +136,12 @@ def _tokens_axis(ax) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(v)))
 
 
-def _subtitle(report: dict) -> str:
+def _subtitle(report: dict, width: int = 130) -> str:
+    """The data, devices and commits, wrapped to lines of `width` characters (one line of
+    two devices and three commits ran past a two-panel figure's edges)."""
     d = report["data"]
     dev = ", ".join(f"{e['device']} (torch {e['torch']})" for e in report["devices"]) or "-"
-    return (f"data {d['fingerprint']} (corpus {str(d.get('corpus'))[:16]}), "
+    text = (f"data {d['fingerprint']} (corpus {str(d.get('corpus'))[:16]}), "
             f"{human(d['train_tokens'])} training tokens; {dev}; "
             f"commit {', '.join(report['commits']) or '-'}")
+    return "\n".join(textwrap.wrap(text, width))
