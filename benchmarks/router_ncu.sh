@@ -7,7 +7,7 @@
 #
 #   mkdir -p runs/anchors && cp ../shared/anchors/*.py runs/anchors/     (carry runs/anchors)
 #   OUT=/tmp/o bash benchmarks/router_ncu.sh
-#   SHAPES=512:512:4,512:8192:4 ...   h:M:k list (default these two)
+#   SHAPES=512:512:4,512:8192:4 ...   h:M:k list (default these two and k = 1 at M = 8,192)
 #   NCU=0 ...                          the timings only
 #
 # ncu reads the hardware counters on the Firecracker machines, with the clocks left alone
@@ -16,7 +16,7 @@
 set -euo pipefail
 OUT=${OUT:-runs/router_ncu}
 ANCHORS=${ANCHORS:-runs/anchors}
-SHAPES=${SHAPES:-512:512:4,512:8192:4}
+SHAPES=${SHAPES:-512:512:4,512:8192:4,512:8192:1}
 NCU=${NCU:-1}
 PY=${PYTHON:-python3}
 export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
