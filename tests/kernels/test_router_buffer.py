@@ -194,6 +194,9 @@ def test_k_past_the_buffer_takes_the_candidates_and_bad_settings_are_named():
         kr.infer(x, R1, R2, 4, config={**BUFFER, "tile_keys": 3, "small": True})
     with pytest.raises(ValueError, match=r"rounds must be 'lazy' or 'eager'; got 'late'"):
         kr.infer(x, R1, R2, 4, config={**BUFFER, "rounds": "late", "small": True})
+    # a good setting for k = 4 is not judged against the training sweeps' own k (psum's 1)
+    z = (x @ R2.T).contiguous()
+    assert kr.train_forward(z, R1, 4, config={"tile_keys": 4})[5].shape == (R1.shape[0],)
 
 
 def test_the_schedule_follows_the_measurements():

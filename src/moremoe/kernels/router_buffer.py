@@ -375,8 +375,9 @@ def schedule(k: int, tiles: int) -> tuple[int, str]:
 
 
 def check_settings(cfg: dict, k: int) -> None:
-    """Name a bad one-pass setting of cfg (tile_keys, rounds) whichever path the launch then
-    takes (a batch too small to fill the GPU takes the exact sweep, and would not look)."""
+    """Name a bad one-pass setting of cfg (tile_keys, rounds) for top-k; router_topk's
+    launch_sweep calls it whichever path follows (a batch too small to fill the GPU takes
+    the exact sweep, which would not look)."""
     C = cfg.get("tile_keys", 2)
     if C not in (2, 4) or (C == 4 and k < 3):
         raise ValueError(f"tile_keys must be 2, or 4 for k >= 3; got {C} at k={k}")

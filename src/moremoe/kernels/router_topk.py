@@ -270,7 +270,6 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
         cfg.update(BN=32, BM=64, BH=min(cfg["BH"], 32), num_warps=4, num_stages=2,
                    cand_stages=2, bwd_stages=2)
     cfg.update(overrides or {})
-    check_settings(cfg, K)
     if "C" not in cfg:
         cfg["C"] = pick_candidates(K, triton.cdiv(M, cfg["BM"]))
     return cfg
@@ -331,6 +330,7 @@ def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
           torch.empty(N, device=dev, dtype=torch.float32)) if stats else None
     if N > 0:
         cfg = sweep_config(mode, R, H, k, M, config, fp32=x.dtype == torch.float32)
+        check_settings(cfg, k)      # whichever path follows (a small batch: the exact sweep)
         if not w_offsets_fit(w, cfg["BM"], H if mode == LINEAR else cfg["BR"]):
             w = w.contiguous()      # a tile past 32-bit offsets (logit_tile): copy, rarely
         n_blocks = triton.cdiv(N, cfg["BN"])
