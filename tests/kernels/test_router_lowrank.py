@@ -361,3 +361,36 @@ def test_training_forward_candidates_equal_the_exact_sweep():
     # m is a shift (a key of the tile size's code), m + log Z the row's log-normaliser
     lse = [out[3] + out[4].log() for out in (exact, cands)]
     torch.testing.assert_close(lse[1], lse[0], **tol)
+
+
+class _Poisoned:
+    """torch, with torch.empty's memory filled with NaN (integers: -7): an output a kernel
+    leaves unwritten shows."""
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kw):
+        t = torch.empty(*args, **kw)
+        return t.fill_(float("nan") if t.is_floating_point() else -7)
+
+
+@pytest.mark.parametrize("N,M,k", [(37, 300, 4), (100, 5, 2), (0, 9, 2)])
+def test_psum_and_backward_write_every_output_they_leave_unfilled(N, M, k, monkeypatch):
+    """launch_psum's and launch_backward's partial outputs are torch.empty (no fill kernel a
+    layer): on NaN-filled memory they equal float64 autograd, with splits, and with no rows
+    they are zeros."""
+    from moremoe.kernels import router_train
+    monkeypatch.setattr(router_train, "torch", _Poisoned())
+    x, R1, R2 = make(max(N, 1), 32, M, 12)
+    z = (x @ R2.T)[:N].contiguous()
+    val, idx, _, m, Z, psum = kr.train_forward(z, R1, k, psum_splits=3)
+    logits = z.double() @ R1.double().T
+    torch.testing.assert_close(psum.double(), torch.softmax(logits, 1).sum(0), rtol=1e-5,
+                               atol=1e-5)
+    pbar = torch.randn(M, device=DEV)
+    dval = torch.randn(N, k, device=DEV)
+    dz, dR1 = kr.train_backward(z, R1, m, Z, pbar, idx, dval, splits=3)
+    want_dz, want_dR1 = dense_router_grads(z, R1, idx, dval, pbar)
+    torch.testing.assert_close(dz.double(), want_dz, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dR1.double(), want_dR1, rtol=1e-4, atol=1e-5)

@@ -381,7 +381,9 @@ def launch_psum(x, w, m_row, norm_row, *, mode: int, splits: int | None = None,
     n_splits = _token_splits(x.device, tiles, N, cfg["BN"], splits)
     n_per_split = triton.cdiv(triton.cdiv(max(N, 1), n_splits), cfg["BN"]) * cfg["BN"]
     n_splits = max(1, triton.cdiv(N, n_per_split))
-    out = torch.zeros(n_splits, M, device=x.device, dtype=torch.float32)
+    # every (split, expert) is written by one program: no fill kernel, except with no rows
+    out = (torch.empty if N > 0 else torch.zeros)(n_splits, M, device=x.device,
+                                                  dtype=torch.float32)
     if mode == LINEAR and not w_offsets_fit(w, cfg["BM"], x.shape[1]):
         w = w.contiguous()          # a tile past 32-bit offsets (logit_tile): copy, rarely
     if N > 0:
@@ -413,14 +415,17 @@ def launch_backward(x, w, m_row, norm_row, pbar, idx, dval, *, mode: int, splits
         return _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, g_given)
     cfg = sweep_config(mode, R, x.shape[1], 1, overrides=config,
                        fp32=x.dtype == torch.float32)
+    # each row's dz and g, each (split, expert)'s dR1 part are written by one program: no
+    # fill kernels (a launch each in a launch-bound step), except dR1 with no rows
     dz = torch.empty(N, R, device=dev, dtype=torch.float32)
-    g = torch.zeros(max(N, 1), device=dev, dtype=torch.float32)
+    g = torch.empty(max(N, 1), device=dev, dtype=torch.float32)
     pbar, idx, dval = pbar.float().contiguous(), idx.contiguous(), dval.float().contiguous()
     tiles = triton.cdiv(M, cfg["BM"])
     n_splits = _token_splits(dev, tiles, N, cfg["BN"], splits)
     n_per_split = triton.cdiv(triton.cdiv(max(N, 1), n_splits), cfg["BN"]) * cfg["BN"]
     n_splits = max(1, triton.cdiv(N, n_per_split))
-    dw = torch.zeros(n_splits, M, R, device=dev, dtype=torch.float32)
+    dw = (torch.empty if N > 0 else torch.zeros)(n_splits, M, R, device=dev,
+                                                 dtype=torch.float32)
     given = g_given is not None
     if N == 0:
         return (dz, dw.sum(0), g[:0]) if given else (dz, dw.sum(0))
