@@ -69,3 +69,15 @@ def test_chunked_backward_equals_one_chunk():
     three = _linear_backward(x, W, m, Z, pbar, idx, dval, None, chunk_bytes=M * 8 * 13)   # 13 rows a chunk
     for a, b in zip(one, three):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_backward_of_no_rows_is_zeros():
+    """No chunk runs: dW is zeros of W's shape (the first chunk's product is dW otherwise,
+    with no fill before it), dx is (0, h)."""
+    from moremoe.kernels.router_train import _linear_backward
+    x, W = make(0, 32, 20)
+    e = torch.empty(0, device=DEV)
+    dx, dW = _linear_backward(x, W, e, e, torch.randn(20, device=DEV),
+                              torch.empty(0, 2, device=DEV, dtype=torch.int32),
+                              torch.empty(0, 2, device=DEV), None)
+    assert dx.shape == (0, 32) and dW.shape == (20, 32) and not dW.any()

@@ -352,7 +352,7 @@ def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, g_given, chunk_byte
     M, k = w.shape[0], idx.shape[1]
     idx, dval, pbar = idx.contiguous(), dval.float().contiguous(), pbar.float().contiguous()
     dx = torch.empty(N, H, device=x.device, dtype=torch.float32)
-    dw = torch.zeros(M, H, device=x.device, dtype=torch.float32)
+    dw = None                 # the first chunk's product, then the others added: no fill
     given = g_given is not None
     g_in = g_given.float().contiguous() if given else dx
     g_out = torch.empty(N, device=x.device, dtype=torch.float32) if given else dx
@@ -367,7 +367,10 @@ def _linear_backward(x, w, m_row, norm_row, pbar, idx, dval, g_given, chunk_byte
             lg, m_row, norm_row, pbar, idx, dval, dl, g_in, g_out, n0, nc, M, idx.stride(0),
             K=k, BN=BN, BM=BM, G_GIVEN=given, num_warps=4)
         dx[n0:n0 + nc] = _mm_fp32(dl, w)
-        dw += _mm_fp32(dl.T, xc)
+        part = _mm_fp32(dl.T, xc)
+        dw = part if dw is None else dw.add_(part)
+    if dw is None:            # no rows
+        dw = torch.zeros(M, H, device=x.device, dtype=torch.float32)
     return (dx, dw, g_out) if given else (dx, dw)
 
 
