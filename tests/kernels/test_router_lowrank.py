@@ -208,8 +208,31 @@ def test_k_equals_m_returns_every_expert_sorted():
     assert_valid_topk(val, idx, logits_lowrank(x, R1, R2), 7, tol=1e-5)
 
 
+class _Poisoned:
+    """torch, with torch.empty's memory filled with NaN (integers: -7): an output a kernel
+    leaves unwritten shows."""
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kw):
+        t = torch.empty(*args, **kw)
+        return t.fill_(float("nan") if t.is_floating_point() else -7)
+
+
+def poison(monkeypatch, on: bool) -> None:
+    """With on, the training sweeps' torch.empty memory is NaN-filled: their partial outputs
+    (psum's, dR1's, g, the sparse dW's scratch) are allocated, not zeroed, so every element
+    must be written."""
+    if on:
+        from moremoe.kernels import router_train
+        monkeypatch.setattr(router_train, "torch", _Poisoned())
+
+
 @pytest.mark.parametrize("N,M,k", [(37, 300, 4), (5, 9, 9), (64, 130, 1)])
-def test_training_forward_statistics(N, M, k):
+@pytest.mark.parametrize("poisoned", [False, True])
+def test_training_forward_statistics(N, M, k, poisoned, monkeypatch):
+    poison(monkeypatch, poisoned)
     x, R1, R2 = make(N, 32, M, 12)
     z = x @ R2.T
     val, idx, gates, m, Z, psum = kr.train_forward(z, R1, k, psum_splits=2)
@@ -226,7 +249,9 @@ def test_training_forward_statistics(N, M, k):
 @pytest.mark.parametrize("N,M,k,dense", [(37, 300, 4, True), (20, 50, 1, True),
                                          (9, 9, 9, True), (37, 300, 4, False),
                                          (100, 5, 2, True), (100, 5, 2, False)])
-def test_backward_matches_float64_autograd(N, M, k, dense):
+@pytest.mark.parametrize("poisoned", [False, True])
+def test_backward_matches_float64_autograd(N, M, k, dense, poisoned, monkeypatch):
+    poison(monkeypatch, poisoned)
     x, R1, R2 = make(N, 32, M, 12)
     z = x @ R2.T
     val, idx, _, m, Z, _ = kr.train_forward(z, R1, k)
@@ -363,34 +388,13 @@ def test_training_forward_candidates_equal_the_exact_sweep():
     torch.testing.assert_close(lse[1], lse[0], **tol)
 
 
-class _Poisoned:
-    """torch, with torch.empty's memory filled with NaN (integers: -7): an output a kernel
-    leaves unwritten shows."""
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty(*args, **kw):
-        t = torch.empty(*args, **kw)
-        return t.fill_(float("nan") if t.is_floating_point() else -7)
-
-
-@pytest.mark.parametrize("N,M,k", [(37, 300, 4), (100, 5, 2), (0, 9, 2)])
-def test_psum_and_backward_write_every_output_they_leave_unfilled(N, M, k, monkeypatch):
-    """launch_psum's and launch_backward's partial outputs are torch.empty (no fill kernel a
-    layer): on NaN-filled memory they equal float64 autograd, with splits, and with no rows
-    they are zeros."""
-    from moremoe.kernels import router_train
-    monkeypatch.setattr(router_train, "torch", _Poisoned())
-    x, R1, R2 = make(max(N, 1), 32, M, 12)
-    z = (x @ R2.T)[:N].contiguous()
-    val, idx, _, m, Z, psum = kr.train_forward(z, R1, k, psum_splits=3)
-    logits = z.double() @ R1.double().T
-    torch.testing.assert_close(psum.double(), torch.softmax(logits, 1).sum(0), rtol=1e-5,
-                               atol=1e-5)
-    pbar = torch.randn(M, device=DEV)
-    dval = torch.randn(N, k, device=DEV)
-    dz, dR1 = kr.train_backward(z, R1, m, Z, pbar, idx, dval, splits=3)
-    want_dz, want_dR1 = dense_router_grads(z, R1, idx, dval, pbar)
-    torch.testing.assert_close(dz.double(), want_dz, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(dR1.double(), want_dR1, rtol=1e-4, atol=1e-5)
+def test_the_training_sweeps_of_no_rows_give_zeros(monkeypatch):
+    """No rows: no kernel runs, and psum and dR1 are zeros, not the NaN-filled memory."""
+    poison(monkeypatch, True)
+    _, R1, _ = make(1, 32, 9, 12)
+    z = torch.empty(0, 12, device=DEV)
+    val, idx, _, m, Z, psum = kr.train_forward(z, R1, 2, psum_splits=3)
+    assert psum.shape == (9,) and not psum.any()
+    dz, dR1 = kr.train_backward(z, R1, m, Z, torch.randn(9, device=DEV), idx,
+                                torch.empty(0, 2, device=DEV), splits=3)
+    assert dz.shape == (0, 12) and dR1.shape == (9, 12) and not dR1.any()

@@ -403,8 +403,7 @@ def launch_buffer(x, w, r2, k: int, *, mode: int, cfg: dict, out):
     R = r2.shape[0] if mode == LOWRANK else H
     BN, BM = cfg["BN"], cfg["BM"]
     C, rounds = schedule(k, triton.cdiv(M, BM))
-    C, rounds = cfg.get("tile_keys", C), cfg.get("rounds", rounds)
-    check_settings(cfg, k)
+    C, rounds = cfg.get("tile_keys", C), cfg.get("rounds", rounds)   # launch_sweep checked
     rows = torch.empty(N, device=x.device, dtype=torch.int32)
     rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
     r2_ = r2 if r2 is not None else x
