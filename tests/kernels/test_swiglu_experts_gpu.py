@@ -173,6 +173,26 @@ def test_pair_order_on_the_gpu(N, k, M):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("pairs,M,chunks,hot", [(65536 * 4, 96, 1, False),
+                                                (65536 * 4, 8192, 1, True),
+                                                (65536 * 4, 1792, 3, False)])
+def test_the_weight_gradient_plan_on_the_gpu(pairs, M, chunks, hot):
+    """expert_wgrad.plan's one launch against its torch ops at the phonebook's and the
+    presets' pairs (a hot expert cut into many pieces; chunks of tokens), field for field."""
+    from moremoe.kernels import expert_wgrad as wgrad
+    g = torch.Generator(device="cuda").manual_seed(M)
+    ids = torch.randint(0, M, (pairs,), device="cuda", generator=g)
+    if hot:
+        ids[: pairs // 2] = 7
+    counts = torch.stack([torch.bincount(c, minlength=M) for c in ids.chunk(chunks)])
+    offsets = torch.cat([counts.new_zeros(1), counts.reshape(-1).cumsum(0)])
+    got, want = (wgrad.plan(offsets, M, chunks, wgrad.PIECE_ROWS, pairs, kernel=kernel)
+                 for kernel in (True, False))
+    assert (got.bound, got.slots, got.rows) == (want.bound, want.slots, want.rows)
+    for a, b in zip(got[:4], want[:4]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("case", ["one_token", "all_on_one_expert", "most_experts_empty",
                                   "width_56"])
 def test_auto_dispatch_edges_with_autograd(case):

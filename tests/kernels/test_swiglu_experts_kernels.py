@@ -385,14 +385,19 @@ def test_a_shards_custom_ops_opcheck():
                                               for t in args))
 
 
-@pytest.mark.parametrize("rows", [8, 16, 2 ** 62])
-@pytest.mark.parametrize("chunked", [False, True])
-def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked):
+@pytest.mark.parametrize("rows,chunked,plan_kernel", [
+    (8, False, False), (16, False, False), (2 ** 62, False, False), (8, True, False),
+    (16, True, False), (2 ** 62, True, False), (8, True, True), (2 ** 62, False, True)])
+def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked, plan_kernel,
+                                                                   monkeypatch):
     """A router that sends most pairs to two experts (as at the start of training): their
     rows are cut into pieces of `rows` (several programs, then the pieces added in order;
     2^62: one program an expert), across chunks of tokens too; the weight gradients match
     fp64 autograd, with empty experts zero, and the in-place accumulation (keep = 0: stored,
-    keep = 1: added) gives the sum of two backwards."""
+    keep = 1: added) gives the sum of two backwards. plan_kernel: the pieces planned by the
+    one launch a GPU takes (expert_wgrad.KERNEL), not the torch ops."""
+    from moremoe.kernels import expert_wgrad
+    monkeypatch.setattr(expert_wgrad, "KERNEL", plan_kernel)
     x, gates, _, ws = make(53, 40, 24, 9, 3)
     g, rows_ = torch.Generator().manual_seed(3), []
     for n in range(53):          # 40 and 35 pairs on experts 2 and 6, expert 8 empty

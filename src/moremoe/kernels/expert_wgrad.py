@@ -17,7 +17,12 @@ c_e = Σ_c c_{c,e}, are cut into n_e = max(1, ceil(c_e / P)) pieces of P rows:
                                        P grows with `total` so that S <= MAX_SLOTS (the
                                        scratch is allocated whatever the routing: 128 MB at
                                        most for a (64, 512) fp32 weight). Device tensors
-                                       only: no host sync.
+                                       only: no host sync. On a GPU one launch of
+                                       _plan_kernel (one program, PLAN_TILE experts a step)
+                                       instead of plan_torch's ~16 ops (sums, cumsums, a
+                                       searchsorted: as many kernels, in a backward that
+                                       runs it once a layer for the experts and once for a
+                                       router's sparse dW).
   _piece_kernel   (B, C/BC, D/BD)      the piece's rows in sorted order (a piece may span the
                                        chunks of its expert: their row ranges are walked in
                                        chunk order); an expert of one piece is stored to DW
@@ -46,6 +51,8 @@ from ._common import load_rows, matmul_precision
 
 PIECE_ROWS = 512      # P: rows a program sums (8 MMAs of 64 rows), at least
 MAX_SLOTS = 1024      # scratch slots at most: P grows past PIECE_ROWS for more rows
+PLAN_TILE = 1024      # experts a step of _plan_kernel's one program
+KERNEL: bool | None = None   # plan by _plan_kernel: None on a GPU (the interpreter: torch ops)
 
 
 class Plan(NamedTuple):
@@ -59,10 +66,58 @@ class Plan(NamedTuple):
 
 
 def plan(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int,
-         total: int) -> Plan:
+         total: int, *, kernel: bool | None = None, tile: int = PLAN_TILE) -> Plan:
     """Each expert's pieces of the sorted rows offsets (chunks·M + 1,) of `total` rows, at
-    least piece_rows rows a piece, see above."""
+    least piece_rows rows a piece, see above: by _plan_kernel (kernel; default: KERNEL, or
+    on a GPU) or plan_torch, field for field the same."""
     piece_rows = max(piece_rows, triton.cdiv(2 * total, MAX_SLOTS))
+    kernel = (offsets.is_cuda if KERNEL is None else KERNEL) if kernel is None else kernel
+    if not kernel:
+        return plan_torch(offsets, experts, chunks, piece_rows, total)
+    bound = experts + triton.cdiv(total, piece_rows)
+    dev = offsets.device
+    owner = torch.empty(bound, device=dev, dtype=torch.int32)
+    first, count, slot = (torch.empty(experts, device=dev, dtype=torch.int64)
+                          for _ in range(3))
+    _plan_kernel[(1,)](offsets, owner, first, count, slot, experts, chunks, piece_rows, bound,
+                       BE=tile, num_warps=4)
+    return Plan(owner, first, count, slot, bound, max(1, 2 * triton.cdiv(total, piece_rows)),
+                piece_rows)
+
+
+@triton.jit
+def _plan_kernel(OFFSETS, OWNER, FIRST, COUNT, SLOT, M, CHUNKS, P, BOUND, BE: tl.constexpr):
+    """One program, BE experts a step: c_e over the chunks, n_e = max(1, ceil(c_e / P)),
+    first_e and slot_e by running exclusive sums, owner[first_e + j] = e for j < n_e; the
+    pieces past the last owned by M."""
+    pieces = tl.sum(tl.zeros((BE,), tl.int64), 0)      # int64 scalars carried by the loop
+    slots = pieces
+    for e0 in range(0, M, BE):
+        e = e0 + tl.arange(0, BE)
+        ok = e < M
+        c = tl.zeros((BE,), tl.int64)
+        for ch in range(0, CHUNKS):
+            lo = tl.load(OFFSETS + ch * M + e, mask=ok, other=0)
+            hi = tl.load(OFFSETS + ch * M + e + 1, mask=ok, other=0)
+            c += hi - lo
+        n = tl.where(ok, tl.maximum((c + P - 1) // P, 1), 0)
+        several = tl.where(n > 1, n, 0)
+        first = pieces + tl.cumsum(n, 0) - n
+        tl.store(COUNT + e, c, mask=ok)
+        tl.store(FIRST + e, first, mask=ok)
+        tl.store(SLOT + e, slots + tl.cumsum(several, 0) - several, mask=ok)
+        for j in range(0, tl.max(n, 0)):
+            tl.store(OWNER + first + j, e, mask=j < n)
+        pieces += tl.sum(n, 0)
+        slots += tl.sum(several, 0)
+    for i0 in range(pieces.to(tl.int32), BOUND, BE):
+        i = i0 + tl.arange(0, BE)
+        tl.store(OWNER + i, tl.zeros((BE,), tl.int32) + M, mask=i < BOUND)
+
+
+def plan_torch(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int,
+               total: int) -> Plan:
+    """plan's reference in torch ops (piece_rows already grown for `total`)."""
     per = (offsets[1:] - offsets[:-1]).reshape(chunks, experts).sum(0)       # c_e
     n = torch.clamp(torch.div(per + piece_rows - 1, piece_rows, rounding_mode="floor"), min=1)
     ends = torch.cumsum(n, 0)

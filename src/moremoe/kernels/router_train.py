@@ -304,9 +304,10 @@ def sparse_weight_grad(a, idx, dval, experts: int, piece_pairs: int = SPARSE_PIE
     the pieces in order: deterministic, no atomics (2^62: one program an expert)."""
     N, R = a.shape
     k = idx.shape[1]
-    out = torch.zeros(experts, R, device=a.device, dtype=torch.float32)
     if N == 0:
-        return out
+        return torch.zeros(experts, R, device=a.device, dtype=torch.float32)
+    # every expert owns a piece (one of no pairs stores zeros): each row of out is written
+    out = torch.empty(experts, R, device=a.device, dtype=torch.float32)
     order, offsets = pair_order(idx, experts)
     owner, first, count, slot, bound, slots, rows = wgrad.plan(offsets, experts, 1,
                                                                piece_pairs, order.shape[0])
