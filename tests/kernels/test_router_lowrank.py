@@ -220,13 +220,14 @@ class _Poisoned:
         return t.fill_(float("nan") if t.is_floating_point() else -7)
 
 
-def poison(monkeypatch, on: bool) -> None:
+def poison(monkeypatch, on: bool, module=None) -> None:
     """With on, the training sweeps' torch.empty memory is NaN-filled: their partial outputs
     (psum's, dR1's, g, the sparse dW's scratch) are allocated, not zeroed, so every element
-    must be written."""
+    must be written. module: another kernel module's (default router_train)."""
     if on:
-        from moremoe.kernels import router_train
-        monkeypatch.setattr(router_train, "torch", _Poisoned())
+        if module is None:
+            from moremoe.kernels import router_train as module
+        monkeypatch.setattr(module, "torch", _Poisoned())
 
 
 @pytest.mark.parametrize("N,M,k", [(37, 300, 4), (5, 9, 9), (64, 130, 1)])

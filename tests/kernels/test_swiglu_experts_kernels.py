@@ -395,9 +395,13 @@ def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked,
     2^62: one program an expert), across chunks of tokens too; the weight gradients match
     fp64 autograd, with empty experts zero, and the in-place accumulation (keep = 0: stored,
     keep = 1: added) gives the sum of two backwards. plan_kernel: the pieces planned by the
-    one launch a GPU takes (expert_wgrad.KERNEL), not the torch ops."""
+    one launch a GPU takes (expert_wgrad.KERNEL), not the torch ops. The backward's
+    torch.empty memory is NaN-filled: what it allocates and does not zero (dgate among them)
+    must be written."""
     from moremoe.kernels import expert_wgrad
+    from test_router_lowrank import poison
     monkeypatch.setattr(expert_wgrad, "KERNEL", plan_kernel)
+    poison(monkeypatch, True, mg)
     x, gates, _, ws = make(53, 40, 24, 9, 3)
     g, rows_ = torch.Generator().manual_seed(3), []
     for n in range(53):          # 40 and 35 pairs on experts 2 and 6, expert 8 empty
@@ -417,6 +421,8 @@ def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked,
     for g, w in zip(got[2:], w64):
         torch.testing.assert_close(g.double(), w.grad, rtol=1e-4, atol=1e-5)
         assert torch.equal(g[8], torch.zeros_like(g[8]))
+    for g, w in zip(got[:2], (x64, g64)):
+        torch.testing.assert_close(g.double(), w.grad, rtol=1e-4, atol=1e-5)
     into = [torch.full_like(w, float("nan")) for w in ws]
     keep = torch.zeros(1, dtype=torch.int32, device=DEV)
     for _ in range(2):           # the first stores over the NaNs, the second adds

@@ -443,7 +443,10 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
     n_s = triton.cdiv(s, c["BS"])
     dxg = torch.empty(P, s, device=dev, dtype=dt)
     dxu = torch.empty_like(dxg)
-    dgate = torch.zeros(n_s, max(P, 1), device=dev, dtype=torch.float32)
+    # each pair's dgate is written once an h tile, unless it is another shard's (first_expert
+    # given): then it stays zero
+    dgate = (torch.empty if P and first_expert is None else torch.zeros)(
+        n_s, max(P, 1), device=dev, dtype=torch.float32)
     dx_pairs = torch.empty(P, h, device=dev, dtype=dt)
     # the dW kernels write every element (experts with no rows: zeros), if there are pairs
     dws = list(into) if into is not None else [
@@ -471,7 +474,7 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
             g.masked_fill_(keep == 0, 0.0)
     dx = torch.empty(N, h, device=dev, dtype=dt)
     combine_pairs(dx, dx_pairs, idx, 0, N, first_expert, M)
-    dgates = dgate.sum(0)[:P].reshape(N, k)
+    dgates = (dgate[0] if n_s == 1 else dgate.sum(0))[:P].reshape(N, k)
     if into is not None:
         keep.fill_(1)
     return (dx, dgates, *dws)
