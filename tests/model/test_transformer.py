@@ -48,6 +48,20 @@ def test_losses_and_their_sum():
         assert p.grad is not None, name
 
 
+@pytest.mark.parametrize("moe", [MoEConfig.moe(8, 2, 32, 8), MoEConfig.more(12, 2, 32, 8, 4)])
+def test_a_block_returns_a_gradient_only_where_the_model_takes_one(moe):
+    """A compiled block gives each returned tensor that requires grad a tangent, zeros where
+    none arrives: past the residual add its MoE output carries a gradient in aux_loss
+    only (y, the Switch loss and the router's tensors are detached)."""
+    model = Transformer(tiny(moe)).train()
+    x = model.embed(torch.randint(0, 50, (2, 6)))
+    y, out = model.blocks[0](x, model.rope_cos[:6], model.rope_sin[:6], True)
+    assert y.requires_grad and out.aux_loss.requires_grad
+    r = out.router
+    assert not any(t.requires_grad for t in (out.y, out.switch_loss, r.topk_val, r.gates,
+                                             r.psum))
+
+
 def test_eval_mode_has_no_aux_and_counts_on_request():
     model = Transformer(tiny()).eval()
     out = model(torch.randint(0, 50, (2, 6)), return_counts=True)

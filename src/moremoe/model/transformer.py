@@ -263,7 +263,7 @@ class Block(nn.Module):
                  positions_T=None):
         x_BTh = x_BTh + self.attn(self.attn_norm(x_BTh), cos_TD, sin_TD, cache, positions_T)
         out = self.moe(self.moe_norm(x_BTh), return_counts=return_counts)
-        return x_BTh + out.y, out
+        return x_BTh + out.y, out.for_the_model()
 
 
 @dataclass

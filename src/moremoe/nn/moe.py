@@ -6,7 +6,7 @@ p = psum / N; the layer returns it both raw and scaled by ``balance_coef``.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 from torch import nn
@@ -66,6 +66,20 @@ class MoEOutput:
     switch_loss: torch.Tensor | None   # unscaled Switch loss (training)
     counts: torch.Tensor | None        # (M,) int64 (training, or when asked)
     router: RouterOutput
+
+    def for_the_model(self) -> MoEOutput:
+        """What a model reads of the layer past its residual add: aux_loss (in the loss) with
+        its gradient; y, the Switch loss (logged) and the router's tensors detached. A
+        compiled block returns them, and AOTAutograd gives every returned tensor that
+        requires grad a tangent, zeros where no gradient arrives: five fills a layer (one
+        the size of the activations) and the backward's work through them."""
+        r = self.router
+        if r is not None:
+            r = replace(r, **{f.name: getattr(r, f.name).detach() for f in fields(r)
+                              if torch.is_tensor(getattr(r, f.name))})
+        switch = self.switch_loss
+        return replace(self, y=self.y.detach(), router=r,
+                       switch_loss=None if switch is None else switch.detach())
 
 
 class MoELayer(nn.Module):
