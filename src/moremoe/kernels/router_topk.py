@@ -285,7 +285,8 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
     r2_ = r2 if r2 is not None else x
     given = rows is not None
     if not given:
-        rows = rows_n = torch.zeros(1, device=x.device, dtype=torch.int32)
+        # unread placeholders (GIVEN is off): no fill kernel for them
+        rows = rows_n = torch.empty(1, device=x.device, dtype=torch.int32)
     m_row, norm_row = stats if stats is not None else (out[0], out[0])
     BM, KP = cfg["BM"], next_pow2(k)
     splits = 1 if stats is not None else max(1, min(splits, triton.cdiv(M, BM)))
