@@ -12,7 +12,9 @@
 #   OUT=/tmp/o bash benchmarks/study_lm_gpu.sh                       # the pair (3a)
 #   EXPERIMENTS=experts,rank OUT=/tmp/o bash benchmarks/study_lm_gpu.sh
 #   CALL_MINUTES=9.3 ...   the whole call's budget (the device's limit is 10 minutes)
-#   STUDY_ARGS="--seeds 0,1,2 --budgets 60e6,120e6" ...   anything `moremoe study lm` takes
+#   STUDY_ARGS="--seeds 0,1,2 --budgets 60e6,120e6" ...   anything `moremoe study lm` takes;
+#                    in a window's last call "--start-minutes 1" begins no run that could
+#                    not end before the machine (and its checkpoints) goes
 #   PARALLEL=4 ...   runs at once on the GPU (default 4 on a GPU of over 100 GB, else 2: the
 #                    h = 256 pair's steps measured 1.61M tokens/s in all with four, 1.25M
 #                    with two on an H200; 21 GiB a MoRE process, 6 GiB more to evaluate)

@@ -65,3 +65,24 @@ def test_an_earlier_starts_out_of_memory_is_not_this_ones(tmp_path):
     p.log_at["run"] = len(OOM)
     p._reap()
     assert p.failed == ["run"]
+
+
+def test_past_start_minutes_only_runs_with_a_checkpoint_start(tmp_path):
+    """--start-minutes: a run with no checkpoint here is not begun late (the machine's disk
+    may go before it could finish); one with a checkpoint still resumes; before the limit
+    both start."""
+    import time
+    from moremoe.study.runner import Launch
+    for elapsed, want in ((120.0, ["old"]), (10.0, ["new", "old"])):
+        p, _ = pool(tmp_path / str(elapsed))
+        runs = [SimpleNamespace(name="new"), SimpleNamespace(name="old")]
+        (tmp_path / str(elapsed) / "runs" / "old").mkdir(parents=True)
+        (tmp_path / str(elapsed) / "runs" / "old" / "log.jsonl").write_text("{}\n")
+        p.study.runs, p.study.lr_of = runs, lambda run: 1e-3
+        p.launch, p.t0 = Launch(start_minutes=1.0), time.monotonic() - elapsed
+        started = []
+        p._start = lambda run, lr, slot: (started.append(run.name),
+                                          p.active.__setitem__(run.name, (run, Proc(), slot,
+                                                                          lr)))
+        p._start_ready()
+        assert sorted(started) == want

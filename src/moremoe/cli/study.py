@@ -94,7 +94,8 @@ def cmd_lm(args) -> int:
     from ..training.metrics import printer
     check_output_dir(args.out, "--out")
     launch = Launch(device=args.device, parallel=args.parallel, max_minutes=args.max_minutes,
-                    keep_checkpoints=args.keep_checkpoints, progress=not args.no_progress)
+                    start_minutes=args.start_minutes, keep_checkpoints=args.keep_checkpoints,
+                    progress=not args.no_progress)
     echo = printer(sys.stderr)
     study = Study(args.out, args.data, _settings(args), launch, echo=echo, force=args.force,
                   write=not args.plan)
@@ -306,6 +307,11 @@ def add_study_parser(sub) -> None:
                         "GPU memory beside others waits for room, and its GPU takes one fewer")
     r.add_argument("--max-minutes", type=_positive_float, default=None,
                    help="stop every run at a checkpoint in time to end within this budget")
+    r.add_argument("--start-minutes", type=_positive_float, default=None,
+                   help="start no new run after this many minutes of the command (runs "
+                        "with a checkpoint here still resume): where the machine's disk "
+                        "goes at a known time, a run that cannot finish by then is not "
+                        "begun")
     r.add_argument("--keep-checkpoints", action="store_true",
                    help="keep a finished run's checkpoints (default: deleted once its row "
                         "is written)")

@@ -51,6 +51,7 @@ class Launch:
     device: str = "auto"                # "cpu", "cuda" or "cuda:N"
     parallel: int | None = None         # runs at once per GPU (or on the CPU); None: 2 / 1
     max_minutes: float | None = None
+    start_minutes: float | None = None  # no fresh run starts after this (resumes still do)
     keep_checkpoints: bool = False
     progress: bool = True
 
@@ -284,11 +285,15 @@ class _Pool:
 
     def _start_ready(self) -> None:
         s, left = self.study, self.left()
+        late = (self.launch.start_minutes is not None
+                and time.monotonic() - self.t0 > 60 * self.launch.start_minutes)
         for run in s.runs:
             if not self._free_slot() or (left is not None and left < LAST_START_S):
                 return
             if run.name in s.rows or run.name in self.active or run.name in self.failed:
                 continue
+            if late and not (s.out / "runs" / run.name / "log.jsonl").exists():
+                continue            # past --start-minutes: only runs with a checkpoint here
             lr = s.lr_of(run)
             if lr is not None:
                 self._start(run, lr, self._free_slot())
