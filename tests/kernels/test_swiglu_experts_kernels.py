@@ -394,7 +394,8 @@ def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked,
     rows are cut into pieces of `rows` (several programs, then the pieces added in order;
     2^62: one program an expert), across chunks of tokens too; the weight gradients match
     fp64 autograd, with empty experts zero, and the in-place accumulation (keep = 0: stored,
-    keep = 1: added) gives the sum of two backwards. plan_kernel: the pieces planned by the
+    keep = 1: added) gives the sum of two backwards (the gate and up gradients in one launch
+    or, with pieces of 16, in two). plan_kernel: the pieces planned by the
     one launch a GPU takes (expert_wgrad.KERNEL), not the torch ops. The backward's
     torch.empty memory is NaN-filled: what it allocates and does not zero (dgate among them)
     must be written."""
@@ -409,7 +410,8 @@ def test_hot_experts_split_into_pieces_give_every_weight_gradient(rows, chunked,
         rest = [e for e in torch.randperm(8, generator=g).tolist() if e not in (2, 6)]
         rows_.append(hot + rest[:3 - len(hot)])
     idx = torch.tensor(rows_, dtype=torch.int32, device=DEV)
-    cfg = {"dw_piece_rows": rows, "dw_BR": 16}       # pieces of 8 rows: half a row block
+    cfg = {"dw_piece_rows": rows, "dw_BR": 16,       # pieces of 8 rows: half a row block
+           "dw_pair": rows != 16}                     # gate and up in one launch, or two
     meta = routing_meta(idx, 9, mg.config(40, 24, cfg)["BM"],
                         bounds=(0, 20, 21, 53) if chunked else None)
     y, act, xg, xu = mg.forward(x, gates, idx, *ws, save=True, meta=meta)

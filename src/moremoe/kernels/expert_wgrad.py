@@ -131,13 +131,15 @@ def plan_torch(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int
 
 
 @triton.jit
-def _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, hi, M, CHUNKS, C, D, K, sa_r, sb_r, cc, dd,
-               c_ok, d_ok, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr,
-               SCALE_A: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
-               PREC: tl.constexpr):
-    """Σ of Aᵀ B over rows [lo, hi) of expert e's rows concatenated over the chunks (chunk c's
-    rows are order[offsets[c·M + e] : offsets[c·M + e + 1]]), in that order."""
+def _piece_sum(A, A2, B, GATES, OFFSETS, ORDER, e, lo, hi, M, CHUNKS, C, D, K, sa_r, sb_r, cc,
+               dd, c_ok, d_ok, A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr,
+               SCALE_A: tl.constexpr, TWO: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+               BD: tl.constexpr, PREC: tl.constexpr):
+    """Σ of Aᵀ B (and with TWO, of A2ᵀ B: A2 laid out as A, B's rows loaded once for both)
+    over rows [lo, hi) of expert e's rows concatenated over the chunks (chunk c's rows are
+    order[offsets[c·M + e] : offsets[c·M + e + 1]]), in that order."""
     acc = tl.zeros((BC, BD), tl.float32)
+    acc2 = tl.zeros((BC, BD), tl.float32)
     seen = lo * 0                           # rows of expert e in the chunks before this one
     for chunk in range(0, CHUNKS):
         start = tl.load(OFFSETS + chunk * M + e)
@@ -160,18 +162,24 @@ def _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, hi, M, CHUNKS, C, D, K, sa_r,
                 a = (a.to(tl.float32) * gate[:, None]).to(a.dtype)
             b = load_rows(B, rb, ok, sb_r, dd, d_ok, 1).to(a.dtype)
             acc = tl.dot(tl.trans(a), b, acc, input_precision=PREC)
+            if TWO:
+                a2 = load_rows(A2, ra, ok, sa_r, cc, c_ok, 1)
+                if SCALE_A:
+                    a2 = (a2.to(tl.float32) * gate[:, None]).to(a2.dtype)
+                acc2 = tl.dot(tl.trans(a2), b, acc2, input_precision=PREC)
         seen += end - start
-    return acc
+    return acc, acc2
 
 
 @triton.jit
-def _piece_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, OWNER, FIRST, COUNT, SLOT, SCRATCH,
-                  CHUNKS, M, C, D, K, P, sa_r, sb_r, sw_e, sw_c, sw_d,
+def _piece_kernel(A, A2, B, GATES, DW, DW2, KEEP, OFFSETS, ORDER, OWNER, FIRST, COUNT, SLOT,
+                  SCRATCH, SCRATCH2, CHUNKS, M, C, D, K, P, sa_r, sb_r, sw_e, sw_c, sw_d,
                   A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, SCALE_A: tl.constexpr,
-                  ACCUMULATE: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                  BD: tl.constexpr, PREC: tl.constexpr):
+                  ACCUMULATE: tl.constexpr, TWO: tl.constexpr, BR: tl.constexpr,
+                  BC: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
     """Piece program_id(0): its sum stored to DW (an expert of one piece; added where
-    KEEP[0] != 0 with ACCUMULATE) or to its scratch slot (SCRATCH (S, C, D) fp32)."""
+    KEEP[0] != 0 with ACCUMULATE) or to its scratch slot (SCRATCH (S, C, D) fp32); with TWO
+    the same for A2's sum into DW2 / SCRATCH2."""
     i = tl.program_id(0)
     e = tl.load(OWNER + i)
     if e < M:
@@ -182,21 +190,29 @@ def _piece_kernel(A, B, GATES, DW, KEEP, OFFSETS, ORDER, OWNER, FIRST, COUNT, SL
         j = i - tl.load(FIRST + e)
         count = tl.load(COUNT + e)
         lo = j * P
-        acc = _piece_sum(A, B, GATES, OFFSETS, ORDER, e, lo, tl.minimum(lo + P, count), M,
-                         CHUNKS, C, D, K, sa_r, sb_r, cc, dd, c_ok, d_ok, A_BY_TOKEN,
-                         B_BY_TOKEN, SCALE_A, BR, BC, BD, PREC)
+        acc, acc2 = _piece_sum(A, A2, B, GATES, OFFSETS, ORDER, e, lo,
+                               tl.minimum(lo + P, count), M, CHUNKS, C, D, K, sa_r, sb_r, cc,
+                               dd, c_ok, d_ok, A_BY_TOKEN, B_BY_TOKEN, SCALE_A, TWO, BR, BC,
+                               BD, PREC)
         mask = c_ok[:, None] & d_ok[None, :]
         if count > P:       # several pieces: the scratch slot, added up by _reduce_kernel
             s = (tl.load(SLOT + e) + j).to(tl.int64)
-            tl.store(SCRATCH + s * C * D + cc[:, None] * D + dd[None, :], acc, mask=mask)
+            at = s * C * D + cc[:, None] * D + dd[None, :]
+            tl.store(SCRATCH + at, acc, mask=mask)
+            if TWO:
+                tl.store(SCRATCH2 + at, acc2, mask=mask)
         else:
             _store(DW, KEEP, e, cc, dd, mask, acc, sw_e, sw_c, sw_d, ACCUMULATE, BC, BD)
+            if TWO:
+                _store(DW2, KEEP, e, cc, dd, mask, acc2, sw_e, sw_c, sw_d, ACCUMULATE, BC, BD)
 
 
 @triton.jit
-def _reduce_kernel(DW, KEEP, COUNT, SLOT, SCRATCH, M, C, D, P, sw_e, sw_c, sw_d,
-                   ACCUMULATE: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
-    """Expert program_id(0) of several pieces: its scratch slots summed in piece order."""
+def _reduce_kernel(DW, DW2, KEEP, COUNT, SLOT, SCRATCH, SCRATCH2, M, C, D, P, sw_e, sw_c, sw_d,
+                   ACCUMULATE: tl.constexpr, TWO: tl.constexpr, BC: tl.constexpr,
+                   BD: tl.constexpr):
+    """Expert program_id(0) of several pieces: its scratch slots summed in piece order (with
+    TWO, SCRATCH2's into DW2 too)."""
     e = tl.program_id(0)
     count = tl.load(COUNT + e)
     if count > P:
@@ -205,10 +221,15 @@ def _reduce_kernel(DW, KEEP, COUNT, SLOT, SCRATCH, M, C, D, P, sw_e, sw_c, sw_d,
         mask = (cc < C)[:, None] & (dd < D)[None, :]
         first = tl.load(SLOT + e).to(tl.int64)
         acc = tl.zeros((BC, BD), tl.float32)
+        acc2 = tl.zeros((BC, BD), tl.float32)
         for s in range(first, first + (count + P - 1) // P):
-            acc += tl.load(SCRATCH + s * C * D + cc[:, None] * D + dd[None, :], mask=mask,
-                           other=0.0)
+            at = s * C * D + cc[:, None] * D + dd[None, :]
+            acc += tl.load(SCRATCH + at, mask=mask, other=0.0)
+            if TWO:
+                acc2 += tl.load(SCRATCH2 + at, mask=mask, other=0.0)
         _store(DW, KEEP, e, cc, dd, mask, acc, sw_e, sw_c, sw_d, ACCUMULATE, BC, BD)
+        if TWO:
+            _store(DW2, KEEP, e, cc, dd, mask, acc2, sw_e, sw_c, sw_d, ACCUMULATE, BC, BD)
 
 
 @triton.jit
@@ -226,31 +247,43 @@ def _store(DW, KEEP, e, cc, dd, mask, acc, sw_e, sw_c, sw_d, ACCUMULATE: tl.cons
 def weight_grad(a, b, gates, dw, keep, offsets, order, *, experts: int, chunks: int, k: int,
                 a_by_token: bool, b_by_token: bool, scale_a: bool, accumulate: bool,
                 br: int, bc: int, bd: int, warps: int, stages: int, pieces: Plan | None = None,
-                piece_rows: int = PIECE_ROWS):
+                piece_rows: int = PIECE_ROWS, a2=None, dw2=None):
     """dw[e] (= or +=, see the module) Σ over expert e's sorted rows of aᵀ b: a (rows, C),
     b (rows, D) (by token or sorted, as the flags say), dw (M, C, D); pieces: a plan() to
-    reuse (the three weight gradients of a backward share one)."""
+    reuse (the three weight gradients of a backward share one). a2, dw2 (a's and dw's
+    shapes and strides): dw2 from a2ᵀ b in the same launches, b's rows loaded once (the
+    gate and up projections' gradients, both against x)."""
     M, C, D = experts, dw.shape[1], dw.shape[2]
+    two = a2 is not None
+    if two and (a2.shape != a.shape or a2.stride() != a.stride() or dw2.shape != dw.shape
+                or dw2.stride() != dw.stride()):
+        raise ValueError("a2 and dw2 must share a's and dw's shapes and strides")
     total = order.shape[0]
     owner, first, count, slot, bound, slots, rows = pieces or plan(offsets, M, chunks,
                                                                    piece_rows, total)
     scratch = torch.empty(slots, C, D, device=dw.device, dtype=torch.float32)
+    scratch2 = torch.empty_like(scratch) if two else scratch
     flag = keep if accumulate else count            # unread without ACCUMULATE
     tiles = (triton.cdiv(C, bc), triton.cdiv(D, bd))
     _piece_kernel[(bound, *tiles)](
-        a, b, gates, dw, flag, offsets, order, owner, first, count, slot, scratch, chunks, M,
-        C, D, k, rows, a.stride(0), b.stride(0), *dw.stride(), A_BY_TOKEN=a_by_token,
-        B_BY_TOKEN=b_by_token, SCALE_A=scale_a, ACCUMULATE=accumulate, BR=br, BC=bc, BD=bd,
+        a, a2 if two else a, b, gates, dw, dw2 if two else dw, flag, offsets, order, owner,
+        first, count, slot, scratch, scratch2, chunks, M, C, D, k, rows, a.stride(0),
+        b.stride(0), *dw.stride(), A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token,
+        SCALE_A=scale_a, ACCUMULATE=accumulate, TWO=two, BR=br, BC=bc, BD=bd,
         PREC=matmul_precision(a.dtype), num_warps=warps, num_stages=stages)
-    add_pieces(dw, flag, count, slot, scratch, rows, accumulate=accumulate, bc=bc, bd=bd)
+    add_pieces(dw, flag, count, slot, scratch, rows, accumulate=accumulate, bc=bc, bd=bd,
+               dw2=dw2 if two else None, scratch2=scratch2)
 
 
 def add_pieces(dw, keep, count, slot, scratch, piece_rows: int, *, accumulate: bool, bc: int,
-               bd: int) -> None:
+               bd: int, dw2=None, scratch2=None) -> None:
     """Each expert of several pieces (count[e] > piece_rows): its scratch slots (S, C, D)
     from slot[e] on added in piece order into dw[e] (M, C, D), stored or (accumulate, see
-    the module) added; experts of one piece are left as their piece kernel wrote them."""
+    the module) added; experts of one piece are left as their piece kernel wrote them.
+    dw2, scratch2: a second gradient of dw's shape and strides, in the same launch."""
     M, C, D = dw.shape
+    two = dw2 is not None
     _reduce_kernel[(M, triton.cdiv(C, bc), triton.cdiv(D, bd))](
-        dw, keep, count, slot, scratch, M, C, D, piece_rows, *dw.stride(),
-        ACCUMULATE=accumulate, BC=bc, BD=bd, num_warps=4)
+        dw, dw2 if two else dw, keep, count, slot, scratch, scratch2 if two else scratch, M,
+        C, D, piece_rows, *dw.stride(), ACCUMULATE=accumulate, TWO=two, BC=bc, BD=bd,
+        num_warps=4)

@@ -267,7 +267,11 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
     """BM sorted rows per block (a 64-row MMA), BS / BH the s and h chunks; dw_* the weight
     gradients' own tiles (rows summed per step, the two weight dimensions), warps and
     stages, by default the same as the blocks', and dw_piece_rows the rows one program sums
-    (expert_wgrad; 2^62: one program an expert)."""
+    (expert_wgrad; 2^62: one program an expert); dw_pair: the gate and up projections'
+    gradients in one launch (x's rows gathered once), by default where a dW tile holds at
+    most 2,048 elements (the phonebook's 16 x 64: two launches fewer a layer in a
+    launch-bound step); at 64 x 64 its two accumulators spill in a compile for sm_90, and
+    it is off there until a GPU times it."""
     cfg = {"BM": 64, "BS": max(16, min(64, next_pow2(s))), "BH": max(16, min(64, next_pow2(h))),
            "num_warps": 4, "num_stages": 2}
     cfg.update({k: v for k, v in (overrides or {}).items() if not k.startswith("dw_")})
@@ -275,11 +279,12 @@ def config(h: int, s: int, overrides: dict | None = None) -> dict:
                 "dw_warps": cfg["num_warps"], "dw_stages": cfg["num_stages"],
                 "dw_piece_rows": wgrad.PIECE_ROWS})
     cfg.update({k: v for k, v in (overrides or {}).items() if k.startswith("dw_")})
+    cfg.setdefault("dw_pair", cfg["dw_BS"] * cfg["dw_BH"] <= 2048)
     cfg.setdefault("fused", None)
     cfg.setdefault("split_h", None)
     unknown = set(cfg) - {"BM", "BS", "BH", "num_warps", "num_stages", "dw_BR", "dw_BS",
-                          "dw_BH", "dw_warps", "dw_stages", "dw_piece_rows", "fused",
-                          "split_h"}
+                          "dw_BH", "dw_warps", "dw_stages", "dw_piece_rows", "dw_pair",
+                          "fused", "split_h"}
     if unknown:
         raise ValueError(f"unknown expert kernel config keys {sorted(unknown)}")
     for key in ("BM", "BS", "BH", "dw_BR", "dw_BS", "dw_BH"):
@@ -462,10 +467,14 @@ def backward(dy, x, gates, idx, w_gate, w_up, w_down, act, xg, xu, *, cfg: dict 
         wk = dict(experts=M, chunks=chunks, k=k, accumulate=into is not None, br=c["dw_BR"],
                   warps=c["dw_warps"], stages=c["dw_stages"],
                   pieces=wgrad.plan(meta.offsets, M, chunks, rows, P))
-        for a, dw in ((dxg, dws[0]), (dxu, dws[1])):     # dW = aᵀ x: (s, h) per expert
+        # dW = aᵀ x, (s, h) an expert, for the gate and up projections in one launch (x's
+        # rows gathered once; config dw_pair) where their gradients share strides
+        same = c["dw_pair"] and dws[0].stride() == dws[1].stride()
+        for a, dw, a2, dw2 in (((dxg, dws[0], dxu, dws[1]),) if same else
+                               ((dxg, dws[0], None, None), (dxu, dws[1], None, None))):
             wgrad.weight_grad(a, x, gates_flat, dw, keep, meta.offsets, meta.order,
                               a_by_token=False, b_by_token=True, scale_a=False, bc=bs, bd=bh,
-                              **wk)
+                              a2=a2, dw2=dw2, **wk)
         wgrad.weight_grad(dy, act, gates_flat, dws[2], keep, meta.offsets, meta.order,
                           a_by_token=True, b_by_token=False, scale_a=True, bc=bh, bd=bs,
                           **wk)                          # (gate dy)ᵀ act: (h, s)
