@@ -71,18 +71,18 @@ def plan(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int,
     least piece_rows rows a piece, see above: by _plan_kernel (kernel; default: KERNEL, or
     on a GPU) or plan_torch, field for field the same."""
     piece_rows = max(piece_rows, triton.cdiv(2 * total, MAX_SLOTS))
+    bound = experts + triton.cdiv(total, piece_rows)
+    slots = max(1, 2 * triton.cdiv(total, piece_rows))
     kernel = (offsets.is_cuda if KERNEL is None else KERNEL) if kernel is None else kernel
     if not kernel:
-        return plan_torch(offsets, experts, chunks, piece_rows, total)
-    bound = experts + triton.cdiv(total, piece_rows)
+        return plan_torch(offsets, experts, chunks, piece_rows, bound, slots)
     dev = offsets.device
     owner = torch.empty(bound, device=dev, dtype=torch.int32)
     first, count, slot = (torch.empty(experts, device=dev, dtype=torch.int64)
                           for _ in range(3))
     _plan_kernel[(1,)](offsets, owner, first, count, slot, experts, chunks, piece_rows, bound,
                        BE=tile, num_warps=4)
-    return Plan(owner, first, count, slot, bound, max(1, 2 * triton.cdiv(total, piece_rows)),
-                piece_rows)
+    return Plan(owner, first, count, slot, bound, slots, piece_rows)
 
 
 @triton.jit
@@ -115,19 +115,17 @@ def _plan_kernel(OFFSETS, OWNER, FIRST, COUNT, SLOT, M, CHUNKS, P, BOUND, BE: tl
         tl.store(OWNER + i, tl.zeros((BE,), tl.int32) + M, mask=i < BOUND)
 
 
-def plan_torch(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int,
-               total: int) -> Plan:
-    """plan's reference in torch ops (piece_rows already grown for `total`)."""
+def plan_torch(offsets: torch.Tensor, experts: int, chunks: int, piece_rows: int, bound: int,
+               slots: int) -> Plan:
+    """plan's reference in torch ops (piece_rows, bound and slots as plan derives them)."""
     per = (offsets[1:] - offsets[:-1]).reshape(chunks, experts).sum(0)       # c_e
     n = torch.clamp(torch.div(per + piece_rows - 1, piece_rows, rounding_mode="floor"), min=1)
     ends = torch.cumsum(n, 0)
-    bound = experts + triton.cdiv(total, piece_rows)
     owner = torch.searchsorted(ends, torch.arange(bound, device=offsets.device,
                                                   dtype=ends.dtype), right=True)
     several = torch.where(n > 1, n, 0)
     slot = torch.cumsum(several, 0) - several
-    return Plan(owner.to(torch.int32), ends - n, per, slot, bound,
-                max(1, 2 * triton.cdiv(total, piece_rows)), piece_rows)
+    return Plan(owner.to(torch.int32), ends - n, per, slot, bound, slots, piece_rows)
 
 
 @triton.jit
