@@ -140,7 +140,8 @@ def test_the_counting_sort_metadata_on_the_gpu(N, k, M):
     from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
     g = torch.Generator(device="cuda").manual_seed(N + M)
     idx = torch.randint(0, M, (N, k), device="cuda", generator=g, dtype=torch.int32)
-    a, b = routing_meta(idx, M, 64, counting=True), routing_meta_torch(idx, M, 64)
+    a = routing_meta(idx, M, 64, counting=True, sorting=False)
+    b = routing_meta_torch(idx, M, 64)
     for field in ("order", "offsets", "block_expert", "block_start"):
         assert torch.equal(getattr(a, field), getattr(b, field)), field
 

@@ -53,11 +53,18 @@ SMALL_PAIRS = 1024      # N·k up to which one kernel launch builds the metadata
 # (benchmarks/routing_meta_ab.py; NOTES, fifteenth session). The interpreter keeps the torch
 # ops unless asked (counting=True): the CPU suites' time stays where it was.
 COUNTING = True
-# past the counting sort's tile (over 254 experts, or too many pairs): torch's stable sort of
-# the keys and three launches for the rest (routing_count.sorted_meta, ~11 launches with the
-# sort's) instead of the torch ops: off until a GPU has timed both (built 2026-12-06;
-# benchmarks/routing_meta_ab.py)
-SORTED = False
+# past the counting sort's tile (over 254 experts, or too many pairs), and where its bins
+# pass COUNTING_MAX_BINS: torch's stable sort of the keys and three launches for the rest
+# (routing_count.sorted_meta, 18 kernels with the sort's): 0.13-0.15 ms against the torch
+# ops' 0.52-0.53 at every size timed (N = 16,384 and 65,536, M = 32 to 8,192; H100,
+# 0e637fc), MoRE-768's phonebook step 24.88 -> 24.59 ms, 174 kernels fewer
+# (benchmarks/routing_meta_ab.py; NOTES, seventeenth session)
+SORTED = True
+# the counting sort's placement grows with its bins (VB): 78 us at 256 bins (M = 128 or 254)
+# against 26 us at 128 (M = 96); the sort and count took 0.126-0.134 ms where the counting
+# sort took 0.168 (M = 254 at N = 16,384; M = 128 at 65,536) and lost at M = 32 and 96
+# (0.13 against 0.07-0.08): with SORTED, the counting sort only up to 128 bins (M <= 126)
+COUNTING_MAX_BINS = 128
 PAIR_ORDER_EXPERTS = 1 << 14    # pair_order's kernels up to this many experts
 
 
@@ -108,7 +115,8 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
     """The metadata of topk_idx where the kernels run (CUDA, or the interpreter): one kernel
     launch for N·k <= SMALL_PAIRS; with counting (default: COUNTING on a GPU), three
     (routing_count's counting sort) for more pairs where its tile holds them; with sorting
-    (default: SORTED on a GPU) torch's sort and three launches for the sizes past that tile;
+    (default: SORTED on a GPU) torch's sort and three launches for the sizes past that tile
+    and, with both, where the counting sort's bins pass COUNTING_MAX_BINS (it is slower there);
     the torch ops otherwise (and for chunks); all equal field by field. walk_experts: see
     routing_meta_torch; first_expert, bounds: the module header."""
     from . import usable_on
@@ -125,10 +133,12 @@ def routing_meta(topk_idx_NK: torch.Tensor, experts: int, block_rows: int, *,
         from . import routing_count
         B = max_blocks(N * k, experts, block_rows)
         fields = None
-        if counting and routing_count.fits(N * k, experts):
+        sorts = sorting and routing_count.sorts(experts)
+        if counting and routing_count.fits(N * k, experts) and not (
+                sorts and routing_count.bins(experts) > COUNTING_MAX_BINS):
             fields = routing_count.counting_meta(topk_idx_NK, experts, block_rows, B,
                                                  first_expert)
-        elif sorting and routing_count.sorts(experts):
+        elif sorts:
             fields = routing_count.sorted_meta(topk_idx_NK, experts, block_rows, B,
                                                first_expert)
         if fields is not None:
