@@ -20,7 +20,10 @@ def _setup(N, h, s, M, k, seed=0):
     return x, gates, idx.int(), ws
 
 
-def test_full_size_forward_and_backward_bf16():
+@pytest.mark.parametrize("pair", [True, False])
+def test_full_size_forward_and_backward_bf16(pair):
+    """pair: the gate and up weight gradients in one launch (dw_pair, the default; its two
+    64 x 64 accumulators spill on sm_90) or two."""
     from moremoe.kernels import swiglu_experts as mg
     from moremoe.ops.reference import swiglu_experts_ref
     x, gates, idx, ws = _setup(65536, 512, 64, 8192, 4)
@@ -28,7 +31,7 @@ def test_full_size_forward_and_backward_bf16():
     ref = swiglu_experts_ref(x, gates, idx, *ws, upcast=True)
     assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
     dy = torch.randn_like(y)
-    got = mg.backward(dy, x, gates, idx, *ws, act, xg, xu)
+    got = mg.backward(dy, x, gates, idx, *ws, act, xg, xu, cfg={"dw_pair": pair})
     xr, gr = x.float().requires_grad_(), gates.clone().requires_grad_()
     wr = [w.float().requires_grad_() for w in ws]
     (swiglu_experts_ref(xr, gr, idx, *wr) * dy.float()).sum().backward()

@@ -46,7 +46,7 @@ EXPERTS = [dict(BM=bm, BS=bs, BH=bh, num_warps=w, num_stages=st)
                                      (128, 128, 64, 8, 3), (64, 32, 128, 4, 4))]
 EXPERTS += [{"dw_BR": 32}, {"dw_BR": 128}, {"dw_BH": 128}, {"dw_warps": 8, "dw_stages": 3},
             {"dw_piece_rows": 256}, {"dw_piece_rows": 2048}, {"dw_piece_rows": 2 ** 62},
-            {"dw_pair": True}]     # the gate and up gradients in one launch (off at 64 x 64)
+            {"dw_pair": False}]    # the gate and up gradients in two launches (default one)
 # the layer benchmarks' point (bf16 weights), and the h = 512 pair's training micro-batch
 # (16,384 tokens; fp32 weights, as the trainer's kernels read them under autocast), with
 # uniform routing and with a Zipf-skewed one (a run's first steps: H_norm about 0.5)
