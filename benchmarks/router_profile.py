@@ -9,7 +9,9 @@ out or change one setting, so that differences place the time:
 
   ours              the default (moremoe.kernels.router_lowrank.infer)
   ours_keys2/keys4  two / four keys a tile (the schedule picks four up to 16 tiles)
-  ours_bm64         64-expert tiles
+  ours_bm32/64/128  32-, 64-, 128-expert tiles (the default: 64 up to M = 512, else 128)
+  ours_queue1       the queued rows' exact sweep unsplit (the default splits it over the
+                    experts, up to 16 ways)
   ours_noreg        no register bound (the launch's maxnreg)
   ours_stages2/4    the pipeline depth of the tile loop
   proto             the prototype's best (top-2 a tile, in-flight rounds, BM 128, 3 stages)
@@ -40,8 +42,10 @@ from moremoe.bench import harness
 from moremoe.kernels import router_lowrank as kr
 
 OURS = {"ours": {}, "ours_keys2": {"tile_keys": 2}, "ours_keys4": {"tile_keys": 4},
-        "ours_bm64": {"BM": 64}, "ours_noreg": {"maxnreg": 0},
-        "ours_stages2": {"cand_stages": 2}, "ours_stages4": {"cand_stages": 4}}
+        "ours_bm64": {"BM": 64}, "ours_bm128": {"BM": 128}, "ours_bm32": {"BM": 32},
+        "ours_noreg": {"maxnreg": 0},
+        "ours_stages2": {"cand_stages": 2}, "ours_stages4": {"cand_stages": 4},
+        "ours_queue1": {"queue_splits": 1}}
 
 
 def load_prototype(folder: str):
@@ -89,6 +93,8 @@ def main(argv=None) -> int:
                     help="h:M:k comma list (default 512:512:4,512:8192:4,512:8192:1)")
     ap.add_argument("--rows", type=int, default=262144, help="N (default 262,144)")
     ap.add_argument("--rank", type=int, default=64, help="r (default 64)")
+    ap.add_argument("--variants", default="",
+                    help="comma list of the variants to run (default all)")
     ap.add_argument("--ncu", action="store_true", help="warm up, then one call of each "
                     "variant between cudaProfilerStart/Stop (for ncu)")
     a = ap.parse_args(argv)
@@ -102,6 +108,13 @@ def main(argv=None) -> int:
     for h, M, k in shapes:
         x, R2, R1 = inputs(a.rows, h, M, a.rank, device, dtype)
         fns = variants(k, proto)
+        if a.variants:
+            wanted = a.variants.split(",")
+            unknown = sorted(set(wanted) - set(fns))
+            if unknown:
+                ap.error(f"--variants: unknown {unknown} at k={k}; expected some of "
+                         f"{sorted(fns)}")
+            fns = {name: fn for name, fn in fns.items() if name in wanted}
         for fn in fns.values():      # compile every variant first
             fn(x, R2, R1)
         if a.ncu:
@@ -121,8 +134,8 @@ def main(argv=None) -> int:
             row.update(meta)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if a.out and rows:
-        harness.append_jsonl(a.out, rows)
+            if a.out:                    # as measured: a call cut short keeps its rows
+                harness.append_jsonl(a.out, [row])
     return 0
 
 

@@ -306,11 +306,16 @@ def test_candidates_with_exact_redo_equal_the_exact_sweep(C, tuple_reduce, negat
     assert torch.equal(split[1], cands[1])
 
 
-@pytest.mark.parametrize("negative", [False, True])
-def test_the_queued_rows_sweep_returns_the_exact_sweeps_answer(negative):
+@pytest.mark.parametrize("negative, queue", [
+    (False, {}), (True, {}),                          # 13 splits, one program, 2 blocks
+    (False, {"queue_cap": 32}),                       # the split pass's 32, then unsplit
+    (True, {"queue_splits": 4, "queue_cap": 32}),
+    (False, {"queue_splits": 1})])                    # unsplit: a wave walking the blocks
+def test_the_queued_rows_sweep_returns_the_exact_sweeps_answer(negative, queue):
     """One key in tiles of 16 queues most rows (a NaN row among them); the exact sweep of
     the queued rows returns what the exact sweep of every row returns, in inference and in
-    the training forward. negative: all logits negative, some exactly tied."""
+    the training forward, split over the experts or not, the queue past the split pass's
+    scratch swept unsplit. negative: all logits negative, some exactly tied."""
     from moremoe.kernels import router_candidates as rc, router_topk as rt
     from moremoe.kernels._common import LOWRANK
     N, M, BM, k, r = 60, 200, 16, 4, 16
@@ -327,14 +332,14 @@ def test_the_queued_rows_sweep_returns_the_exact_sweeps_answer(negative):
     rows, rows_n = rc.launch_pick(cand, z, x, R1, k, mode=LOWRANK, cfg=cfg, out=out)
     queued = rows[:int(rows_n.item())].long()
     assert len(queued) > N // 2 and 3 in queued.tolist()
-    got = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 1, "tuple": False})
+    got = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 1, "tuple": False, **queue})
     whole = kr.infer(x, R1, R2, k, config={"BM": BM, "C": 0})
     assert torch.equal(got[1], whole[1])
     # the values of the same experts by two kernels' z: within an h- and an r-term sum
     torch.testing.assert_close(got[0], whole[0], equal_nan=True,
                                **reduction_tol(torch.float32, 32 + r))
     zz = x @ R2.T
-    got = kr.train_forward(zz, R1, k, config={"BM": BM, "C": 1}, with_psum=True)
+    got = kr.train_forward(zz, R1, k, config={"BM": BM, "C": 1, **queue}, with_psum=True)
     whole = kr.train_forward(zz, R1, k, config={"BM": BM, "C": 0}, with_psum=True)
     assert torch.equal(got[1], whole[1])
     torch.testing.assert_close(got[0], whole[0], equal_nan=True,

@@ -114,21 +114,32 @@ def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr):
 
 
 @triton.jit
-def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM, ROWS, ROWS_N,
-                  N, H, M, R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, so_n, so_s,
-                  K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
+def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, OUT_M,
+                  OUT_NORM, ROWS, ROWS_N, split_rows, splits, N, H, M, R, m_per_split, sx_n,
+                  sx_h, sw_m, sw_k, s2_r, s2_h, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
                   STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
                   BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                   PREC: tl.constexpr, EVEN: tl.constexpr = False,
                   FULL_R: tl.constexpr = False):
-    """The exact sweep over the experts of split program_id(1) for a block of rows: rows
-    program_id(0)·BN + i, or (GIVEN) the queued rows ROWS[0:ROWS_N]; idle programs of a
-    GIVEN launch exit at once. SCRATCH: the split's running buffer (the tiles' logits in
-    OUT_KEY, experts, exact values) goes to OUT + split·so_s at the queue position, unsorted,
-    for _merge_kernel. STATS (one split) adds the online-softmax
-    statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
-    FULL_R: r == BR (no rank masks)."""
-    start = tl.program_id(0) * BN
+    """The exact sweep for a block of BN rows: rows b·BN + i, or (GIVEN) the queued rows
+    ROWS[b·BN + i] below ROWS_N; idle programs exit at once. The first split_rows / BN
+    blocks are split `splits` ways over the experts (program b·splits + s: block b, experts
+    [s·m_per_split, (s + 1)·m_per_split)) and (SCRATCH) write each split's running buffer
+    (the tiles' logits in SC_KEY, experts, exact values: (split_rows, splits, KP)) at the
+    row's position, unsorted, for _merge_kernel; the programs after them take one block
+    each over all experts into the outputs. STATS (no split) adds the online-softmax statistics m, Z
+    over the finite logits. EVEN: every tile is full (no expert masks); FULL_R: r == BR
+    (no rank masks)."""
+    pid = tl.program_id(0)
+    split_programs = tl.cdiv(split_rows, BN) * splits
+    split = pid % splits
+    start = (pid // splits) * BN
+    m_begin = split * m_per_split
+    m_end = tl.minimum(M, m_begin + m_per_split)
+    if pid >= split_programs:          # a block past the split rows: all experts
+        start = split_rows + (pid - split_programs) * BN
+        m_begin = m_begin * 0
+        m_end = m_end * 0 + M
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
         pos = start + tl.arange(0, BN)
@@ -148,8 +159,6 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
         thr_i = tl.full((BN,), -1, tl.int32)
         run_m = tl.full((BN,), NEG_INF, tl.float32)
         run_norm = tl.zeros((BN,), tl.float32)
-        m_begin = tl.program_id(1) * m_per_split
-        m_end = tl.minimum(M, m_begin + m_per_split)
         for m0 in range(m_begin, m_end, BM):
             cols = m0 + tl.arange(0, BM)
             col_ok = (cols < M) | EVEN
@@ -170,29 +179,33 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, OUT_KEY, OUT_M, OUT_NORM
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                             K, KP, MODE, BR, BH)
         if SCRATCH:     # the split's buffer as it is: the tiles' logits, experts, values
-            offs = (pos.to(tl.int64)[:, None] * so_n + tl.program_id(1) * so_s
-                    + slots[None, :])
-            tl.store(OUT_VAL + offs, vals, mask=row_ok[:, None])
-            tl.store(OUT_IDX + offs, bi, mask=row_ok[:, None])
-            tl.store(OUT_KEY + offs, bv, mask=row_ok[:, None])
+            if pid < split_programs:
+                offs = (pos.to(tl.int64)[:, None] * (splits * KP) + split * KP
+                        + slots[None, :])
+                tl.store(SC_KEY + offs, bv, mask=row_ok[:, None])
+                tl.store(SC_IDX + offs, bi, mask=row_ok[:, None])
+                tl.store(SC_VAL + offs, vals, mask=row_ok[:, None])
+            else:
+                write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
         else:
-            write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
+            write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
         if STATS:
             tl.store(OUT_M + rows64, run_m, mask=row_ok)
             tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
 
 
 @triton.jit
-def _merge_kernel(IN_VAL, IN_IDX, IN_KEY, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, N, M,
-                  SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
+def _merge_kernel(IN_VAL, IN_IDX, IN_KEY, OUT_VAL, OUT_IDX, OUT_GATE, ROWS, ROWS_N, limit, N,
+                  M, SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                   GIVEN: tl.constexpr, BN: tl.constexpr):
     """Top-k of the SPLITS·K candidates the split exact sweep wrote for each row (GIVEN:
-    each queued row), chosen as one sweep chooses them: by the tiles' fp32 logits (IN_KEY),
-    ties (and the fillers, whose logit there is -inf) to the lower expert; then ordered by
-    exact value into the row's outputs. Choosing by exact_values' sums instead (another
-    summation order) could make a row's routing depend on whether its batch was split."""
+    each queued row below limit), chosen as one sweep chooses them: by the tiles' fp32
+    logits (IN_KEY), ties (and the fillers, whose logit there is -inf) to the lower expert;
+    then ordered by exact value into the row's outputs. Choosing by exact_values' sums
+    instead (another summation order) could make a row's routing depend on whether its
+    batch was split."""
     start = tl.program_id(0) * BN
-    count = tl.load(ROWS_N) if GIVEN else N
+    count = tl.minimum(tl.load(ROWS_N), limit) if GIVEN else N
     if start < count:
         pos = start + tl.arange(0, BN)
         ok = pos < count
@@ -251,7 +264,8 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     the inference selection: "buffer" (router_buffer's one pass) for the low-rank router in
     bf16 / fp16 at k <= 8, faster than the candidates at every shape timed (H100, h = 512
     and 2,048, M = 512 to 16,384, k = 1, 4, 8: 1.02-1.21x; NOTES, fourteenth session), else
-    "candidates" (and where the overrides give C, the candidates' own setting). The
+    "candidates" (and where the overrides give C, the candidates' own setting), with
+    64-expert tiles up to M = 512 (0.262 against 0.285 ms at M = 512). The
     standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
@@ -262,6 +276,12 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
            "bwd_stages": 3}
     one_pass = mode == LOWRANK and not fp32 and K <= BUFFER_MAX_K and "C" not in (overrides or {})
     cfg["path"] = "buffer" if one_pass else "candidates"
+    if one_pass and M <= 512:
+        # 64-expert tiles: at 4 tiles of 128, four keys a tile still crowd binom(k, 4) / T^3
+        # of the rows (1/64: most blocks of 64 rows re-examine a tile), at 8 tiles 1/512;
+        # the one pass 0.262 against 0.285 ms at M = 512 (H100, 0e637fc; timed there only,
+        # smaller M crowd more; 13 % slower at M = 8,192, where 64 tiles crowd few rows)
+        cfg["BM"] = 64
     if mode == LINEAR:   # GEMM-shaped tiles: the x Wᵀ MMA over h sets the pace
         cfg.update(BM=256, cand_stages=2)
         if H >= 1024:
@@ -275,11 +295,28 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     return cfg
 
 
+# The queued rows' sweep (GIVEN) is split over the experts too: a few queued rows (about
+# 0.05 % of random rows at M = 8,192: 2-3 blocks) otherwise sweep all tiles serially on a
+# few SMs, 182 of 1,373 us on an H100 (NOTES, seventeenth session). At most QUEUE_SPLITS
+# splits of at least one tile; the first QUEUE_CAP queue positions are split (their
+# scratch: QUEUE_CAP x splits x KP entries), the rest swept whole in the same launch (a
+# queue that long fills the GPU unsplit).
+QUEUE_SPLITS = 16
+QUEUE_CAP = 4096
+
+
+def queue_splits(M: int, BM: int) -> int:
+    """Ways the queued rows' sweep splits the experts (cfg "queue_splits" overrides)."""
+    return max(1, min(QUEUE_SPLITS, triton.cdiv(M, BM)))
+
+
 def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows_n=None,
                  stats=None, splits: int = 1):
-    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones, split over
-    `splits` ways of the experts (each way's top-k merged after) when there are too few
-    rows to fill the GPU: the sweep of one block is serial over M."""
+    """The exact sweep into out = (val, idx, gates) for all rows or the queued ones (rows,
+    rows_n: a queue on the device), split over `splits` ways of the experts (each way's
+    top-k merged after) when there are too few rows to fill the GPU: the sweep of one block
+    is serial over M. The queued rows' sweep splits by queue_splits, its first QUEUE_CAP
+    positions (cfg "queue_splits", "queue_cap" override)."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = r2.shape[0] if mode == LOWRANK else H
     r2_ = r2 if r2 is not None else x
@@ -288,30 +325,36 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
         # unread placeholders (GIVEN is off): no fill kernel for them
         rows = rows_n = torch.empty(1, device=x.device, dtype=torch.int32)
     m_row, norm_row = stats if stats is not None else (out[0], out[0])
-    BM, KP = cfg["BM"], next_pow2(k)
+    BM, BN, KP = cfg["BM"], cfg["BN"], next_pow2(k)
+    for key in ("queue_splits", "queue_cap"):
+        v = cfg.get(key)
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"router config {key} must be a positive int, got {v!r}")
+    if given and stats is None:
+        splits = cfg.get("queue_splits") or queue_splits(M, BM)
     splits = 1 if stats is not None else max(1, min(splits, triton.cdiv(M, BM)))
     m_per_split = triton.cdiv(triton.cdiv(M, BM), splits) * BM
     splits = triton.cdiv(M, m_per_split)
-    dst, so_n, so_s = (*out, out[0]), k, 0
-    if splits > 1:
-        dst = (torch.empty(N, splits, KP, device=x.device, dtype=torch.float32),
-               torch.empty(N, splits, KP, device=x.device, dtype=torch.int32), out[2],
-               torch.empty(N, splits, KP, device=x.device, dtype=torch.float32))
-        so_n, so_s = splits * KP, KP
-    _exact_kernel[(triton.cdiv(N, cfg["BN"]), splits)](
-        x, w, r2_, *dst, m_row, norm_row, rows, rows_n, N, H, M, R, m_per_split,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0), r2_.stride(1),
-        so_n, so_s, K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
-        SCRATCH=splits > 1, BN=cfg["BN"], BM=BM, BR=cfg["BR"], BH=cfg["BH"],
+    # rows split over the experts (queue positions for GIVEN); the rest swept whole
+    cap = 0 if splits == 1 else (
+        min(N, triton.cdiv(cfg.get("queue_cap", QUEUE_CAP), BN) * BN) if given else N)
+    scratch = [torch.empty(cap, splits, KP, device=x.device, dtype=dt) if cap else out[0]
+               for dt in (torch.float32, torch.int32, torch.float32)]
+    programs = triton.cdiv(cap, BN) * splits + triton.cdiv(N - cap, BN)
+    _exact_kernel[(programs,)](
+        x, w, r2_, *out, *scratch, m_row, norm_row, rows, rows_n, cap, splits, N, H, M, R,
+        m_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0),
+        r2_.stride(1), K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
+        SCRATCH=cap > 0, BN=BN, BM=BM, BR=cfg["BR"], BH=cfg["BH"],
         PREC=dot_precision(x.dtype), EVEN=M % BM == 0 and m_per_split % BM == 0,
         FULL_R=mode != LINEAR and R == cfg["BR"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
-    if splits > 1:
+    if cap:
         BNm = 32
-        _merge_kernel[(triton.cdiv(N, BNm),)](
-            *dst[:2], dst[3], *out, rows, rows_n, N, M, SPLITS=splits, K=k, KP=KP,
-            CP=next_pow2(splits * KP), GIVEN=given, BN=BNm, num_warps=4)
+        _merge_kernel[(triton.cdiv(cap, BNm),)](
+            scratch[0], scratch[1], scratch[2], *out, rows, rows_n, cap, N, M, SPLITS=splits,
+            K=k, KP=KP, CP=next_pow2(splits * KP), GIVEN=given, BN=BNm, num_warps=4)
 
 
 def launch_sweep(x, w, k: int, *, mode: int, r2=None, stats: bool = False,
