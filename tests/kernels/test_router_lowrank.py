@@ -404,3 +404,19 @@ def test_the_training_sweeps_of_no_rows_give_zeros(monkeypatch):
     dz, dR1 = kr.train_backward(z, R1, m, Z, torch.randn(9, device=DEV), idx,
                                 torch.empty(0, 2, device=DEV), splits=3)
     assert dz.shape == (0, 12) and dR1.shape == (9, 12) and not dR1.any()
+
+
+def test_every_low_rank_path_takes_one_tile_width():
+    """Up to M = 512 the one pass takes 64-expert tiles (faster there), and so do the
+    candidates, the exact sweep and training: a tile's width can change how the MMA rounds
+    a logit, and the paths must select the same experts. Past 512, and for the standard
+    router, the widths stay."""
+    from moremoe.kernels import router_topk as rt
+    from moremoe.kernels._common import LINEAR, LOWRANK
+    for M in (96, 512):
+        widths = {rt.sweep_config(LOWRANK, 64, 512, k, M, over)["BM"]
+                  for k in (1, 4, 8, 16) for over in (None, {"C": 0}, {"C": 2})}
+        assert widths == {64}, M
+    assert rt.sweep_config(LOWRANK, 64, 512, 4, 513)["BM"] == 128
+    assert rt.sweep_config(LOWRANK, 64, 512, 4, 512, {"BM": 128})["BM"] == 128
+    assert rt.sweep_config(LINEAR, 512, 512, 4, 512)["BM"] == 256
