@@ -11,15 +11,17 @@ launch_sweep runs, for every k and both routers:
      values; rows for which the candidates may not hold the top-k are queued in REDO;
   2. _exact_kernel here, over the queued rows, or over all rows where candidates would
      queue most of them (few tiles and large k) or where the rows are too few to fill the
-     GPU (then split over the experts and merged): each tile inserts, one logit per step,
+     GPU (then split over the experts and merged; the queued rows' sweep is split so too,
+     its few blocks otherwise serial over every tile): each tile inserts, one logit per step,
      every logit that belongs in the row's running top-k (a block-uniform loop), compared
      by value and then by index: exact on the fp32 logits.
 
 Kernels (grid, reads -> writes):
-  _exact_kernel      (N/BN, SPLITS)  x, R1|W [, R2] [, REDO] -> top-k val fp32, idx int32,
-                                    gates fp32 [+ online-softmax row max m and normaliser Z]
-                                    or, split, each split's top-k (N, SPLITS, k)
-  _merge_kernel      (N/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
+  _exact_kernel      (S/BN·SPLITS + (N-S)/BN,)  x, R1|W [, R2] [, REDO] -> top-k val fp32,
+                                    idx int32, gates fp32 [+ online-softmax row max m and
+                                    normaliser Z]; the first S rows (queue positions) split,
+                                    each split's top-k to scratch (S, SPLITS, KP)
+  _merge_kernel      (S/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
                                     the tiles' logits as one sweep would, ordered by value)
 
 Selection (docs/design.md, "Selection semantics"):
@@ -116,10 +118,11 @@ def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr):
 @triton.jit
 def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, OUT_M,
                   OUT_NORM, ROWS, ROWS_N, split_rows, splits, N, H, M, R, m_per_split, sx_n,
-                  sx_h, sw_m, sw_k, s2_r, s2_h, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
-                  STATS: tl.constexpr, GIVEN: tl.constexpr, SCRATCH: tl.constexpr,
-                  BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
-                  PREC: tl.constexpr, EVEN: tl.constexpr = False,
+                  sx_h, sw_m, sw_k, s2_r, s2_h, K: tl.constexpr, KP: tl.constexpr,
+                  MODE: tl.constexpr, STATS: tl.constexpr, GIVEN: tl.constexpr,
+                  SCRATCH: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                  BR: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr,
+                  EVEN: tl.constexpr = False,
                   FULL_R: tl.constexpr = False):
     """The exact sweep for a block of BN rows: rows b·BN + i, or (GIVEN) the queued rows
     ROWS[b·BN + i] below ROWS_N; idle programs exit at once. The first split_rows / BN
@@ -127,9 +130,9 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, 
     [s·m_per_split, (s + 1)·m_per_split)) and (SCRATCH) write each split's running buffer
     (the tiles' logits in SC_KEY, experts, exact values: (split_rows, splits, KP)) at the
     row's position, unsorted, for _merge_kernel; the programs after them take one block
-    each over all experts into the outputs. STATS (no split) adds the online-softmax statistics m, Z
-    over the finite logits. EVEN: every tile is full (no expert masks); FULL_R: r == BR
-    (no rank masks)."""
+    each over all experts into the outputs. STATS (no split) adds the online-softmax
+    statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
+    FULL_R: r == BR (no rank masks)."""
     pid = tl.program_id(0)
     split_programs = tl.cdiv(split_rows, BN) * splits
     split = pid % splits
