@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 54's measurements in device calls: each item writes its rows, tables and logs under
+# $OUT as it measures (a device call's copy of benchmarks/results is the local file again at
+# the next call's start, so rows written there are lost). Pick the items a call has time
+# for; each prints its wall time.
+#
+#   mkdir -p runs/anchors && cp ../shared/anchors/*.py runs/anchors/       (carry runs/anchors)
+#   ITEMS=tests OUT=$OUT bash benchmarks/issue54_gpu.sh                     # ~9 min alone
+#   ITEMS=router OUT=$OUT bash benchmarks/issue54_gpu.sh                    # ~6 min
+#   ITEMS=experts,phonebook OUT=$OUT bash benchmarks/issue54_gpu.sh         # ~5 min
+#   ITEMS=pair OUT=$OUT bash benchmarks/issue54_gpu.sh                      # ~6 min
+#
+# Items:
+#   tests      make test-gpu-kernels (every kernel test, compiled for the GPU) -> tests.log
+#   router     the anchors' table (benchmarks/router_anchors_gpu.sh, SWEEPS=M,k) -> router/,
+#              then router_profile.py's variants at M = 512, 2,048, 16,384 -> router/profile.jsonl
+#   experts    bench experts at the presets', the phonebook's and the study's shapes
+#   tune       bench experts --tune
+#   phonebook  bench phonebook, the compiled step (kernels a step and the most launched)
+#   meta       benchmarks/routing_meta_ab.py (the routing metadata's three paths)
+#   pair       benchmarks/train_pair.sh, MINUTES=1.3 (the training step's ratios, part 4)
+set -euo pipefail
+ITEMS=${ITEMS:-router,experts,phonebook}
+OUT=${OUT:-runs/issue54}
+ANCHORS=${ANCHORS:-runs/anchors}
+PY=${PYTHON:-python3}
+export PYTHONPATH=${PYTHONPATH:-src} PYTHONUNBUFFERED=1
+export MOREMOE_COMMIT=${MOREMOE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PROFILE_VARIANTS=${PROFILE_VARIANTS:-ours,ours_bm32,ours_bm64,ours_bm128,ours_queue1,ours_eager2,proto}
+
+run_item() {
+    case "$1" in
+        tests)
+            make test-gpu-kernels GPU_PYTHON="$PY" 2>&1 | tee "$OUT/tests.log" | tail -n 5 ;;
+        router)
+            SWEEPS=M,k OUT="$OUT/router" ANCHORS="$ANCHORS" bash benchmarks/router_anchors_gpu.sh
+            $PY benchmarks/router_profile.py --anchors "$ANCHORS" \
+                --shapes 512:512:4,512:2048:4,512:16384:4 --variants "$PROFILE_VARIANTS" \
+                "$OUT/router/profile.jsonl" > /dev/null ;;
+        experts)
+            $PY -m moremoe.cli bench experts --shapes presets,phonebook,study --no-progress \
+                --out "$OUT/experts.jsonl" | tee "$OUT/experts.txt" ;;
+        tune)
+            $PY -m moremoe.cli bench experts --tune --no-progress \
+                --out "$OUT/tune_experts.jsonl" | tee "$OUT/tune_experts.txt" ;;
+        phonebook)
+            $PY -m moremoe.cli bench phonebook --modes compiled --no-progress \
+                --out "$OUT/phonebook.jsonl" | tee "$OUT/phonebook.txt" ;;
+        meta)
+            $PY benchmarks/routing_meta_ab.py "$OUT/routing_meta.jsonl" \
+                | tee "$OUT/routing_meta.txt" ;;
+        pair)
+            MINUTES=${MINUTES:-1.3} KEEP=table OUT="$OUT/pair" bash benchmarks/train_pair.sh ;;
+        *)
+            echo "error: ITEMS: unknown item '$1'; expected some of tests, router, experts," \
+                 "tune, phonebook, meta, pair" >&2
+            exit 2 ;;
+    esac
+}
+
+for item in ${ITEMS//,/ }; do        # every name checked before anything runs
+    case "$item" in tests|router|experts|tune|phonebook|meta|pair) ;;
+        *) run_item "$item" ;;
+    esac
+done
+if [ "${ITEMS//router/}" != "$ITEMS" ] && [ ! -f "$ANCHORS/fast_router.py" ]; then
+    echo "error: $ANCHORS/fast_router.py not found; copy ../shared/anchors/*.py into" \
+         "$ANCHORS and carry it" >&2
+    exit 2
+fi
+for item in ${ITEMS//,/ }; do
+    start=$(date +%s)
+    echo "issue54_gpu.sh: $item ..."
+    run_item "$item"
+    echo "issue54_gpu.sh: $item took $(( $(date +%s) - start )) s"
+done
