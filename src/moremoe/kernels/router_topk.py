@@ -268,7 +268,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     bf16 / fp16 at k <= 8, faster than the candidates at every shape timed (H100, h = 512
     and 2,048, M = 512 to 16,384, k = 1, 4, 8: 1.02-1.21x; NOTES, fourteenth session), else
     "candidates" (and where the overrides give C, the candidates' own setting); the
-    low-rank router's paths all with 64-expert tiles up to M = 512 (the one pass 0.262
+    low-rank router's paths all with 64-expert tiles at 256 < M <= 512 (the one pass 0.262
     against 0.285 ms at M = 512; one tile width, so that the paths compute the same
     logits). The
     standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
@@ -281,11 +281,12 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
            "bwd_stages": 3}
     one_pass = mode == LOWRANK and not fp32 and K <= BUFFER_MAX_K and "C" not in (overrides or {})
     cfg["path"] = "buffer" if one_pass else "candidates"
-    if mode == LOWRANK and M <= 512:
+    if mode == LOWRANK and 256 < M <= 512:
         # 64-expert tiles: at 4 tiles of 128, four keys a tile still crowd binom(k, 4) / T^3
         # of the rows (1/64: most blocks of 64 rows re-examine a tile), at 8 tiles 1/512;
-        # the one pass 0.262 against 0.285 ms at M = 512 (H100, 0e637fc; timed there only,
-        # smaller M crowd more; 13 % slower at M = 8,192, where 64 tiles crowd few rows).
+        # the one pass 0.262 against 0.285 ms at M = 512 (H100, 0e637fc; 13 % slower at
+        # M = 8,192, where 64 tiles crowd few rows). Timed at M = 512 only: smaller routers
+        # (the phonebook's) keep their tiles and their training path's choice until timed.
         # Every low-rank path takes them, inference, training and the exact sweep: the MMA
         # of a 64-wide tile may round a logit otherwise than a 128-wide one (1 row of
         # 262,144 at M = 512 chose another expert, H100), and the paths must agree
