@@ -135,14 +135,11 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, 
     FULL_R: r == BR (no rank masks)."""
     pid = tl.program_id(0)
     split_programs = tl.cdiv(split_rows, BN) * splits
+    in_split = pid < split_programs      # else a block past the split rows: all experts
     split = pid % splits
-    start = (pid // splits) * BN
-    m_begin = split * m_per_split
-    m_end = tl.minimum(M, m_begin + m_per_split)
-    if pid >= split_programs:          # a block past the split rows: all experts
-        start = split_rows + (pid - split_programs) * BN
-        m_begin = m_begin * 0
-        m_end = m_end * 0 + M
+    start = tl.where(in_split, (pid // splits) * BN, split_rows + (pid - split_programs) * BN)
+    m_begin = tl.where(in_split, split * m_per_split, 0)
+    m_end = tl.where(in_split, tl.minimum(M, split * m_per_split + m_per_split), M)
     count = tl.load(ROWS_N) if GIVEN else N
     if start < count:
         pos = start + tl.arange(0, BN)
@@ -182,7 +179,7 @@ def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, 
         vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                             K, KP, MODE, BR, BH)
         if SCRATCH:     # the split's buffer as it is: the tiles' logits, experts, values
-            if pid < split_programs:
+            if in_split:
                 offs = (pos.to(tl.int64)[:, None] * (splits * KP) + split * KP
                         + slots[None, :])
                 tl.store(SC_KEY + offs, bv, mask=row_ok[:, None])
