@@ -53,17 +53,15 @@ run_item() {
                 | tee "$OUT/routing_meta.txt" ;;
         pair)
             MINUTES=${MINUTES:-1.3} KEEP=table OUT="$OUT/pair" bash benchmarks/train_pair.sh ;;
-        *)
-            echo "error: ITEMS: unknown item '$1'; expected some of tests, router, experts," \
-                 "tune, phonebook, meta, pair" >&2
-            exit 2 ;;
     esac
 }
 
+KNOWN=" tests router experts tune phonebook meta pair "
 for item in ${ITEMS//,/ }; do        # every name checked before anything runs
-    case "$item" in tests|router|experts|tune|phonebook|meta|pair) ;;
-        *) run_item "$item" ;;
-    esac
+    if [ "${KNOWN/ $item /}" = "$KNOWN" ]; then
+        echo "error: ITEMS: unknown item '$item'; expected some of$KNOWN" >&2
+        exit 2
+    fi
 done
 if [ "${ITEMS//router/}" != "$ITEMS" ] && [ ! -f "$ANCHORS/fast_router.py" ]; then
     echo "error: $ANCHORS/fast_router.py not found; copy ../shared/anchors/*.py into" \
