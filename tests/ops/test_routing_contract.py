@@ -175,6 +175,15 @@ def test_blocks_of_rows_route_as_the_whole_batch(router, monkeypatch):
     torch.testing.assert_close(blocks[0], whole[0].detach(), rtol=1e-6, atol=1e-6)
 
 
+def test_only_a_cpu_selects_in_blocks():
+    """The blocks pay where a block's logits stay in cache; on a GPU 1,024 blocks of a few
+    launches each put the reference router past 1.5x plain torch's (the GPU test
+    test_reference_router_costs_about_the_plain_torch_router failed at 7bf53c2)."""
+    assert ref.in_blocks(torch.device("cpu"))
+    assert not ref.in_blocks(torch.device("cuda"))
+    assert not ref.in_blocks(torch.device("cuda", 1))
+
+
 def test_a_wide_doubt_is_decided_on_whole_rows(monkeypatch):
     """A row doubtful among more experts than route_exact.CANDIDATES is summed whole in
     fp64: the same experts as the candidates' way."""

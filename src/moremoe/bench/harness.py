@@ -106,12 +106,14 @@ def peak_bytes(fn, *, device: torch.device) -> int | None:
 def kernel_profile(fn, *, device: torch.device, calls: int = 3, top: int = 4) -> dict:
     """Where fn()'s device time goes: {"kernels_per_call", "kernel_time": [[name, us a call,
     share of the device time], ...] the `top` longest first} from torch.profiler's kernel
-    records over `calls` calls (names cut to 80 characters; memcpy / memset count as
-    kernels here, they take device time); {} off a GPU."""
+    records over `calls` calls after one unrecorded call (a first call's one-time work,
+    a library's set-up or a compile, is not the call's); names cut to 80 characters;
+    memcpy / memset count as kernels here, they take device time; {} off a GPU."""
     if device.type != "cuda":
         return {}
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
+    fn()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):

@@ -221,17 +221,24 @@ def _row_norm_max(w_MR: torch.Tensor) -> torch.Tensor:
 BLOCK_BYTES = 1 << 23       # eager inference: the fp32 logits of a block of rows at a time
 
 
+def in_blocks(device: torch.device) -> bool:
+    """Whether eager inference selects a block of rows at a time: on a CPU, where a block's
+    logits stay in cache; not on a GPU, where each block is a few launches (1,024 blocks at
+    N = 262,144, M = 8,192) and the whole batch's logits are one pass over HBM."""
+    return device.type == "cpu"
+
+
 def _route(logits_of, x_NH, M: int, k: int, with_psum: bool, settle_of, *, whole: bool):
     """The exact selection on the float32 (float64) logits, the rows fp32 cannot decide
     decided again on fp64 ones (eagerly; settle_of(rows) gives those rows' bound and fp64
     logits); psum's softmax in the logits' dtype. logits_of(rows): the logits of a slice of
-    rows. Eager inference (no autograd, no psum, fp32 sums) takes the rows a block at a
-    time (BLOCK_BYTES of logits), each selected while it is in cache, which costs less
+    rows. Eager inference on a CPU (no autograd, no psum, fp32 sums) takes the rows a block
+    at a time (BLOCK_BYTES of logits), each selected while it is in cache, which costs less
     than one (N, M) tensor written and read back; each row's selection is its own, so the
     blocks route as the whole batch does."""
     N = x_NH.shape[0]
     fp64 = x_NH.dtype == torch.float64
-    if whole or with_psum or fp64 or in_graph() or N == 0:
+    if whole or with_psum or fp64 or in_graph() or N == 0 or not in_blocks(x_NH.device):
         logits_NM = logits_of(slice(None))
         decide = None if fp64 or in_graph() else (lambda: settle_of(slice(None)))
         topk_val_NK, topk_idx_NK = select_topk(logits_NM, k, settle=decide)
