@@ -19,6 +19,8 @@
 #   phonebook  bench phonebook, the compiled step (kernels a step and the most launched)
 #   meta       benchmarks/routing_meta_ab.py (the routing metadata's three paths)
 #   pair       benchmarks/train_pair.sh, MINUTES=1.3 (the training step's ratios, part 4)
+#   inductor   benchmarks/phonebook_inductor_ab.py: the compiled phonebook step with inductor's
+#              combo kernels off and on (ms and kernels a step, MoE-32 and MoRE-96; ~3 min)
 set -euo pipefail
 ITEMS=${ITEMS:-router,experts,phonebook}
 OUT=${OUT:-runs/issue54}
@@ -51,12 +53,15 @@ run_item() {
         meta)
             $PY benchmarks/routing_meta_ab.py "$OUT/routing_meta.jsonl" \
                 | tee "$OUT/routing_meta.txt" ;;
+        inductor)
+            $PY benchmarks/phonebook_inductor_ab.py "$OUT/phonebook_inductor.jsonl" \
+                --variants base,combo,combo_pw | tee "$OUT/phonebook_inductor.txt" ;;
         pair)
             MINUTES=${MINUTES:-1.3} KEEP=table OUT="$OUT/pair" bash benchmarks/train_pair.sh ;;
     esac
 }
 
-KNOWN=" tests router experts tune phonebook meta pair "
+KNOWN=" tests router experts tune phonebook meta pair inductor "
 for item in ${ITEMS//,/ }; do        # every name checked before anything runs
     if [ "${KNOWN/ $item /}" = "$KNOWN" ]; then
         echo "error: ITEMS: unknown item '$item'; expected some of$KNOWN" >&2
