@@ -85,6 +85,21 @@ def expert_cost(p: LayerPoint) -> tuple[int, int, int]:
     return 6 * p.N * p.k * p.h * p.s, nbytes, bwd_bytes
 
 
+def expert_design_bytes(p: LayerPoint) -> tuple[int, int]:
+    """(forward, backward) bytes of our expert kernels' own dataflow, each kernel reading
+    each operand it needs once (kernels/swiglu_experts): the (P, h) pair rows that make the
+    combine deterministic are written and read back, and a token's row is read once a slot.
+    Forward: x gathered per pair, the pair rows written, the combine's read and y, the
+    weights. Backward: dy per pair twice (the down projection's backward and dW_down), x per
+    pair (dW_gate, dW_up), the dx pair rows written and read by the combine, dx, the (P, s)
+    act, xg, xu, dxg, dxu (ten reads and writes), the weights read and their fp32 gradients
+    written. A floor of this design, not of the layer: expert_cost's is the layer's."""
+    P, h, s, N, W = p.N * p.k, p.h, p.s, p.N, 3 * p.M * p.h * p.s
+    fwd = 2 * (3 * P * h + N * h + W)
+    bwd = 2 * (5 * P * h + 10 * P * s + N * h + W) + 4 * W
+    return fwd, bwd
+
+
 def _row(bench, p: LayerPoint, variant, env, ceil, **extra) -> dict:
     return {"bench": bench, "variant": variant, **p.__dict__, **env,
             **{f"ceiling_{k}": v for k, v in ceil.items()}, **extra}
@@ -308,6 +323,8 @@ def _expert_rows(p: LayerPoint, device, env, ceil, quick: bool):
     ws = (ex.w_gate, ex.w_up, ex.w_down)
     args = (x, routed.gates, routed.topk_idx, *ws)
     fwd, nbytes, bwd_bytes = expert_cost(p)
+    design = dict(zip(("forward", "backward"), expert_design_bytes(p)))
+    design["forward+backward"] = design["forward"] + design["backward"]
     meta = grouped.routing_meta(routed.topk_idx, p.M, grouped.config(p.h, p.s)["BM"])
     y, act, xg, xu = grouped.forward(*args, save=True, meta=meta)
     dy = torch.randn_like(y)
@@ -345,11 +362,16 @@ def _expert_rows(p: LayerPoint, device, env, ceil, quick: bool):
                        error=str(err).splitlines()[0])
             continue
         fl = floor_ms(flops, byts, ceil)
+        own = {}
+        if variant == "experts":                  # the floor of the pair rows' dataflow
+            dfl = floor_ms(flops, design[phase], ceil)
+            own = dict(design_bytes=design[phase], design_floor_ms=dfl,
+                       ratio_to_design_floor=(ms / dfl) if dfl else None)
         with torch.set_grad_enabled(grad):        # what limits the row: its kernels' times
             where = kernel_profile(fn, device=device)
         yield _row("experts", p, variant, env, ceil, phase=phase, ms=ms, flops=flops,
                    bytes=byts, floor_ms=fl, tflops=flops / ms / 1e9,
-                   ratio_to_floor=(ms / fl) if fl else None, **where)
+                   ratio_to_floor=(ms / fl) if fl else None, **own, **where)
 
 
 PAPER_EXPERT_POINTS = [("paper", LayerPoint(512, 8192, s=s)) for s in (64, 128, 512)] + [

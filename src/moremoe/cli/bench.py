@@ -101,9 +101,11 @@ def _layer_table(rows: list[dict]) -> str:
         val = (_value(r, "{:.3f} ms") if r.get("ms") is not None or r.get("oom")
                or r.get("error") else f"{(r.get('peak_bytes') or 0) / 2**20:,.0f} MiB")
         ratio = f"{r['ratio_to_floor']:.1f}x" if r.get("ratio_to_floor") else "-"
+        design = (f"{r['ratio_to_design_floor']:.1f}x" if r.get("ratio_to_design_floor")
+                  else "-")
         out.append([r.get("sweep", r["bench"]), r["variant"] + _config(r), r.get("phase", ""),
-                    f"h={r['h']} M={r['M']} s={r['s']} N={r['N']}", val, ratio])
-    return table(out, ["sweep", "variant", "phase", "point", "value", "/floor"])
+                    f"h={r['h']} M={r['M']} s={r['s']} N={r['N']}", val, ratio, design])
+    return table(out, ["sweep", "variant", "phase", "point", "value", "/floor", "/design"])
 
 
 def _matched(rows):
@@ -345,7 +347,10 @@ def add_bench_parser(sub) -> None:
                    "MoE vs MoRE, and a schedule that walks the range of expert ids"),
         "experts": ("the grouped expert kernels alone, forward and backward",
                     "at the paper's, the presets', the study's and the phonebook's shapes "
-                    "(--shapes): achieved TFLOP/s, ratio to the floor and the kernels' share "
+                    "(--shapes): achieved TFLOP/s, ratio to the floor (/floor: each input read "
+                    "once, each output written once) and to our design's floor (/design: "
+                    "also the deterministic combine's (N k, h) pair rows written and read "
+                    "back, a token's row read once a slot), the kernels' share "
                     "of the time; at M <= 1024 the torch._grouped_mm experts (the torchtitan "
                     "way) beside them"),
         "model": ("whole models: prefill and KV-cache decode by component",
