@@ -17,8 +17,9 @@
 #   make test-gpu-multi  the tests that need 2 or 4 GPUs (skipped with fewer), in one run; each
 #                     launches processes, bounded, and kills them (tests/procs.py).
 #   make test-gpu-kernels  every kernel test (tests/kernels, marked gpu or not) on the GPU:
-#                     the interpreter's odd sizes and edge cases compiled for the device
-#                     GPU_PYTHON picks the interpreter (default python3)
+#                     the interpreter's odd sizes and edge cases compiled for the device,
+#                     over GPU_JOBS processes (compiling is most of it), then the gpu_serial
+#                     ones alone; GPU_PYTHON picks the interpreter (default python3)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -60,7 +61,8 @@ test-gpu-multi:
 	$(GPU_PYTEST) -m multi_gpu $(PYTEST_ARGS) tests
 
 test-gpu-kernels:
-	$(GPU_PYTEST) -m "not multi_gpu" $(PYTEST_ARGS) tests/kernels
+	$(GPU_PYTEST) -m "not multi_gpu and not gpu_serial" $(GPU_XDIST) $(PYTEST_ARGS) tests/kernels
+	$(GPU_PYTEST) -m "not multi_gpu and gpu_serial" $(PYTEST_ARGS) tests/kernels
 
 test-demo: setup
 	$(BIN)/python -m pytest -q -m demo tests/test_demo_conclusion.py
