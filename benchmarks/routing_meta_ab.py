@@ -6,7 +6,8 @@ shapes (median of device-event timings after warm-up, and the kernels each launc
 phonebook training step of MoE-32, MoRE-96 and MoRE-768 (L = 6, batch 1,024, the CUDA graph
 of `bench phonebook`) with routing_meta.COUNTING and SORTED off and on: ms and kernels a
 step. Issue 54 parts 2 and 3: do the kernels take the launches off, and are they no slower
-where they run.
+where they run. Also pair_order (the routers' sparse dW, PEER) three ways where the counting
+sort's tile holds the pairs: is its counting sort slower past COUNTING_MAX_BINS too.
 
     PYTHONPATH=src python benchmarks/routing_meta_ab.py OUT.jsonl
     PYTHONPATH=src TRITON_INTERPRET=1 python benchmarks/routing_meta_ab.py OUT.jsonl --quick
@@ -54,6 +55,41 @@ def metadata_rows(device, quick: bool) -> list[dict]:
     return rows
 
 
+def pair_order_rows(device, quick: bool) -> list[dict]:
+    """routing_meta.pair_order (order and offsets only: the routers' sparse dW, PEER) three
+    ways where the counting sort's tile holds the pairs: the counting sort (its default on a
+    GPU, up to 254 experts), routing_meta's sort and count, and one sort of the ids with M + 1
+    binary searches (its path past the tile). Is the counting sort slower past
+    COUNTING_MAX_BINS here too, as it is for routing_meta?"""
+    from moremoe.bench.harness import kernel_profile, time_ms
+    from moremoe.kernels import routing_count
+    from moremoe.kernels.routing_meta import pair_order, routing_meta
+    rows = []
+    for N, k, M in QUICK_SHAPES if quick else SHAPES:
+        if not routing_count.fits(N * k, M):
+            continue
+        g = torch.Generator(device=device).manual_seed(N + M)
+        idx = torch.randint(0, M, (N, k), device=device, generator=g, dtype=torch.int32)
+
+        def sorted_meta(idx=idx, M=M):
+            meta = routing_meta(idx, M, 64, counting=False, sorting=True)
+            return meta.order, meta.offsets
+        calls = {"counting": lambda idx=idx, M=M: pair_order(idx, M, kernels=True),
+                 "sorted": sorted_meta,
+                 "sort_search": lambda idx=idx, M=M: pair_order(idx, M, kernels=False)}
+        ref = calls["sort_search"]()
+        for name, fn in calls.items():
+            got = fn()
+            row = {"bench": "pair_order", "path": name, "N": N, "k": k, "M": M,
+                   "bins": routing_count.bins(M),
+                   "same_as_torch": all(torch.equal(a.long(), b.long())
+                                        for a, b in zip(got, ref))}
+            if not quick:
+                row.update(ms=time_ms(fn, device=device), **kernel_profile(fn, device=device))
+            rows.append(row)
+    return rows
+
+
 def step_rows(device) -> list[dict]:
     from moremoe.kernels import routing_meta as rm
     from moremoe.phonebook import bench
@@ -85,13 +121,14 @@ def main(argv=None) -> int:
         print("error: the A/B times a GPU; on a CPU give --quick (with TRITON_INTERPRET=1)",
               file=sys.stderr)
         return 2
-    rows = metadata_rows(device, args.quick) + ([] if args.quick else step_rows(device))
+    rows = (metadata_rows(device, args.quick) + pair_order_rows(device, args.quick)
+            + ([] if args.quick else step_rows(device)))
     env = environment(device)
     with open(args.out, "a") as f:
         for r in rows:
             f.write(json.dumps({**r, **env}) + "\n")
     for r in rows:
-        print({k: r.get(k) for k in ("bench", "path", "counting", "sorting", "model", "N", "M",
+        print({k: r.get(k) for k in ("bench", "path", "counting", "sorting", "model", "N", "M", "bins",
                                       "ms",
                                       "kernels_per_call", "kernel_time", "kernels",
                                       "same_as_torch")
