@@ -12,6 +12,9 @@ out or change one setting, so that differences place the time:
   ours_bm32/64/128  32-, 64-, 128-expert tiles (the default: 64 up to M = 512, else 128)
   ours_queue1       the queued rows' exact sweep unsplit (the default splits it over the
                     experts, up to 16 ways)
+  ours_qwide        the queued rows' sweep launched one program a possible block (at most
+                    16 splits x 64 + (N - 4,096) / 64 at N = 262,144) instead of two a part
+                    an SM walking the blocks: the idle programs' waves
   ours_eager2       the prototype's schedule: 128-expert tiles, two keys a tile, the rounds
                     right after each tile while a row's second key enters
   ours_noreg        no register bound (the launch's maxnreg)
@@ -47,7 +50,7 @@ OURS = {"ours": {}, "ours_keys2": {"tile_keys": 2}, "ours_keys4": {"tile_keys": 
         "ours_bm64": {"BM": 64}, "ours_bm128": {"BM": 128}, "ours_bm32": {"BM": 32},
         "ours_noreg": {"maxnreg": 0},
         "ours_stages2": {"cand_stages": 2}, "ours_stages4": {"cand_stages": 4},
-        "ours_queue1": {"queue_splits": 1},
+        "ours_queue1": {"queue_splits": 1}, "ours_qwide": {"queue_programs": 10 ** 6},
         "ours_eager2": {"BM": 128, "tile_keys": 2, "rounds": "eager"}}
 
 

@@ -52,13 +52,15 @@ def test_full_size_lowrank_inference(h, k):
 def test_the_queued_rows_sweep_equals_the_whole_sweep_at_full_size(k):
     """At the paper's shape (bf16, h = 512, M = 8,192, r = 64, N = 262,144) the one pass
     and the queued rows' sweep (split 16 ways over the experts; unsplit; split with its
-    first 64 queue positions only) return what the exact sweep of every row returns;
-    routed in chunks, no row is routed otherwise."""
+    first 64 queue positions only; a program a possible block, or one program a part
+    walking them) return what the exact sweep of every row returns; routed in chunks, no
+    row is routed otherwise."""
     from moremoe.kernels import router_lowrank as kr
     x, R1, R2 = _lowrank(262144, 512, 8192, 64)
     got = kr.infer(x, R1, R2, k)
     assert torch.equal(got[1], kr.infer(x, R1, R2, k, config={"C": 0})[1])
-    for queue in ({"queue_splits": 1}, {"queue_cap": 64}):
+    for queue in ({"queue_splits": 1}, {"queue_cap": 64}, {"queue_programs": 10 ** 6},
+                  {"queue_programs": 1}):
         assert torch.equal(got[1], kr.infer(x, R1, R2, k, config=queue)[1])
     chunks = torch.cat([kr.infer(x[i:i + 4096], R1, R2, k)[1] for i in range(0, 65536, 4096)])
     assert torch.equal(chunks, got[1][:65536])

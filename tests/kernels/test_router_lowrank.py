@@ -310,12 +310,18 @@ def test_candidates_with_exact_redo_equal_the_exact_sweep(C, tuple_reduce, negat
     (False, {}), (True, {}),                          # 13 splits, one program, 2 blocks
     (False, {"queue_cap": 32}),                       # the split pass's 32, then unsplit
     (True, {"queue_splits": 4, "queue_cap": 32}),
-    (False, {"queue_splits": 1})])                    # unsplit: a wave walking the blocks
+    (False, {"queue_splits": 1}),                     # unsplit: a wave walking the blocks
+    (True, {"queue_cap": 32, "queue_programs": 1}),   # one program a part walks them all
+    (False, {"queue_programs": 1000}),                # a program a possible block
+    (True, {"BN": 16, "queue_cap": 32}),              # two split blocks, two of the rest,
+    (False, {"BN": 16, "queue_splits": 1}),           # each part's two programs striding
+    (True, {"BN": 16, "queue_cap": 16, "queue_programs": 1})])
 def test_the_queued_rows_sweep_returns_the_exact_sweeps_answer(negative, queue):
     """One key in tiles of 16 queues most rows (a NaN row among them); the exact sweep of
     the queued rows returns what the exact sweep of every row returns, in inference and in
     the training forward, split over the experts or not, the queue past the split pass's
-    scratch swept unsplit. negative: all logits negative, some exactly tied."""
+    scratch swept unsplit, by one program a block or a few walking the blocks (the
+    interpreter's default: two a part). negative: all logits negative, some exactly tied."""
     from moremoe.kernels import router_candidates as rc, router_topk as rt
     from moremoe.kernels._common import LOWRANK
     N, M, BM, k, r = 60, 200, 16, 4, 16

@@ -20,7 +20,8 @@ Kernels (grid, reads -> writes):
   _exact_kernel      (S/BN·SPLITS + (N-S)/BN,)  x, R1|W [, R2] [, REDO] -> top-k val fp32,
                                     idx int32, gates fp32 [+ online-softmax row max m and
                                     normaliser Z]; the first S rows (queue positions) split,
-                                    each split's top-k to scratch (S, SPLITS, KP)
+                                    each split's top-k to scratch (S, SPLITS, KP); a queue's
+                                    parts at most 2 programs an SM each, looping over blocks
   _merge_kernel      (S/BN,)        the SPLITS top-k buffers -> top-k val, idx, gates (chosen by
                                     the tiles' logits as one sweep would, ordered by value)
 
@@ -116,82 +117,119 @@ def _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM: tl.constexpr):
 
 
 @triton.jit
-def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, OUT_M,
-                  OUT_NORM, ROWS, ROWS_N, split_rows, splits, N, H, M, R, m_per_split, sx_n,
-                  sx_h, sw_m, sw_k, s2_r, s2_h, K: tl.constexpr, KP: tl.constexpr,
-                  MODE: tl.constexpr, STATS: tl.constexpr, GIVEN: tl.constexpr,
-                  SCRATCH: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                  BR: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr,
-                  EVEN: tl.constexpr = False,
-                  FULL_R: tl.constexpr = False):
-    """The exact sweep for a block of BN rows: rows b·BN + i, or (GIVEN) the queued rows
-    ROWS[b·BN + i] below ROWS_N; idle programs exit at once. The first split_rows / BN
-    blocks are split `splits` ways over the experts (program b·splits + s: block b, experts
-    [s·m_per_split, (s + 1)·m_per_split)) and (SCRATCH) write each split's running buffer
-    (the tiles' logits in SC_KEY, experts, exact values: (split_rows, splits, KP)) at the
-    row's position, unsorted, for _merge_kernel; the programs after them take one block
-    each over all experts into the outputs. STATS (no split) adds the online-softmax
-    statistics m, Z over the finite logits. EVEN: every tile is full (no expert masks);
-    FULL_R: r == BR (no rank masks)."""
-    pid = tl.program_id(0)
-    split_programs = tl.cdiv(split_rows, BN) * splits
-    in_split = pid < split_programs      # else a block past the split rows: all experts
-    split = pid % splits
-    start = tl.where(in_split, (pid // splits) * BN, split_rows + (pid - split_programs) * BN)
-    m_begin = tl.where(in_split, split * m_per_split, 0)
-    m_end = tl.where(in_split, tl.minimum(M, split * m_per_split + m_per_split), M)
-    count = tl.load(ROWS_N) if GIVEN else N
-    if start < count:
-        pos = start + tl.arange(0, BN)
-        row_ok = pos < count
-        rows = tl.load(ROWS + pos, mask=row_ok, other=0) if GIVEN else pos
-        rows64 = rows.to(tl.int64)
-        if MODE == MODE_LOWRANK:
-            z = z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH,
-                         PREC)
-        else:
-            z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
-        slots = tl.arange(0, KP)
-        bv = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP),
-                                                                            tl.float32)
-        bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
-        thr_v = tl.full((BN,), NEG_INF, tl.float32)
-        thr_i = tl.full((BN,), -1, tl.int32)
-        run_m = tl.full((BN,), NEG_INF, tl.float32)
-        run_norm = tl.zeros((BN,), tl.float32)
-        for m0 in range(m_begin, m_end, BM):
-            cols = m0 + tl.arange(0, BM)
-            col_ok = (cols < M) | EVEN
-            logits = logit_tile(z, X, W, rows64, row_ok, m0, cols, col_ok, H, R, sx_n, sx_h,
-                                sw_m, sw_k, MODE, BN, BM, BR, BH, PREC, FULL_R)
-            lv = tl.where(tl.abs(logits) < float("inf"), logits, NEG_INF)   # NaN too
-            if not EVEN:
-                lv = tl.where(col_ok[None, :], lv, NEG_INF)
-            if STATS:   # over the finite logits: a row of none has m = -inf, Z = 0
-                new_m = tl.maximum(run_m, tl.max(lv, axis=1))
-                safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
-                p = tl.exp(lv - safe_m[:, None])
-                run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
-                run_m = new_m
-            bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM)
-        if tl.min(tl.min(bi, axis=1), axis=0) < 0:
-            bi = _fill_unselected(bi, m_begin, m_end, K, KP)
-        vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
-                            K, KP, MODE, BR, BH)
-        if SCRATCH:     # the split's buffer as it is: the tiles' logits, experts, values
-            if in_split:
-                offs = (pos.to(tl.int64)[:, None] * (splits * KP) + split * KP
-                        + slots[None, :])
-                tl.store(SC_KEY + offs, bv, mask=row_ok[:, None])
-                tl.store(SC_IDX + offs, bi, mask=row_ok[:, None])
-                tl.store(SC_VAL + offs, vals, mask=row_ok[:, None])
-            else:
-                write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
+def _sweep_block(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, OUT_M,
+                 OUT_NORM, ROWS, start, count, split, splits, m_begin, m_end, N, H, M, R,
+                 sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, K: tl.constexpr, KP: tl.constexpr,
+                 MODE: tl.constexpr, STATS: tl.constexpr, GIVEN: tl.constexpr,
+                 SCRATCH: tl.constexpr, in_split, BN: tl.constexpr,
+                 BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr,
+                 EVEN: tl.constexpr, FULL_R: tl.constexpr):
+    """The exact sweep of the block of rows (queue positions for GIVEN) at start, below
+    count, over experts [m_begin, m_end): into the outputs, or (SCRATCH, where in_split)
+    into split `split`'s scratch entries."""
+    pos = start + tl.arange(0, BN)
+    row_ok = pos < count
+    rows = tl.load(ROWS + pos, mask=row_ok, other=0) if GIVEN else pos
+    rows64 = rows.to(tl.int64)
+    if MODE == MODE_LOWRANK:
+        z = z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH,
+                     PREC)
+    else:
+        z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
+    slots = tl.arange(0, KP)
+    bv = tl.where(slots[None, :] < K, NEG_INF, float("inf")) + tl.zeros((BN, KP),
+                                                                        tl.float32)
+    bi = -(slots[None, :] + 1) + tl.zeros((BN, KP), tl.int32)
+    thr_v = tl.full((BN,), NEG_INF, tl.float32)
+    thr_i = tl.full((BN,), -1, tl.int32)
+    run_m = tl.full((BN,), NEG_INF, tl.float32)
+    run_norm = tl.zeros((BN,), tl.float32)
+    for m0 in range(m_begin, m_end, BM):
+        cols = m0 + tl.arange(0, BM)
+        col_ok = (cols < M) | EVEN
+        logits = logit_tile(z, X, W, rows64, row_ok, m0, cols, col_ok, H, R, sx_n, sx_h,
+                            sw_m, sw_k, MODE, BN, BM, BR, BH, PREC, FULL_R)
+        lv = tl.where(tl.abs(logits) < float("inf"), logits, NEG_INF)   # NaN too
+        if not EVEN:
+            lv = tl.where(col_ok[None, :], lv, NEG_INF)
+        if STATS:   # over the finite logits: a row of none has m = -inf, Z = 0
+            new_m = tl.maximum(run_m, tl.max(lv, axis=1))
+            safe_m = tl.where(new_m == NEG_INF, 0.0, new_m)
+            p = tl.exp(lv - safe_m[:, None])
+            run_norm = run_norm * tl.exp(run_m - safe_m) + tl.sum(p, axis=1)
+            run_m = new_m
+        bv, bi, thr_v, thr_i = _select_exact(lv, m0, bv, bi, thr_v, thr_i, BM)
+    if tl.min(tl.min(bi, axis=1), axis=0) < 0:
+        bi = _fill_unselected(bi, m_begin, m_end, K, KP)
+    vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
+                        K, KP, MODE, BR, BH)
+    if SCRATCH:     # the split's buffer as it is: the tiles' logits, experts, values
+        if in_split:
+            offs = pos.to(tl.int64)[:, None] * (splits * KP) + split * KP + slots[None, :]
+            tl.store(SC_KEY + offs, bv, mask=row_ok[:, None])
+            tl.store(SC_IDX + offs, bi, mask=row_ok[:, None])
+            tl.store(SC_VAL + offs, vals, mask=row_ok[:, None])
         else:
             write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
-        if STATS:
-            tl.store(OUT_M + rows64, run_m, mask=row_ok)
-            tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
+    else:
+        write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, K, K, KP)
+    if STATS:
+        tl.store(OUT_M + rows64, run_m, mask=row_ok)
+        tl.store(OUT_NORM + rows64, run_norm, mask=row_ok)
+
+
+@triton.jit
+def _exact_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, OUT_M,
+                  OUT_NORM, ROWS, ROWS_N, split_rows, splits, split_step, rest_step, N, H, M,
+                  R, m_per_split, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, K: tl.constexpr,
+                  KP: tl.constexpr, MODE: tl.constexpr, STATS: tl.constexpr,
+                  GIVEN: tl.constexpr, SCRATCH: tl.constexpr, BN: tl.constexpr,
+                  BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr,
+                  EVEN: tl.constexpr = False,
+                  FULL_R: tl.constexpr = False):
+    """The exact sweep of blocks of BN rows: rows b·BN + i, or (GIVEN) the queued rows
+    ROWS[b·BN + i] below ROWS_N. The first split_rows rows are split `splits` ways over the
+    experts: program p·splits + s (p < split_step) takes blocks p, p + split_step, ... of
+    them over experts [s·m_per_split, (s + 1)·m_per_split) and (SCRATCH) writes each
+    split's running buffer (the tiles' logits in SC_KEY, experts, exact values:
+    (split_rows, splits, KP)) at the row's position, unsorted, for _merge_kernel; each
+    program after them takes every rest_step-th block past the split rows over all experts
+    into the outputs. A queue is sized on the device, so its programs are launched for the
+    queue's longest and a few blocks each cover it (launch_exact), rather than one program
+    a possible block: at N = 262,144 that was some 15 waves of programs that read ROWS_N
+    and exit. STATS (no split) adds the online-softmax statistics m, Z over the finite
+    logits. EVEN: every tile is full (no expert masks); FULL_R: r == BR (no rank masks)."""
+    pid = tl.program_id(0)
+    split_programs = split_step * splits
+    split = pid % splits
+    m_begin = split * m_per_split
+    m_end = tl.minimum(M, m_begin + m_per_split)
+    if GIVEN:       # a queue: each program walks its part's blocks
+        count = tl.load(ROWS_N)
+        if pid < split_programs:
+            for start in range((pid // splits) * BN, tl.minimum(count, split_rows),
+                               split_step * BN):
+                _sweep_block(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY,
+                             OUT_M, OUT_NORM, ROWS, start, count, split, splits, m_begin,
+                             m_end, N, H, M, R, sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, K, KP,
+                             MODE, STATS, GIVEN, SCRATCH, True, BN, BM, BR, BH, PREC, EVEN,
+                             FULL_R)
+        else:
+            for start in range(split_rows + (pid - split_programs) * BN, count,
+                               rest_step * BN):
+                _sweep_block(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY,
+                             OUT_M, OUT_NORM, ROWS, start, count, 0, splits, 0, M, N, H, M, R,
+                             sx_n, sx_h, sw_m, sw_k, s2_r, s2_h, K, KP, MODE, STATS, GIVEN,
+                             SCRATCH, False, BN, BM, BR, BH, PREC, EVEN, FULL_R)
+    else:           # every row: one block a program, one sweep in the code (registers)
+        in_split = pid < split_programs
+        start = tl.where(in_split, (pid // splits) * BN,
+                         split_rows + (pid - split_programs) * BN)
+        _sweep_block(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, SC_VAL, SC_IDX, SC_KEY, OUT_M,
+                     OUT_NORM, ROWS, start, N, split, splits, tl.where(in_split, m_begin, 0),
+                     tl.where(in_split, m_end, M), N, H, M, R, sx_n, sx_h, sw_m, sw_k, s2_r,
+                     s2_h, K, KP, MODE, STATS, GIVEN, SCRATCH, in_split, BN, BM, BR, BH, PREC,
+                     EVEN, FULL_R)
 
 
 @triton.jit
@@ -309,6 +347,12 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
 # queue that long fills the GPU unsplit).
 QUEUE_SPLITS = 16
 QUEUE_CAP = 4096
+# A queue's length is known on the device only: its sweep is launched for the longest
+# (every row), QUEUE_PROGRAMS_PER_SM programs an SM at most for each of its two parts (the
+# split positions, the rest), each taking every so-many-th block; at 2 (an SM holds two of
+# these programs, 237 registers a thread) a short queue's idle programs are a wave or two,
+# where one program a possible block was some 15 waves at N = 262,144 (ncu, 0e637fc).
+QUEUE_PROGRAMS_PER_SM = 2
 
 
 def queue_splits(M: int, BM: int) -> int:
@@ -322,7 +366,8 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
     rows_n: a queue on the device), split over `splits` ways of the experts (each way's
     top-k merged after) when there are too few rows to fill the GPU: the sweep of one block
     is serial over M. The queued rows' sweep splits by queue_splits, its first QUEUE_CAP
-    positions (cfg "queue_splits", "queue_cap" override)."""
+    positions, with QUEUE_PROGRAMS_PER_SM programs an SM for each part (cfg
+    "queue_splits", "queue_cap", "queue_programs": programs a part, override)."""
     N, H, M = x.shape[0], x.shape[1], w.shape[0]
     R = r2.shape[0] if mode == LOWRANK else H
     r2_ = r2 if r2 is not None else x
@@ -332,7 +377,7 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
         rows = rows_n = torch.empty(1, device=x.device, dtype=torch.int32)
     m_row, norm_row = stats if stats is not None else (out[0], out[0])
     BM, BN, KP = cfg["BM"], cfg["BN"], next_pow2(k)
-    for key in ("queue_splits", "queue_cap"):
+    for key in ("queue_splits", "queue_cap", "queue_programs"):
         v = cfg.get(key)
         if v is not None and not (isinstance(v, int) and v >= 1):
             raise ValueError(f"router config {key} must be a positive int, got {v!r}")
@@ -346,9 +391,15 @@ def launch_exact(x, w, r2, k: int, *, mode: int, cfg: dict, out, rows=None, rows
         min(N, triton.cdiv(cfg.get("queue_cap", QUEUE_CAP), BN) * BN) if given else N)
     scratch = [torch.empty(cap, splits, KP, device=x.device, dtype=dt) if cap else out[0]
                for dt in (torch.float32, torch.int32, torch.float32)]
-    programs = triton.cdiv(cap, BN) * splits + triton.cdiv(N - cap, BN)
+    split_step, rest_step = triton.cdiv(cap, BN), triton.cdiv(N - cap, BN)
+    if given:       # programs for the queue's longest, a few blocks each (the kernel's doc)
+        most = cfg.get("queue_programs") or QUEUE_PROGRAMS_PER_SM * sm_count(x.device)
+        split_step = min(split_step, max(1, most // splits))
+        rest_step = min(rest_step, most)
+    programs = split_step * splits + rest_step
     _exact_kernel[(programs,)](
-        x, w, r2_, *out, *scratch, m_row, norm_row, rows, rows_n, cap, splits, N, H, M, R,
+        x, w, r2_, *out, *scratch, m_row, norm_row, rows, rows_n, cap, splits, split_step,
+        rest_step, N, H, M, R,
         m_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1), r2_.stride(0),
         r2_.stride(1), K=k, KP=KP, MODE=mode, STATS=stats is not None, GIVEN=given,
         SCRATCH=cap > 0, BN=BN, BM=BM, BR=cfg["BR"], BH=cfg["BH"],
