@@ -350,8 +350,9 @@ QUEUE_CAP = 4096
 # A queue's length is known on the device only: its sweep is launched for the longest
 # (every row), QUEUE_PROGRAMS_PER_SM programs an SM at most for each of its two parts (the
 # split positions, the rest), each taking every so-many-th block; at 2 (an SM holds two of
-# these programs, 237 registers a thread) a short queue's idle programs are a wave or two,
-# where one program a possible block was some 15 waves at N = 262,144 (ncu, 0e637fc).
+# these programs: 208-240 registers a thread compiled for sm_90) a short queue's idle
+# programs are a wave or two, where one program a possible block was some 15 waves at
+# N = 262,144 (ncu, 0e637fc: 237 registers, two blocks an SM, 15.5 waves).
 QUEUE_PROGRAMS_PER_SM = 2
 
 
