@@ -31,14 +31,23 @@ PATHS = {"torch": None, "counting": {"counting": True, "sorting": False},
          "sorted": {"counting": False, "sorting": True}}
 
 
-def metadata_rows(device, quick: bool) -> list[dict]:
+def _ids(N: int, k: int, M: int, device) -> torch.Tensor:
+    """Random expert ids (N, k), seeded by the shape: every path of a shape sees the same."""
+    g = torch.Generator(device=device).manual_seed(N + M)
+    return torch.randint(0, M, (N, k), device=device, generator=g, dtype=torch.int32)
+
+
+def _timed(fn, device) -> dict:
     from moremoe.bench.harness import kernel_profile, time_ms
+    return {"ms": time_ms(fn, device=device), **kernel_profile(fn, device=device)}
+
+
+def metadata_rows(device, quick: bool) -> list[dict]:
     from moremoe.kernels import routing_count
     from moremoe.kernels.routing_meta import routing_meta, routing_meta_torch
     rows = []
     for N, k, M in QUICK_SHAPES if quick else SHAPES:
-        g = torch.Generator(device=device).manual_seed(N + M)
-        idx = torch.randint(0, M, (N, k), device=device, generator=g, dtype=torch.int32)
+        idx = _ids(N, k, M, device)
         calls = {name: (lambda: routing_meta_torch(idx, M, 64)) if kw is None else
                  (lambda kw=kw: routing_meta(idx, M, 64, **kw)) for name, kw in PATHS.items()
                  if name != "counting" or routing_count.fits(N * k, M)}
@@ -50,7 +59,7 @@ def metadata_rows(device, quick: bool) -> list[dict]:
             row = {"bench": "routing_meta", "path": name, "N": N, "k": k, "M": M,
                    "fits": routing_count.fits(N * k, M), "same_as_torch": same}
             if not quick:
-                row.update(ms=time_ms(fn, device=device), **kernel_profile(fn, device=device))
+                row.update(_timed(fn, device))
             rows.append(row)
     return rows
 
@@ -61,15 +70,13 @@ def pair_order_rows(device, quick: bool) -> list[dict]:
     GPU, up to 254 experts), routing_meta's sort and count, and one sort of the ids with M + 1
     binary searches (its path past the tile). Is the counting sort slower past
     COUNTING_MAX_BINS here too, as it is for routing_meta?"""
-    from moremoe.bench.harness import kernel_profile, time_ms
     from moremoe.kernels import routing_count
     from moremoe.kernels.routing_meta import pair_order, routing_meta
     rows = []
     for N, k, M in QUICK_SHAPES if quick else SHAPES:
         if not routing_count.fits(N * k, M):
             continue
-        g = torch.Generator(device=device).manual_seed(N + M)
-        idx = torch.randint(0, M, (N, k), device=device, generator=g, dtype=torch.int32)
+        idx = _ids(N, k, M, device)
 
         def sorted_meta(idx=idx, M=M):
             meta = routing_meta(idx, M, 64, counting=False, sorting=True)
@@ -85,7 +92,7 @@ def pair_order_rows(device, quick: bool) -> list[dict]:
                    "same_as_torch": all(torch.equal(a.long(), b.long())
                                         for a, b in zip(got, ref))}
             if not quick:
-                row.update(ms=time_ms(fn, device=device), **kernel_profile(fn, device=device))
+                row.update(_timed(fn, device))
             rows.append(row)
     return rows
 
