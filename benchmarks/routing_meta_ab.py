@@ -135,9 +135,8 @@ def main(argv=None) -> int:
         for r in rows:
             f.write(json.dumps({**r, **env}) + "\n")
     for r in rows:
-        print({k: r.get(k) for k in ("bench", "path", "counting", "sorting", "model", "N", "M", "bins",
-                                      "ms",
-                                      "kernels_per_call", "kernel_time", "kernels",
+        print({k: r.get(k) for k in ("bench", "path", "counting", "sorting", "model", "N", "M",
+                                      "bins", "ms", "kernels_per_call", "kernel_time", "kernels",
                                       "same_as_torch")
                if k in r})
     return 0
