@@ -85,7 +85,10 @@ def test_every_k_selects_the_top_k_without_queueing_random_rows(k, rounds, tile_
 def test_crowded_tiles_are_examined_again_not_queued(k, packed, rounds, tile_keys):
     """Every row's `packed` best logits lie in one tile of 16 (tile 2), the rest spread:
     the tile's third key is not among its first two, so the buffer examines the tile again
-    (after the sweep, or in rounds at once); no row is queued, the experts are torch.topk's."""
+    (after the sweep, or in rounds at once); no row is queued, the experts are torch.topk's.
+    Where four keys a tile meet k = 4 after the sweep, a row whose top four are one tile's
+    is queued instead (the tile's fifth could tie the fourth) and the whole path is the
+    exact sweep's."""
     x, R1, R2 = make(20, 16, 96, 8, seed=1)
     R2 = torch.zeros_like(R2)
     R2[0, 0] = 1.0
@@ -96,9 +99,13 @@ def test_crowded_tiles_are_examined_again_not_queued(k, packed, rounds, tile_key
         pytest.skip("four keys a tile need k >= 3")
     cfg = {"BM": 16, "tuple": False, "rounds": rounds, "tile_keys": tile_keys}
     (val, idx, _), queued = one_pass(x, R1, R2, k, cfg)
-    assert queued == []
     logits = logits_lowrank(x, R1, R2)
     assert torch.equal(idx.long(), logits.topk(k, dim=1).indices)
+    if (k, tile_keys, rounds) == (4, 4, "lazy") and packed >= 4:
+        assert queued == list(range(20))
+        assert_as_exact_sweep(x, R1, R2, k, cfg, h_r=16 + 8)
+    else:
+        assert queued == []
 
 
 @pytest.mark.parametrize("lo, hi", [(10, 200), (3, 7)])   # across tiles, in one tile

@@ -19,9 +19,13 @@ C-th key enters ("lazy", the default), or the rounds follow each tile ("eager", 
 every shape timed). For top-k positions spread evenly over T tiles, C = 2 crowds about
 binom(k, 2) / T of the rows (9 % at k = 4, T = 64) and, in a block of BN rows,
 1 - (1 - 1/T)^(BN binom(k, 2) / T) of the tiles (9 % at M = 8,192), where eager rounds
-would follow half the tiles; schedule() picks C. The inference default of the low-rank
-router in bf16 / fp16 at k <= 8 (router_topk.sweep_config). The R1 | W tiles are addressed by _common.logit_tile (32-bit in-tile offsets), and
-the launch is bounded to MAXNREG registers a thread.
+would follow half the tiles; schedule() picks C. Where C = k = 4 a crowded row's top four
+are one tile's four best, and the tile's fifth is out of the top four; only a tie of it with
+the fourth would go unseen, so such rows (1 / T^3 of them) are queued for the exact sweep
+instead of the tile examined again (at 4 tiles that was a round in most blocks of 64 rows).
+The inference default of the low-rank router in bf16 / fp16 at k <= 8
+(router_topk.sweep_config). The R1 | W tiles are addressed by _common.logit_tile (32-bit
+in-tile offsets), and the launch is bounded to MAXNREG registers a thread.
 
 Exactness: the buffer orders keys, whose low bits are the column code, not the logit. A row
 is queued for the exact sweep where its k-th key and the best key it left out are equal with
@@ -287,7 +291,7 @@ def _buffer_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H, M, 
                         keys, t, s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5,
                         p6, p7, left, nan_seen, KP, C, TUPLE)
                     more = tl.max(entered.to(tl.int32), axis=0)
-    if EAGER:   # the rounds left no tile crowded
+    if EAGER or C > K or C == K == 4:   # no tile left crowded, none can be, or see _finish
         u = T
     else:
         u = _next_crowded(s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5, p6, p7,
@@ -306,9 +310,12 @@ def _buffer_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H, M, 
             more = tl.max(entered.to(tl.int32), axis=0)
         u = _next_crowded(s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5, p6, p7,
                           u, K, C)
+    crowded = tl.zeros((BN,), tl.int32)
+    if C == K == 4 and not EAGER:   # 1 / T^3 of the rows: queued, not examined again
+        crowded = _one_tile(s0, s1, s2, s3, p0, p1, p2, p3).to(tl.int32)
     _finish(z, X, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, rows, rows64, row_ok,
             s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5, p6, p7, left, nan_seen,
-            M, H, R, sx_n, sx_h, sw_m, sw_k, so_n, K, KP, MODE, BM, BR, BH)
+            crowded, M, H, R, sx_n, sx_h, sw_m, sw_k, so_n, K, KP, MODE, BM, BR, BH)
 
 
 @triton.jit
@@ -333,10 +340,19 @@ def _kth_and_left(s0, s1, s2, s3, s4, s5, s6, s7, left, K: tl.constexpr):
 
 
 @triton.jit
+def _one_tile(s0, s1, s2, s3, p0, p1, p2, p3):
+    """1 where the row's four best keys are finite and all of one tile: the tile's fifth,
+    never looked at, is below the fourth and out of the top four, but may equal it once
+    the code bits are cleared (a tie the exact sweep decides)."""
+    return (p0 == p1) & (p1 == p2) & (p2 == p3) & (s3 > NEG_INF)
+
+
+@triton.jit
 def _finish(z, X, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, rows, rows64, row_ok,
             s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5, p6, p7, left, nan_seen,
-            M, H, R, sx_n, sx_h, sw_m, sw_k, so_n, K: tl.constexpr, KP: tl.constexpr,
-            MODE: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+            crowded, M, H, R, sx_n, sx_h, sw_m, sw_k, so_n, K: tl.constexpr,
+            KP: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+            BH: tl.constexpr):
     """The slots' experts with exact values, sorted, with gates; the doubtful rows queued."""
     bi = tl.zeros((rows.shape[0], KP), tl.int32)
     bi = _slot(bi, s0, p0, 0, K, BM, KP)
@@ -354,7 +370,7 @@ def _finish(z, X, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, rows, rows64, row
     # a k-th key equal to one left out once the codes are cleared: either logit may be the
     # larger; fewer than k finite keys (kth -inf): the fillers are the exact sweep's
     tie = trunc_keys(kth, BM) == trunc_keys(left, BM)
-    bad = (tie | (kth == NEG_INF) | (nan_seen > 0)) & row_ok
+    bad = (tie | (kth == NEG_INF) | (nan_seen > 0) | (crowded > 0)) & row_ok
     vals = exact_values(z, X, W, bi, rows64, row_ok, M, H, R, sx_n, sx_h, sw_m, sw_k,
                         K, KP, MODE, BR, BH)
     write_sorted(vals, bi, rows64, row_ok, OUT_VAL, OUT_IDX, OUT_GATE, so_n, K, KP)
