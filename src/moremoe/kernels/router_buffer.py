@@ -291,7 +291,7 @@ def _buffer_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H, M, 
                         keys, t, s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5,
                         p6, p7, left, nan_seen, KP, C, TUPLE)
                     more = tl.max(entered.to(tl.int32), axis=0)
-    if EAGER or C > K or C == K == 4:   # no tile left crowded, none can be, or see _finish
+    if EAGER or C > K or (C == 4 and K == 4):   # no tile left crowded, none can be, or see _finish
         u = T
     else:
         u = _next_crowded(s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5, p6, p7,
@@ -311,7 +311,7 @@ def _buffer_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H, M, 
         u = _next_crowded(s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5, p6, p7,
                           u, K, C)
     crowded = tl.zeros((BN,), tl.int32)
-    if C == K == 4 and not EAGER:   # 1 / T^3 of the rows: queued, not examined again
+    if C == 4 and K == 4 and not EAGER:   # 1 / T^3 of the rows: queued, not examined again
         crowded = _one_tile(s0, s1, s2, s3, p0, p1, p2, p3).to(tl.int32)
     _finish(z, X, W, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, rows, rows64, row_ok,
             s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, p2, p3, p4, p5, p6, p7, left, nan_seen,
