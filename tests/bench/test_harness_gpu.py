@@ -21,7 +21,11 @@ def test_kernel_profile_ranks_a_calls_kernels():
         a @ a            # one long GEMM
         b.add_(1)        # one short elementwise kernel
     got = kernel_profile(call, device=dev, calls=3, top=4)
-    assert got["kernels_per_call"] == pytest.approx(2), got
-    assert len(got["kernel_time"]) == 2, got
-    (big, t_big, share_big), (_, t_small, share_small) = got["kernel_time"]
-    assert t_big > 10 * t_small and share_big > 0.9 and share_big + share_small <= 1.001, got
+    # cuBLAS may clear its workspace first (a Memset, counted as device work: H100, 4936895)
+    memsets = sum("Memset" in name for name, _, _ in got["kernel_time"])
+    assert got["kernels_per_call"] == pytest.approx(2 + memsets), got
+    kernels = [row for row in got["kernel_time"] if "Memset" not in row[0]]
+    assert len(kernels) == 2, got
+    (big, t_big, share_big), (_, t_small, share_small) = kernels
+    assert t_big > 10 * t_small and share_big > 0.9, got
+    assert sum(share for _, _, share in got["kernel_time"]) <= 1.001, got
