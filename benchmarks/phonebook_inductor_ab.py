@@ -11,7 +11,8 @@ each): inductor's combo kernels put independent ones of a graph in one launch.
     PYTHONPATH=src python benchmarks/phonebook_inductor_ab.py OUT.jsonl --variants base,combo
     PYTHONPATH=src python benchmarks/phonebook_inductor_ab.py --list
 
-Variants (inductor config keys; `base` is the package's default):
+Variants (the compile options the step's blocks get, phonebook.step.COMPILE_OPTIONS; the
+package's default is `combo` since 4936895's measurement, `base` is inductor's defaults):
     base        {}
     combo       {"combo_kernels": True}
     combo_pw    {"combo_kernels": True, "combo_kernels_pointwise_only": True}
@@ -36,12 +37,10 @@ def _measure(variant: str, model: str, queue) -> None:
     """In a fresh process: the step of `model` compiled with VARIANTS[variant]."""
     try:
         import torch
-        from torch._inductor import config as inductor_config
 
-        from moremoe.phonebook import bench
+        from moremoe.phonebook import bench, step
         from moremoe.runtime import environment
-        for key, value in VARIANTS[variant].items():
-            setattr(inductor_config, key, value)
+        step.COMPILE_OPTIONS = dict(VARIANTS[variant])    # this process's compiles only
         device = torch.device("cuda")
         bench._MODELS.clear()
         bench._MODELS.update(bench.MODELS)

@@ -34,11 +34,10 @@ def test_bad_arguments_are_named(argv, said, capsys):
 def test_a_cpu_is_refused_and_a_failed_variant_is_a_row(tmp_path, capsys, monkeypatch):
     assert ab.main([str(tmp_path / "o.jsonl")]) == 2
     assert "run this on a GPU" in capsys.readouterr().err
-    from torch._inductor import config as inductor_config
-    for key in ab.VARIANTS["combo"]:          # _measure sets them for its own process
-        monkeypatch.setattr(inductor_config, key, getattr(inductor_config, key))
+    from moremoe.phonebook import step
+    monkeypatch.setattr(step, "COMPILE_OPTIONS", step.COMPILE_OPTIONS)  # _measure sets it
     q = queue.Queue()
-    ab._measure("combo", "MoE-32", q)          # the compiled step needs CUDA: an error row
+    ab._measure("base", "MoE-32", q)           # the compiled step needs CUDA: an error row
     row = q.get_nowait()
-    assert row["variant"] == "combo" and row["options"] == {"combo_kernels": True}
-    assert "error" in row
+    assert row["variant"] == "base" and row["options"] == {} and "error" in row
+    assert step.COMPILE_OPTIONS == {}          # what the step's blocks would have compiled with

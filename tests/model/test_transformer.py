@@ -222,3 +222,23 @@ def test_compiled_blocks_without_the_moe_layers_leave_them_eager():
                for m in (block.attn_norm, block.attn, block.moe_norm))
     assert getattr(block, "_compiled_call_impl", None) is None
     assert getattr(block.moe, "_compiled_call_impl", None) is None
+
+
+def test_compile_options_reach_every_compiled_part(monkeypatch):
+    """compile_blocks(options=...) hands inductor's settings to each block and to the loss,
+    in place of the mode (torch.compile refuses both); without options the mode goes."""
+    import moremoe.model.transformer as tr
+    seen = []
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kw: seen.append((type(self).__name__, kw)))
+    monkeypatch.setattr(tr.torch, "compile", lambda fn, **kw: seen.append(("loss", kw)) or fn)
+    model = Transformer(tiny())
+    model.compile_blocks(options={"combo_kernels": True})
+    assert len(seen) == len(model.blocks) + 1
+    assert all(kw == {"backend": "inductor", "options": {"combo_kernels": True}}
+               for _, kw in seen), seen
+    seen.clear()
+    model.compile_blocks(mode="max-autotune")
+    assert seen[0][1] == {"backend": "inductor", "mode": "max-autotune"}
+    assert seen[-1] == ("loss", {"backend": "inductor"})
+

@@ -8,7 +8,7 @@ import torch
 from moremoe.nn import MoEConfig
 from moremoe.phonebook.trainer import (PhonebookTrainConfig, PhonebookTrainer,
                                         phonebook_model_config, train_phonebook)
-from moremoe.phonebook.step import BatchOrder, PhonebookStep
+from moremoe.phonebook.step import COMPILE_OPTIONS, BatchOrder, PhonebookStep
 from moremoe.checks import UserError
 
 CPU = torch.device("cpu")
@@ -125,3 +125,12 @@ def test_graph_mode_needs_a_gpu():
     with pytest.raises(ValueError, match="step mode graph captures a CUDA graph: it needs a "
                                          "GPU, the run is on cpu; use eager or auto"):
         PhonebookStep(tiny(), cfg, 1e-3, device=CPU, mode="graph")
+
+
+def test_the_phonebook_steps_compile_options_are_inductors():
+    """The compiled phonebook step's settings exist in this torch's inductor (a rename
+    upstream would fail at the first GPU compile instead)."""
+    from torch._inductor import config as inductor_config
+    for key, value in COMPILE_OPTIONS.items():
+        assert hasattr(inductor_config, key), key
+        assert isinstance(getattr(inductor_config, key), type(value)), key

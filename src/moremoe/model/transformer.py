@@ -298,21 +298,25 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def compile_blocks(self, mode: str = "default", backend: str = "inductor", *,
-                       moe: bool = True) -> None:
+                       moe: bool = True, options: dict | None = None) -> None:
         """torch.compile each block in place (the blocks share one compiled graph; `mode` is
         torch.compile's) and the loss (default mode: the log-softmax reads the bf16 logits
         and needs no fp32 copy of them; CUDA graphs would copy its input). The parameters and
         their names are unchanged. moe=False: each block's norms and attention only, its
         feed-forward layer left eager (one that communicates with other ranks, whose
-        collectives and host-side split sizes torch.compile would break its graph on)."""
+        collectives and host-side split sizes torch.compile would break its graph on).
+        options: inductor's settings for these graphs (torch.compile's `options`, in place
+        of `mode`), e.g. {"combo_kernels": True}."""
         # Inductor says so at every compile of a split log-softmax: nothing a user can act on
         warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled",
                                 category=UserWarning)
+        how = {"options": dict(options)} if options else {"mode": mode}
         for block in self.blocks:
             parts = [block] if moe else [block.attn_norm, block.attn, block.moe_norm]
             for part in parts:
-                part.compile(mode=mode, backend=backend)
-        self._lm_loss = torch.compile(lm_loss, backend=backend)
+                part.compile(backend=backend, **how)
+        self._lm_loss = torch.compile(lm_loss, backend=backend,
+                                      **({"options": dict(options)} if options else {}))
 
     def fuse_head_and_loss(self, on: bool = True) -> None:
         """In training with targets, compute the output head and the loss together in chunks
