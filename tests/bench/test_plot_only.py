@@ -97,7 +97,7 @@ def _decode_row(M, ms, commit):
 
 def _router_row(k, ms, commit):
     return {"bench": "router", "sweep": "k", "phase": "inference", "router": "lowrank",
-            "impl": "triton", "k": k, "ms": ms, "commit": commit}
+            "impl": "triton", "h": 512, "M": 8192, "k": k, "ms": ms, "commit": commit}
 
 
 @pytest.mark.parametrize("module,render,row", [("layer_plots", "render_decode", _decode_row),

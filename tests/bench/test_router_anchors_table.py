@@ -76,3 +76,13 @@ def test_files_of_two_devices_or_not_json_are_named(tmp_path):
         table.main([str(tmp_path / "bad.jsonl"), str(fast)])
     with pytest.raises(SystemExit, match="no such file"):
         table.main([str(tmp_path / "missing.jsonl"), str(fast)])
+
+
+def test_bench_router_times_ours_at_every_shape_the_prototype_runs():
+    """The prototype's shapes (the anchor's cases: issue 54's table and k = 8 at three M)
+    are all in bench router's M and k sweeps, so the table has ours beside each."""
+    from moremoe.bench.router import SWEEPS
+    grid = {(p.h, p.M, p.k, p.r) for name in ("M", "k") for p in SWEEPS[name]}
+    for h, M, k in [(512, 512, 4), (512, 2048, 4), (512, 8192, 4), (2048, 8192, 4),
+                    (512, 512, 8), (512, 2048, 8), (512, 8192, 8)]:
+        assert (h, M, k, 64) in grid, (h, M, k)

@@ -43,7 +43,8 @@ BASE = Point()
 SWEEPS = {
     "M": [Point(h=h, M=M) for h in (512, 2048) for M in (512, 1024, 2048, 4096, 8192, 16384)],
     "r": [Point(r=r) for r in (16, 32, 64, 128, 256)],
-    "k": [Point(k=k) for k in (1, 2, 4, 8, 16)],
+    # k at M = 8,192, and k = 8 at the prototype's smaller M (issue 54's anchor shapes)
+    "k": [Point(k=k) for k in (1, 2, 4, 8, 16)] + [Point(M=M, k=8) for M in (512, 2048)],
     "B": [Point(B=B) for B in (2, 8, 32, 128, 256)],
     # the paper's fusion-benefit figure: h = 2,048, M = 4,096, r = 16, k = 4 over B
     "paper": [Point(h=2048, M=4096, r=16, B=B) for B in (2, 8, 32, 128, 256)],

@@ -79,7 +79,8 @@ def render(rows: list[dict], out_dir: str | Path) -> list[Path]:
             ("router_paper_batch.png", "paper", "B",
              "inference vs batch B, the paper's point (T=1024; h=2048, M=4096, r=16)")]
     for name, sweep, key, title in figs:
-        series = _series(rows, sweep, "inference", key)
+        fixed = {"M": 8192} if sweep == "k" else {}     # the k sweep's M = 512 and 2,048 rows
+        series = _series(rows, sweep, "inference", key, **fixed)
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(6, 4.2))
