@@ -13,7 +13,8 @@
 # Items:
 #   tests      make test-gpu-kernels (every kernel test, compiled for the GPU) -> tests.log
 #   router     the anchors' table (benchmarks/router_anchors_gpu.sh, SWEEPS=M,k) -> router/,
-#              then router_profile.py's variants at M = 512, 2,048, 8,192 (k 4, 8) -> router/profile.jsonl
+#              then router_profile.py's PROFILE_VARIANTS at PROFILE_SHAPES (h:M:k, default
+#              M = 512, 2,048, 8,192 at k 4 and M = 8,192 at k 8) -> router/profile.jsonl
 #   experts    bench experts at the presets', the phonebook's and the study's shapes
 #   tune       bench experts --tune
 #   phonebook  bench phonebook, the compiled step (kernels a step and the most launched)
@@ -31,6 +32,7 @@ export MOREMOE_COMMIT=${MOREMOE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/n
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PROFILE_VARIANTS=${PROFILE_VARIANTS:-ours,ours_qwide,ours_bm64,ours_bm128,ours_queue1,proto}
+PROFILE_SHAPES=${PROFILE_SHAPES:-512:512:4,512:2048:4,512:8192:4,512:8192:8}   # h:M:k
 
 run_item() {
     case "$1" in
@@ -39,7 +41,7 @@ run_item() {
         router)
             SWEEPS=M,k OUT="$OUT/router" ANCHORS="$ANCHORS" bash benchmarks/router_anchors_gpu.sh
             $PY benchmarks/router_profile.py --anchors "$ANCHORS" \
-                --shapes 512:512:4,512:2048:4,512:8192:4,512:8192:8 --variants "$PROFILE_VARIANTS" \
+                --shapes "$PROFILE_SHAPES" --variants "$PROFILE_VARIANTS" \
                 "$OUT/router/profile.jsonl" > /dev/null ;;
         experts)
             $PY -m moremoe.cli bench experts --shapes presets,phonebook,study --no-progress \
