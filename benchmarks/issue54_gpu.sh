@@ -59,7 +59,7 @@ run_item() {
             $PY benchmarks/phonebook_inductor_ab.py "$OUT/phonebook_inductor.jsonl" \
                 --variants base,combo,combo_pw | tee "$OUT/phonebook_inductor.txt" ;;
         pair)
-            MINUTES=${MINUTES:-1.3} KEEP=table OUT="$OUT/pair" bash benchmarks/train_pair.sh ;;
+            MINUTES=${MINUTES:-1.3} KEEP=${KEEP:-table} OUT="$OUT/pair" bash benchmarks/train_pair.sh ;;
     esac
 }
 
