@@ -21,7 +21,8 @@
 #   meta       benchmarks/routing_meta_ab.py (the routing metadata's three paths)
 #   pair       benchmarks/train_pair.sh, MINUTES=1.3 (the training step's ratios, part 4)
 #   inductor   benchmarks/phonebook_inductor_ab.py: the compiled phonebook step with inductor's
-#              combo kernels off and on (ms and kernels a step, MoE-32 and MoRE-96; ~3 min)
+#              options (INDUCTOR_VARIANTS, default combo,combo_mm: the step's default and the
+#              GEMMs autotuned too; ms and kernels a step, MoE-32 and MoRE-96; ~3 min or more)
 set -euo pipefail
 ITEMS=${ITEMS:-router,experts,phonebook}
 OUT=${OUT:-runs/issue54}
@@ -57,9 +58,11 @@ run_item() {
                 | tee "$OUT/routing_meta.txt" ;;
         inductor)
             $PY benchmarks/phonebook_inductor_ab.py "$OUT/phonebook_inductor.jsonl" \
-                --variants base,combo,combo_pw | tee "$OUT/phonebook_inductor.txt" ;;
+                --variants "${INDUCTOR_VARIANTS:-combo,combo_mm}" \
+                | tee "$OUT/phonebook_inductor.txt" ;;
         pair)
-            MINUTES=${MINUTES:-1.3} KEEP=${KEEP:-table} OUT="$OUT/pair" bash benchmarks/train_pair.sh ;;
+            MINUTES=${MINUTES:-1.3} KEEP=${KEEP:-table} OUT="$OUT/pair" \
+                bash benchmarks/train_pair.sh ;;
     esac
 }
 

@@ -16,6 +16,8 @@ package's default is `combo` since 4936895's measurement, `base` is inductor's d
     base        {}
     combo       {"combo_kernels": True}
     combo_pw    {"combo_kernels": True, "combo_kernels_pointwise_only": True}
+    combo_mm    combo, and the GEMMs autotuned against Triton's templates
+                ({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"})
 
 Rows: bench "phonebook_inductor", variant, options, model, ms, kernels, copies, top_kernels,
 device, versions, commit, date; appended to OUT as each is measured. Needs a CUDA GPU (the
@@ -29,7 +31,11 @@ import multiprocessing as mp
 import sys
 
 VARIANTS = {"base": {}, "combo": {"combo_kernels": True},
-            "combo_pw": {"combo_kernels": True, "combo_kernels_pointwise_only": True}}
+            "combo_pw": {"combo_kernels": True, "combo_kernels_pointwise_only": True},
+            # the GEMMs autotuned against Triton's templates too: cuBLAS's split-K weight
+            # gradients at h = 64 launch a reduce kernel each (25 a step)
+            "combo_mm": {"combo_kernels": True, "max_autotune_gemm": True,
+                         "max_autotune_gemm_backends": "ATEN,TRITON"}}
 MODELS = ("MoE-32", "MoRE-96")
 
 
