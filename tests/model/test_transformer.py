@@ -241,4 +241,3 @@ def test_compile_options_reach_every_compiled_part(monkeypatch):
     model.compile_blocks(mode="max-autotune")
     assert seen[0][1] == {"backend": "inductor", "mode": "max-autotune"}
     assert seen[-1] == ("loss", {"backend": "inductor"})
-

@@ -310,13 +310,12 @@ class Transformer(nn.Module):
         # Inductor says so at every compile of a split log-softmax: nothing a user can act on
         warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled",
                                 category=UserWarning)
-        how = {"options": dict(options)} if options else {"mode": mode}
+        opts = {"options": dict(options)} if options else {}
         for block in self.blocks:
             parts = [block] if moe else [block.attn_norm, block.attn, block.moe_norm]
             for part in parts:
-                part.compile(backend=backend, **how)
-        self._lm_loss = torch.compile(lm_loss, backend=backend,
-                                      **({"options": dict(options)} if options else {}))
+                part.compile(backend=backend, **(opts or {"mode": mode}))
+        self._lm_loss = torch.compile(lm_loss, backend=backend, **opts)
 
     def fuse_head_and_loss(self, on: bool = True) -> None:
         """In training with targets, compute the output head and the loss together in chunks
