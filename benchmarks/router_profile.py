@@ -9,7 +9,9 @@ out or change one setting, so that differences place the time:
 
   ours              the default (moremoe.kernels.router_lowrank.infer)
   ours_keys2/keys4  two / four keys a tile (the schedule picks four up to 16 tiles)
-  ours_bm32/64/128  32-, 64-, 128-expert tiles (the default: 64 up to M = 512, else 128)
+  ours_bm32/64/128  32-, 64-, 128-expert tiles (the default: 64 up to M = 512 and at k = 8
+                    for 4,096 < M <= 8,192, else 128)
+  ours_bm64_keys2   a tile width and the keys a tile together (bm64 / bm128 x keys2 / keys4)
   ours_queue1       the queued rows' exact sweep unsplit (the default splits it over the
                     experts, up to 16 ways)
   ours_qwide        the queued rows' sweep launched one program a possible block (at most
@@ -48,6 +50,10 @@ from moremoe.kernels import router_lowrank as kr
 
 OURS = {"ours": {}, "ours_keys2": {"tile_keys": 2}, "ours_keys4": {"tile_keys": 4},
         "ours_bm64": {"BM": 64}, "ours_bm128": {"BM": 128}, "ours_bm32": {"BM": 32},
+        "ours_bm64_keys2": {"BM": 64, "tile_keys": 2},
+        "ours_bm64_keys4": {"BM": 64, "tile_keys": 4},
+        "ours_bm128_keys2": {"BM": 128, "tile_keys": 2},
+        "ours_bm128_keys4": {"BM": 128, "tile_keys": 4},
         "ours_noreg": {"maxnreg": 0},
         "ours_stages2": {"cand_stages": 2}, "ours_stages4": {"cand_stages": 4},
         "ours_queue1": {"queue_splits": 1}, "ours_qwide": {"queue_programs": 10 ** 6},
@@ -78,7 +84,7 @@ def inputs(N: int, h: int, M: int, r: int, device, dtype):
 def variants(k: int, proto) -> dict:
     out = {name: (lambda x, R2, R1, c=cfg: kr.infer(x, R1, R2, k, config={"path": "buffer",
                                                                           **c}))
-           for name, cfg in OURS.items() if not (name == "ours_keys4" and k < 3)}
+           for name, cfg in OURS.items() if not (name.endswith("keys4") and k < 3)}
     if proto is not None and k in (4, 8):
         out["proto"] = lambda x, R2, R1: proto.topcf(x, R2, R1, k, 64, 128, 64, 4, 3, C=2,
                                                      pf=False, ifr=True)

@@ -208,10 +208,12 @@ def test_k_past_the_buffer_takes_the_candidates_and_bad_settings_are_named():
 
 def test_the_schedule_follows_the_measurements():
     """Up to 16 tiles: four keys a tile for k >= 3 (crowding then needs four of the top k in
-    one tile); more tiles, or k < 3: two; the crowded tiles always examined after the
-    sweep (eager rounds were slower at every shape timed)."""
+    one tile), up to 32 at k = 8; more tiles, or k < 3: two; the crowded tiles always
+    examined after the sweep (eager rounds were slower at every shape timed)."""
     assert rb.schedule(4, 4) == (4, "lazy") and rb.schedule(4, 16) == (4, "lazy")
     assert rb.schedule(4, 17) == (2, "lazy") and rb.schedule(8, 64) == (2, "lazy")
+    assert rb.schedule(8, 32) == (4, "lazy") and rb.schedule(8, 33) == (2, "lazy")
+    assert rb.schedule(7, 32) == (2, "lazy")
     assert rb.schedule(1, 4) == (2, "lazy") and rb.schedule(2, 2) == (2, "lazy")
     assert rb.schedule(3, 2) == (4, "lazy")
 

@@ -385,8 +385,11 @@ def schedule(k: int, tiles: int) -> tuple[int, str]:
     0.283 against 0.331 ms at 4 tiles and 0.593 against 0.743 at 16, two keys 1.360 against
     1.925 at 64 tiles (k = 4); "eager" rounds (after a tile while some row of the block can
     still gain from it, config rounds="eager") 6-27 % slower than lazy at every shape timed,
-    the few tiles where a cost model had chosen them included."""
-    C = 4 if k >= 3 and tiles <= 16 else 2
+    the few tiles where a cost model had chosen them included. At k = 8 four keys up to 32
+    tiles: two keys there crowd binom(8, 3) / T^2 = 5.5 % of the rows at 32 tiles, nearly
+    every block of 64 (two keys 1.488 / 1.631 ms at 64 / 32 tiles, M = 4,096; NOTES,
+    twentieth session)."""
+    C = 4 if k >= 3 and tiles <= 16 or k >= 8 and tiles <= 32 else 2
     return C, "lazy"
 
 

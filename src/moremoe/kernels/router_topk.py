@@ -304,7 +304,7 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     and 2,048, M = 512 to 16,384, k = 1, 4, 8: 1.02-1.21x; NOTES, fourteenth session), else
     "candidates" (and where the overrides give C, the candidates' own setting); the
     low-rank router's inference paths all with 64-expert tiles at 256 < M <= 512 (the one
-    pass 0.262 against 0.285 ms at M = 512) and at k = 8 for 2,048 < M <= 8,192 (1.958
+    pass 0.262 against 0.285 ms at M = 512) and at k = 8 for 4,096 < M <= 8,192 (1.958
     against 2.068 ms at M = 8,192): one tile width, so that the paths compute the same
     logits. The standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
@@ -328,13 +328,14 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
         # H100), and those paths must agree. Training (z given by cuBLAS, so its logits
         # round otherwise anyway) keeps 128
         cfg["BM"] = 64
-    if mode == LOWRANK and K == 8 and 2048 < M <= 8192:
+    if mode == LOWRANK and K == 8 and 4096 < M <= 8192:
         # 64-expert tiles at k = 8 where two keys a tile crowd many tiles: at 64 tiles of
         # 128, 1 - (63/64)^28 = 36 % of a block's tiles are examined again, at 128 of 64 10 %;
         # the one pass 1.958 against 2.068 ms at M = 8,192 (prototype 1.991; H100, 4936895).
         # At k = 4 (9 % against 2 %) and at M = 16,384 (10 % against 3 %) the narrower tiles'
-        # own cost (1.19x at k = 4, M = 8,192) outweighs it. Every inference path at this k
-        # takes the width, so that they select the same experts
+        # own cost (1.19x at k = 4, M = 8,192) outweighs it; up to M = 4,096 the 32 tiles of
+        # 128 take four keys each instead (router_buffer.schedule). Every inference path at
+        # this k takes the width, so that they select the same experts
         cfg["BM"] = 64
     if mode == LINEAR:   # GEMM-shaped tiles: the x Wᵀ MMA over h sets the pace
         cfg.update(BM=256, cand_stages=2)
