@@ -8,7 +8,7 @@ rows, the queue's memset and anything else a call launches). The variants leave 
 out or change one setting, so that differences place the time:
 
   ours              the default (moremoe.kernels.router_lowrank.infer)
-  ours_keys2/keys4  two / four keys a tile (the schedule picks four up to 16 tiles)
+  ours_keys2/keys4  two / four keys a tile (the schedule picks four up to 16 tiles, 32 at k = 8)
   ours_bm32/64/128  32-, 64-, 128-expert tiles (the default: 64 up to M = 512 and at k = 8
                     for 4,096 < M <= 8,192, else 128)
   ours_bm64_keys2   a tile width and the keys a tile together (bm64 / bm128 x keys2 / keys4)

@@ -387,8 +387,9 @@ def schedule(k: int, tiles: int) -> tuple[int, str]:
     still gain from it, config rounds="eager") 6-27 % slower than lazy at every shape timed,
     the few tiles where a cost model had chosen them included. At k = 8 four keys up to 32
     tiles: two keys there crowd binom(8, 3) / T^2 = 5.5 % of the rows at 32 tiles, nearly
-    every block of 64 (two keys 1.488 / 1.631 ms at 64 / 32 tiles, M = 4,096; NOTES,
-    twentieth session)."""
+    every block of 64 (M = 4,096: four keys over 32 tiles 1.113 ms, two keys over 64 / 32
+    tiles 1.51 / 1.63, the prototype 1.224; at 64 tiles four keys 2.031 against two keys
+    over 128 tiles of 64, 1.958; H100, NOTES, twentieth session)."""
     C = 4 if k >= 3 and tiles <= 16 or k >= 8 and tiles <= 32 else 2
     return C, "lazy"
 
