@@ -2,7 +2,9 @@
 # Issue 54's measurements in device calls: each item writes its rows, tables and logs under
 # $OUT as it measures (a device call's copy of benchmarks/results is the local file again at
 # the next call's start, so rows written there are lost). Pick the items a call has time
-# for; each prints its wall time.
+# for; each prints its wall time. Where a call leaves more than 8 files under $OUT (what a
+# device call returns), they are packed into $OUT/results.tgz (benchmarks/pack_out.sh):
+# `tar xzf` it where the call's files land.
 #
 #   mkdir -p runs/anchors && cp ../shared/anchors/*.py runs/anchors/       (carry runs/anchors)
 #   ITEMS=tests OUT=$OUT bash benchmarks/issue54_gpu.sh                     # ~9 min alone
@@ -78,6 +80,8 @@ if [ "${ITEMS//router/}" != "$ITEMS" ] && [ ! -f "$ANCHORS/fast_router.py" ]; th
          "$ANCHORS and carry it" >&2
     exit 2
 fi
+# a call returns 8 files of $OUT at most: more are packed into $OUT/results.tgz on exit
+trap 'bash benchmarks/pack_out.sh "$OUT" || true' EXIT
 for item in ${ITEMS//,/ }; do
     start=$(date +%s)
     echo "issue54_gpu.sh: $item ..."
