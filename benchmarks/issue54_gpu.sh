@@ -14,6 +14,9 @@
 #
 # Items:
 #   tests      make test-gpu-kernels (every kernel test, compiled for the GPU) -> tests.log
+#   suite      every single-GPU test in one call (~5 min fresh, GPU_JOBS=8): make
+#              test-gpu-kernels -> gpu_kernels.log, then make test-gpu outside tests/kernels
+#              -> gpu_other.log (its gpu_serial part run even where the parallel part failed)
 #   router     the anchors' table (benchmarks/router_anchors_gpu.sh, SWEEPS=M,k) -> router/,
 #              then router_profile.py's PROFILE_VARIANTS at PROFILE_SHAPES (h:M:k, default
 #              M = 512, 2,048, 8,192 at k 4 and M = 8,192 at k 8) -> router/profile.jsonl
@@ -41,6 +44,19 @@ run_item() {
     case "$1" in
         tests)
             make test-gpu-kernels GPU_PYTHON="$PY" 2>&1 | tee "$OUT/tests.log" | tail -n 5 ;;
+        suite)      # every single-GPU test, one call: the kernels', then the rest
+            local rc=0 jobs=${GPU_JOBS:-8}
+            make test-gpu-kernels GPU_PYTHON="$PY" GPU_JOBS="$jobs" 2>&1 \
+                | tee "$OUT/gpu_kernels.log" | tail -n 3 || rc=1
+            if ! make test-gpu GPU_PYTHON="$PY" GPU_JOBS="$jobs" \
+                    PYTEST_ARGS=--ignore=tests/kernels 2>&1 | tee "$OUT/gpu_other.log" | tail -n 3
+            then    # make skips the serial part when the parallel one fails: run it anyway
+                rc=1
+                PYTHONPATH=src:tests $PY -m pytest -v -p no:cacheprovider \
+                    -m "gpu and not multi_gpu and gpu_serial" --ignore=tests/kernels tests \
+                    2>&1 | tee "$OUT/gpu_other_serial.log" | tail -n 3 || true
+            fi
+            return $rc ;;
         router)
             SWEEPS=M,k OUT="$OUT/router" ANCHORS="$ANCHORS" bash benchmarks/router_anchors_gpu.sh
             $PY benchmarks/router_profile.py --anchors "$ANCHORS" \
@@ -68,7 +84,7 @@ run_item() {
     esac
 }
 
-KNOWN=" tests router experts tune phonebook meta pair inductor "
+KNOWN=" tests suite router experts tune phonebook meta pair inductor "
 for item in ${ITEMS//,/ }; do        # every name checked before anything runs
     if [ "${KNOWN/ $item /}" = "$KNOWN" ]; then
         echo "error: ITEMS: unknown item '$item'; expected some of$KNOWN" >&2
