@@ -8,10 +8,12 @@ rows, the queue's memset and anything else a call launches). The variants leave 
 out or change one setting, so that differences place the time:
 
   ours              the default (moremoe.kernels.router_lowrank.infer)
-  ours_keys2/keys4  two / four keys a tile (the schedule picks four up to 16 tiles, 32 at k = 8)
-  ours_bm32/64/128  32-, 64-, 128-expert tiles (the default: 64 up to M = 512 and at k = 8
-                    for 4,096 < M <= 8,192, else 128)
+  ours_keys2/keys4  two / four keys a tile (the schedule picks four up to 16 tiles, 56 at k = 8)
+  ours_bm32/64/128  32-, 64-, 128-expert tiles (the default: 64 up to M = 512, at k = 4
+                    for 2,048 < M <= 4,096 and at k = 8 for 7,168 < M <= 8,192, else 128)
   ours_bm64_keys2   a tile width and the keys a tile together (bm64 / bm128 x keys2 / keys4)
+  ours_zmasks       the z projection's loads masked on h and the rank even where H % BH == 0
+                    and r == BR (the default leaves those masks out: config z_even)
   ours_queue1       the queued rows' exact sweep unsplit (the default splits it over the
                     experts, up to 16 ways)
   ours_qwide        the queued rows' sweep launched one program a possible block (at most
@@ -54,7 +56,7 @@ OURS = {"ours": {}, "ours_keys2": {"tile_keys": 2}, "ours_keys4": {"tile_keys": 
         "ours_bm64_keys4": {"BM": 64, "tile_keys": 4},
         "ours_bm128_keys2": {"BM": 128, "tile_keys": 2},
         "ours_bm128_keys4": {"BM": 128, "tile_keys": 4},
-        "ours_noreg": {"maxnreg": 0},
+        "ours_noreg": {"maxnreg": 0}, "ours_zmasks": {"z_even": False},
         "ours_stages2": {"cand_stages": 2}, "ours_stages4": {"cand_stages": 4},
         "ours_queue1": {"queue_splits": 1}, "ours_qwide": {"queue_programs": 10 ** 6},
         "ours_eager2": {"BM": 128, "tile_keys": 2, "rounds": "eager"}}

@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     K, KP = args.k, 1 << (args.k - 1).bit_length()
     common = dict(MODE=0, BN=64, BM=128, BR=64, BH=64, PREC="tf32", EVEN=True, FULL_R=True,
                   LANEB=6, TUPLE=True)
-    lazy, eager = (dict(K=K, KP=KP, C=2, EAGER=e, **common) for e in (False, True))
+    lazy, eager = (dict(K=K, KP=KP, C=2, EAGER=e, EVEN_H=True, **common)
+                   for e in (False, True))
     builds = [(rc._candidates_kernel, dict(C=2, STATS=False, **common), "candidates C=2", None),
               (rb._buffer_kernel, lazy, "one pass, lazy", rb.MAXNREG),
               (rb._buffer_kernel, eager, "one pass, eager", rb.MAXNREG),

@@ -255,7 +255,8 @@ def test_training_statistics_with_non_finite_logits_in_some_tiles():
 
 @pytest.mark.parametrize("rounds", ["lazy", "eager"])
 @pytest.mark.parametrize("h, M, k", [(512, 8192, 4), (512, 8192, 8), (512, 8192, 1),
-                                     (512, 4096, 8), (512, 512, 4), (2048, 2048, 3),
+                                     (512, 4096, 8), (512, 6144, 8), (512, 3072, 4),
+                                     (2048, 4096, 4), (512, 512, 4), (2048, 2048, 3),
                                      (512, 1000, 6)])
 def test_the_one_pass_selection_equals_the_exact_sweep_at_full_size(rounds, h, M, k):
     """kernels/router_buffer.py compiled for the GPU (the interpreter runs the same code on

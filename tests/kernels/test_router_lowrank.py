@@ -413,10 +413,10 @@ def test_the_training_sweeps_of_no_rows_give_zeros(monkeypatch):
 
 
 def test_every_low_rank_path_takes_one_tile_width():
-    """At 256 < M <= 512, and at k = 8 for 4,096 < M <= 8,192, the one pass takes 64-expert
-    tiles (faster there), and so do the candidates and the exact sweep: a tile's width can
-    change how the MMA rounds a logit, and the inference paths must select the same
-    experts. Elsewhere, and for the standard router, every path keeps 128 (bf16; fp32
+    """At 256 < M <= 512, at k = 4 for 2,048 < M <= 4,096 and at k = 8 for 7,168 < M <=
+    8,192, the one pass takes 64-expert tiles (faster there), and so do the candidates and
+    the exact sweep: a tile's width can change how the MMA rounds a logit, and the inference
+    paths must select the same experts. Elsewhere, and for the standard router, every path keeps 128 (bf16; fp32
     takes 64 everywhere)."""
     from moremoe.kernels import router_topk as rt
     from moremoe.kernels._common import LINEAR, LOWRANK
@@ -424,8 +424,10 @@ def test_every_low_rank_path_takes_one_tile_width():
         widths = {rt.sweep_config(LOWRANK, 64, 512, k, M, over)["BM"]
                   for k in (1, 4, 8, 16) for over in (None, {"C": 0}, {"C": 2})}
         assert widths == {width}, M
-    for M, k, width in ((8192, 8, 64), (4097, 8, 64), (4096, 8, 128), (8192, 4, 128),
-                        (16384, 8, 128), (2048, 8, 128), (8192, 7, 128)):   # k = 8, crowded
+    for M, k, width in ((8192, 8, 64), (7169, 8, 64), (7168, 8, 128), (4096, 8, 128),
+                        (8192, 4, 128), (16384, 8, 128), (2048, 8, 128), (8192, 7, 128),
+                        (2049, 4, 64), (4096, 4, 64), (2048, 4, 128), (4097, 4, 128),
+                        (3072, 3, 128), (3072, 5, 128)):   # crowded two-key tiles
         widths = {rt.sweep_config(LOWRANK, 64, 512, k, M, over)["BM"]
                   for over in (None, {"C": 0}, {"C": 2})}
         assert widths == {width}, (M, k)

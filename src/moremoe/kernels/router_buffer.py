@@ -259,14 +259,15 @@ def _buffer_kernel(X, W, R2, OUT_VAL, OUT_IDX, OUT_GATE, REDO, REDO_N, N, H, M, 
                    BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
                    PREC: tl.constexpr, EVEN: tl.constexpr, FULL_R: tl.constexpr,
                    LANEB: tl.constexpr, TUPLE: tl.constexpr, C: tl.constexpr,
-                   EAGER: tl.constexpr):
+                   EAGER: tl.constexpr, EVEN_H: tl.constexpr):
     """The sweep of one block of rows, the crowded tiles again (EAGER: rounds after each
     tile instead, while a row's second key enters), the outputs and the queue."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
     if MODE == MODE_LOWRANK:
-        z = z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC)
+        z = z_block(X, R2, rows64, row_ok, H, R, sx_n, sx_h, s2_r, s2_h, BN, BR, BH, PREC,
+                    EVEN_H, FULL_R)
     else:
         z = z_rows(X, rows64, row_ok, R, sx_n, sx_h, MODE, BN, BR)
     s0 = tl.full((BN,), NEG_INF, tl.float32)
@@ -385,12 +386,14 @@ def schedule(k: int, tiles: int) -> tuple[int, str]:
     0.283 against 0.331 ms at 4 tiles and 0.593 against 0.743 at 16, two keys 1.360 against
     1.925 at 64 tiles (k = 4); "eager" rounds (after a tile while some row of the block can
     still gain from it, config rounds="eager") 6-27 % slower than lazy at every shape timed,
-    the few tiles where a cost model had chosen them included. At k = 8 four keys up to 32
-    tiles: two keys there crowd binom(8, 3) / T^2 = 5.5 % of the rows at 32 tiles, nearly
-    every block of 64 (M = 4,096: four keys over 32 tiles 1.113 ms, two keys over 64 / 32
-    tiles 1.51 / 1.63, the prototype 1.224; at 64 tiles four keys 2.031 against two keys
-    over 128 tiles of 64, 1.958; H100, NOTES, twentieth session)."""
-    C = 4 if k >= 3 and tiles <= 16 or k >= 8 and tiles <= 32 else 2
+    the few tiles where a cost model had chosen them included. At k = 8 four keys up to 56
+    tiles: two keys there crowd binom(8, 3) / T^2 of the rows, 5.5 % at 32 tiles (nearly
+    every block of 64). Four keys over 32 / 40 / 48 / 56 tiles of 128 1.113 / 1.362 / 1.545
+    / 1.775 ms against two keys over twice the tiles of 64 1.51 / 1.585 / 1.700 / 1.806 (the
+    prototype 1.224 / 1.453 / 1.633 / 1.807); at 64 tiles 1.987 against 1.958, at 96 2.916
+    against two keys over 128-wide tiles 2.413 (H100; NOTES, twentieth and twenty-first
+    sessions)."""
+    C = 4 if k >= 3 and tiles <= 16 or k >= 8 and tiles <= 56 else 2
     return C, "lazy"
 
 
@@ -434,6 +437,6 @@ def launch_buffer(x, w, r2, k: int, *, mode: int, cfg: dict, out):
         EVEN=M % BM == 0, FULL_R=mode != LINEAR and R == cfg["BR"],
         LANEB=cfg["laneb"] if x.device.type == "cuda" else 0,
         TUPLE=cfg.get("tuple", x.device.type == "cuda"),
-        C=C, EAGER=rounds == "eager",
+        C=C, EAGER=rounds == "eager", EVEN_H=cfg.get("z_even", True) and H % cfg["BH"] == 0,
         num_warps=cfg["num_warps"], num_stages=cfg["cand_stages"], **_registers(cfg, x))
     return rows, rows_n

@@ -304,9 +304,9 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     and 2,048, M = 512 to 16,384, k = 1, 4, 8: 1.02-1.21x; NOTES, fourteenth session), else
     "candidates" (and where the overrides give C, the candidates' own setting); the
     low-rank router's inference paths all with 64-expert tiles at 256 < M <= 512 (the one
-    pass 0.262 against 0.285 ms at M = 512) and at k = 8 for 4,096 < M <= 8,192 (1.958
-    against 2.068 ms at M = 8,192): one tile width, so that the paths compute the same
-    logits. The standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
+    pass 0.262 against 0.285 ms at M = 512), at k = 4 for 2,048 < M <= 4,096 (0.700 against
+    0.789 ms at M = 3,072) and at k = 8 for 7,168 < M <= 8,192 (1.958 against 1.987 ms at
+    M = 8,192): one tile width, so that the paths compute the same logits. The standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
     from h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
     and with it the first call's compile time, bounded."""
@@ -328,14 +328,17 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
         # H100), and those paths must agree. Training (z given by cuBLAS, so its logits
         # round otherwise anyway) keeps 128
         cfg["BM"] = 64
-    if mode == LOWRANK and K == 8 and 4096 < M <= 8192:
-        # 64-expert tiles at k = 8 where two keys a tile crowd many tiles: at 64 tiles of
-        # 128, 1 - (63/64)^28 = 36 % of a block's tiles are examined again, at 128 of 64 10 %;
-        # the one pass 1.958 against 2.068 ms at M = 8,192 (prototype 1.991; H100, 4936895).
-        # At k = 4 (9 % against 2 %) and at M = 16,384 (10 % against 3 %) the narrower tiles'
-        # own cost (1.19x at k = 4, M = 8,192) outweighs it; up to M = 4,096 the 32 tiles of
-        # 128 take four keys each instead (router_buffer.schedule). Every inference path at
-        # this k takes the width, so that they select the same experts
+    if mode == LOWRANK and (K == 4 and 2048 < M <= 4096 or K == 8 and 7168 < M <= 8192):
+        # 64-expert tiles where two keys a tile would crowd many tiles of 128: binom(k, 3) /
+        # T^2 of the rows re-examine one, at k = 4 over 24 tiles of 128 0.7 % (a third of
+        # the blocks of 64 rows), over 48 of 64 0.2 %. Measured (the one pass, ms, H100, one
+        # run, 43d09bf; NOTES, twenty-first session): k = 4, M = 3,072 0.700 against 0.789,
+        # M = 4,096 0.826 against 0.868 (h = 2,048: 1.005 against 1.068); k = 8, M = 8,192
+        # 1.958 against 1.987 (four keys over 64 tiles of 128). Not past them: k = 4, M =
+        # 6,144 1.106 against 1.026, k = 8, M = 12,288 2.557 against 2.413; up to 16 tiles
+        # (k = 4) and 56 (k = 8) of 128 four keys a tile instead (router_buffer.schedule).
+        # Timed at k = 4 and 8 only. Every inference path at this k takes the width, so that
+        # they select the same experts
         cfg["BM"] = 64
     if mode == LINEAR:   # GEMM-shaped tiles: the x Wᵀ MMA over h sets the pace
         cfg.update(BM=256, cand_stages=2)
