@@ -416,8 +416,8 @@ def test_every_low_rank_path_takes_one_tile_width():
     """At 256 < M <= 512, at k = 4 for 2,048 < M <= 4,096 and at k = 8 for 7,168 < M <=
     8,192, the one pass takes 64-expert tiles (faster there), and so do the candidates and
     the exact sweep: a tile's width can change how the MMA rounds a logit, and the inference
-    paths must select the same experts. Elsewhere, and for the standard router, every path keeps 128 (bf16; fp32
-    takes 64 everywhere)."""
+    paths must select the same experts. Elsewhere, and for the standard router, every path
+    keeps 128 (bf16; fp32 takes 64 everywhere)."""
     from moremoe.kernels import router_topk as rt
     from moremoe.kernels._common import LINEAR, LOWRANK
     for M, width in ((96, 128), (256, 128), (257, 64), (512, 64), (513, 128)):

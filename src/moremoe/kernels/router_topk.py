@@ -306,8 +306,9 @@ def sweep_config(mode: int, R: int, H: int, K: int, M: int = 1 << 13,
     low-rank router's inference paths all with 64-expert tiles at 256 < M <= 512 (the one
     pass 0.262 against 0.285 ms at M = 512), at k = 4 for 2,048 < M <= 4,096 (0.700 against
     0.789 ms at M = 3,072) and at k = 8 for 7,168 < M <= 8,192 (1.958 against 1.987 ms at
-    M = 8,192): one tile width, so that the paths compute the same logits. The standard router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and,
-    from h = 1,024, 128-row tiles of 8 warps.
+    M = 8,192): one tile width, so that the paths compute the same logits. The standard
+    router takes 256-expert tiles (h = 2,048: 18 ms against 31 ms at 128) and, from
+    h = 1,024, 128-row tiles of 8 warps.
     fp32 inputs multiply exactly (FMA, not the MMA): 32 x 64 tiles keep the unrolled code,
     and with it the first call's compile time, bounded."""
     BR = 16 if mode == LINEAR else max(16, next_pow2(R))
