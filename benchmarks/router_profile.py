@@ -23,6 +23,8 @@ out or change one setting, so that differences place the time:
                     right after each tile while a row's second key enters
   ours_noreg        no register bound (the launch's maxnreg)
   ours_stages2/4    the pipeline depth of the tile loop
+  ours_exact3/4     the pipeline depth of the queued rows' exact sweep (default 2: at h = 2,048
+                    its z loop is 32 serial h-chunks a program); ours_stages4_exact4 both
   proto             the prototype's best (top-2 a tile, in-flight rounds, BM 128, 3 stages)
   proto_floor       the prototype's z and one max a tile: the selection left out (at k = 1
                     the bare sweep: ours / it - 1 is k = 1's exactness cost)
@@ -58,6 +60,8 @@ OURS = {"ours": {}, "ours_keys2": {"tile_keys": 2}, "ours_keys4": {"tile_keys": 
         "ours_bm128_keys4": {"BM": 128, "tile_keys": 4},
         "ours_noreg": {"maxnreg": 0}, "ours_zmasks": {"z_even": False},
         "ours_stages2": {"cand_stages": 2}, "ours_stages4": {"cand_stages": 4},
+        "ours_exact3": {"num_stages": 3}, "ours_exact4": {"num_stages": 4},
+        "ours_stages4_exact4": {"cand_stages": 4, "num_stages": 4},
         "ours_queue1": {"queue_splits": 1}, "ours_qwide": {"queue_programs": 10 ** 6},
         "ours_eager2": {"BM": 128, "tile_keys": 2, "rounds": "eager"}}
 
